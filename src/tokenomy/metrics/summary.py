@@ -1,0 +1,193 @@
+"""One deployment's run reduced to the whitepaper's metrics (MISSION.md section 1.4).
+
+Definitions (the same ones ``vllm bench serve`` uses, so numbers compare):
+
+* TTFT: first token minus arrival, over every request that produced a first token.
+* TPOT: (E2E - TTFT) / (output_tokens - 1), excluding the first token, over finished requests
+  with more than one output token (a one-token answer has no TPOT to report).
+* ITL: pooled inter-token gaps when the caller has them (step gaps weighted by the tokens they
+  delayed); otherwise the per-request TPOT stands in.
+* E2E: finish minus arrival, over finished requests.
+* SLO attainment: requests that finished *and* met both the TTFT and TPOT bounds, divided by
+  ALL requests; unfinished requests count as misses (fast but late is not done).
+* goodput: SLO-meeting finished requests per second of the window.
+* RPM: finished requests per minute; TPM: prompt + output tokens per minute (all requests,
+  since a cut-off request still consumed its tokens).
+* cost: GPUs x $/GPU-hour over the window, per million prompt+output tokens and per million
+  output tokens.
+* MFU: useful FLOPs / (window x peak FLOP/s of all the GPUs together).
+
+Undefined values (a percentile of no samples, a cost per token with no tokens) are None, so
+the JSON form never holds NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tokenomy.core import SLO, RequestRecord, TokenUsage
+from tokenomy.metrics.percentiles import percentile, weighted_mean, weighted_percentile
+
+_SECONDS_PER_HOUR = 3600.0
+_PER_MILLION = 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Metrics of one run. Latencies in seconds, rates per second unless named per minute."""
+
+    requests: int = 0
+    finished: int = 0
+    slo_met: int = 0
+    num_gpus: int = 0
+    duration_s: float = 0.0
+    ttft_p50_s: float | None = None
+    ttft_p90_s: float | None = None
+    ttft_p99_s: float | None = None
+    ttft_mean_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p90_s: float | None = None
+    tpot_p99_s: float | None = None
+    tpot_mean_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p99_s: float | None = None
+    itl_mean_s: float | None = None
+    e2e_p50_s: float | None = None
+    e2e_p99_s: float | None = None
+    e2e_mean_s: float | None = None
+    slo_attainment: float = 0.0
+    goodput_rps: float = 0.0
+    goodput_per_gpu_rps: float = 0.0
+    rpm: float = 0.0
+    tpm: float = 0.0
+    output_tps: float = 0.0
+    cost_usd: float = 0.0
+    cost_per_mtok_usd: float | None = None
+    cost_per_mtok_output_usd: float | None = None
+    mfu: float = 0.0
+    tokens: dict[str, int] = field(default_factory=lambda: TokenUsage().to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict of every field; any non-finite float becomes None."""
+        return {k: _finite_or_none(v) for k, v in asdict(self).items()}
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _pcts(values: Sequence[float]) -> tuple[float | None, float | None, float | None, float | None]:
+    """(p50, p90, p99, mean), all None for no samples."""
+    if not values:
+        return None, None, None, None
+    return (
+        percentile(values, 50),
+        percentile(values, 90),
+        percentile(values, 99),
+        math.fsum(values) / len(values),
+    )
+
+
+def _check_args(num_gpus: int, duration_s: float, usd_per_gpu_hour: float, total_flops: float,
+                peak_flops_per_s: float, has_records: bool) -> None:
+    if num_gpus < 1:
+        raise ValueError(f"num_gpus must be at least 1, got {num_gpus}")
+    for name, value in (("duration_s", duration_s), ("usd_per_gpu_hour", usd_per_gpu_hour),
+                        ("total_flops", total_flops), ("peak_flops_per_s", peak_flops_per_s)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite non-negative number, got {value}")
+    if has_records and duration_s <= 0:
+        raise ValueError(f"duration_s must be positive when there are requests, got {duration_s}")
+
+
+def _itl(
+    itl_values: Sequence[float] | None, itl_weights: Sequence[float] | None, tpots: Sequence[float]
+) -> tuple[float | None, float | None, float | None]:
+    """(p50, p99, mean) of pooled ITL samples if given, else of per-request TPOT."""
+    if itl_values is None or len(itl_values) == 0:
+        if itl_weights is not None and len(itl_weights) > 0:
+            raise ValueError("itl_weights given without itl_values")
+        p50, _, p99, mean = _pcts(tpots)
+        return p50, p99, mean
+    weights = [1.0] * len(itl_values) if itl_weights is None else itl_weights
+    if len(weights) != len(itl_values):
+        raise ValueError(f"{len(itl_values)} itl_values but {len(weights)} itl_weights")
+    return (
+        weighted_percentile(itl_values, weights, 50),
+        weighted_percentile(itl_values, weights, 99),
+        weighted_mean(itl_values, weights),
+    )
+
+
+def summarize(
+    records: Iterable[RequestRecord],
+    *,
+    slo: SLO,
+    duration_s: float,
+    num_gpus: int,
+    usd_per_gpu_hour: float,
+    total_flops: float = 0.0,
+    peak_flops_per_s: float = 0.0,
+    itl_values: Sequence[float] | None = None,
+    itl_weights: Sequence[float] | None = None,
+) -> Summary:
+    """Reduce ``records`` of a window of ``duration_s`` seconds on ``num_gpus`` GPUs to a Summary.
+
+    ``peak_flops_per_s`` is the peak of ALL ``num_gpus`` GPUs together (per-GPU peak x GPUs);
+    MFU is 0 when it is 0. Empty ``records`` give a Summary of zeros and None
+    percentiles. Raises ValueError on negative or non-finite arguments, ``num_gpus < 1``, or a
+    zero window with requests in it.
+    """
+    recs = list(records)
+    _check_args(num_gpus, duration_s, usd_per_gpu_hour, total_flops, peak_flops_per_s, bool(recs))
+
+    finished = [r for r in recs if r.finished and r.finish_s is not None and r.first_token_s is not None]
+    ttfts = [t for r in recs if (t := r.ttft_s) is not None]
+    # One-token answers have no inter-token time: vLLM leaves them out of TPOT, so do we.
+    tpots = [t for r in finished if r.output_tokens > 1 and (t := r.tpot_s) is not None]
+    e2es = [t for r in finished if (t := r.e2e_s) is not None]
+    met = sum(1 for r in finished if slo.met(r.ttft_s or 0.0, r.tpot_s or 0.0))
+
+    usage = TokenUsage()
+    for r in recs:
+        usage.add(r.usage)
+    prompt_tokens = sum(r.prompt_tokens for r in recs)
+    output_tokens = sum(r.output_tokens for r in recs)
+    total_tokens = prompt_tokens + output_tokens
+
+    def per_s(x: float) -> float:
+        return x / duration_s if duration_s > 0 else 0.0
+
+    cost_usd = num_gpus * usd_per_gpu_hour * duration_s / _SECONDS_PER_HOUR
+    peak_work = duration_s * peak_flops_per_s
+    ttft = _pcts(ttfts)
+    tpot = _pcts(tpots)
+    itl = _itl(itl_values, itl_weights, tpots)
+    e2e = _pcts(e2es)
+    return Summary(
+        requests=len(recs),
+        finished=len(finished),
+        slo_met=met,
+        num_gpus=num_gpus,
+        duration_s=duration_s,
+        ttft_p50_s=ttft[0], ttft_p90_s=ttft[1], ttft_p99_s=ttft[2], ttft_mean_s=ttft[3],
+        tpot_p50_s=tpot[0], tpot_p90_s=tpot[1], tpot_p99_s=tpot[2], tpot_mean_s=tpot[3],
+        itl_p50_s=itl[0], itl_p99_s=itl[1], itl_mean_s=itl[2],
+        e2e_p50_s=e2e[0], e2e_p99_s=e2e[2], e2e_mean_s=e2e[3],
+        slo_attainment=met / len(recs) if recs else 0.0,
+        goodput_rps=per_s(met),
+        goodput_per_gpu_rps=per_s(met) / num_gpus,
+        rpm=per_s(len(finished)) * 60.0,
+        tpm=per_s(total_tokens) * 60.0,
+        output_tps=per_s(output_tokens),
+        cost_usd=cost_usd,
+        cost_per_mtok_usd=cost_usd / total_tokens * _PER_MILLION if total_tokens else None,
+        cost_per_mtok_output_usd=cost_usd / output_tokens * _PER_MILLION if output_tokens else None,
+        mfu=total_flops / peak_work if peak_work > 0 else 0.0,
+        tokens=usage.to_dict(),
+    )
