@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -53,6 +55,6 @@ def test_weighted_mean_counts_each_token() -> None:
         (lambda: weighted_percentile([1.0, 2.0], [0, 0], 50), "total weight is zero"),
     ],
 )
-def test_bad_input_gets_clear_error(call, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_input_gets_clear_error(call: Callable[[], float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from .factories import make_record
 SLO_1S = SLO(ttft_s=1.0, tpot_s=0.1)
 
 
-def _summ(records: list[RequestRecord], **kwargs: float) -> Summary:
+def _summ(records: list[RequestRecord], **kwargs: Any) -> Summary:
     args: dict = {"slo": SLO_1S, "duration_s": 10.0, "num_gpus": 1, "usd_per_gpu_hour": 0.0}
     args.update(kwargs)
     return summarize(records, **args)

@@ -1,0 +1,167 @@
+"""Human and machine outputs of Summaries: a rich table, atomic JSON files, comparison plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
+from tokenomy.metrics.summary import Summary
+
+_DASH = "-"
+
+
+def _ms(v: float | None) -> str:
+    return _DASH if v is None else f"{v * 1e3:.1f}"
+
+
+def _pct(v: float | None) -> str:
+    return _DASH if v is None else f"{v * 100:.1f}%"
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return _DASH if v is None else format(v, fmt)
+
+
+# (row label, cell text of one Summary). Token-class rows follow these.
+_ROWS: list[tuple[str, Callable[[Summary], str]]] = [
+    ("requests (finished)", lambda s: f"{s.requests:,} ({s.finished:,})"),
+    ("TTFT P50 (ms)", lambda s: _ms(s.ttft_p50_s)),
+    ("TTFT P99 (ms)", lambda s: _ms(s.ttft_p99_s)),
+    ("TPOT P50 (ms)", lambda s: _ms(s.tpot_p50_s)),
+    ("TPOT P99 (ms)", lambda s: _ms(s.tpot_p99_s)),
+    ("ITL P99 (ms)", lambda s: _ms(s.itl_p99_s)),
+    ("E2E P99 (ms)", lambda s: _ms(s.e2e_p99_s)),
+    ("SLO attainment", lambda s: _pct(s.slo_attainment)),
+    ("goodput (req/s)", lambda s: _num(s.goodput_rps, ".3f")),
+    ("goodput per GPU (req/s)", lambda s: _num(s.goodput_per_gpu_rps, ".3f")),
+    ("RPM", lambda s: _num(s.rpm, ",.1f")),
+    ("TPM", lambda s: _num(s.tpm, ",.0f")),
+    ("cost per M tokens ($)", lambda s: _num(s.cost_per_mtok_usd, ".4f")),
+    ("cost per M output tokens ($)", lambda s: _num(s.cost_per_mtok_output_usd, ".4f")),
+    ("MFU", lambda s: _pct(s.mfu)),
+]
+
+
+def render_table(
+    summaries: Mapping[str, Summary], console: Console | None = None, title: str = "Tokenomy metrics"
+) -> Table:
+    """Print one column per deployment (rows: latency percentiles, attainment, goodput, cost, MFU,
+    token classes) to ``console`` (a new stdout Console if None) and return the table."""
+    table = Table(title=title)
+    table.add_column("metric", style="bold")
+    for name in summaries:
+        table.add_column(name, justify="right")
+    for label, cell in _ROWS:
+        table.add_row(label, *[cell(s) for s in summaries.values()])
+    classes = list(dict.fromkeys(k for s in summaries.values() for k in s.tokens))
+    for cls in classes:
+        table.add_row(f"tokens: {cls}", *[f"{s.tokens.get(cls, 0):,}" for s in summaries.values()])
+    (console or Console()).print(table)
+    return table
+
+
+def _to_jsonable(obj: Any) -> Any:
+    to_dict = getattr(obj, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    raise TypeError(f"cannot write {type(obj).__name__} as JSON (give it a to_dict() or convert it)")
+
+
+def write_json(path: str | Path, payload: Any) -> Path:
+    """Write ``payload`` as indented JSON to ``path`` atomically (temp file in the same folder,
+    then rename), creating parent folders. Objects with a ``to_dict()`` (e.g. Summary) are
+    converted. Raises ValueError if the payload holds NaN or infinity (strict JSON; use None)."""
+    target = Path(path)
+    try:
+        text = json.dumps(payload, indent=2, allow_nan=False, default=_to_jsonable)
+    except ValueError as exc:
+        raise ValueError(f"{target}: payload holds NaN or infinity; use None for undefined values") from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _pyplot() -> Any:
+    # Agg is chosen here, not at import, so importing metrics never changes a user's backend.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_comparison(summaries: Mapping[str, Summary], path: str | Path) -> Path:
+    """Save a PNG: grouped bars of TTFT/TPOT P50/P99 (ms) and a bar of SLO attainment per deployment."""
+    if not summaries:
+        raise ValueError("plot_comparison needs at least one summary")
+    plt = _pyplot()
+    names = list(summaries)
+    metrics = [("TTFT P50", "ttft_p50_s"), ("TTFT P99", "ttft_p99_s"),
+               ("TPOT P50", "tpot_p50_s"), ("TPOT P99", "tpot_p99_s")]
+    fig, (ax_lat, ax_att) = plt.subplots(1, 2, figsize=(11, 4.5))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        values = [(getattr(summaries[name], attr) or 0.0) * 1e3 for _, attr in metrics]
+        ax_lat.bar([m + i * width for m in range(len(metrics))], values, width, label=name)
+    ax_lat.set_xticks([m + width * (len(names) - 1) / 2 for m in range(len(metrics))],
+                      [label for label, _ in metrics])
+    ax_lat.set_ylabel("latency (ms)")
+    ax_lat.legend()
+    ax_att.bar(names, [summaries[n].slo_attainment * 100 for n in names])
+    ax_att.set_ylabel("SLO attainment (%)")
+    ax_att.set_ylim(0, 100)
+    return _save(plt, fig, path)
+
+
+def plot_sweep(
+    rates: Sequence[float],
+    series: Mapping[str, Sequence[float]],
+    path: str | Path,
+    ylabel: str = "SLO attainment",
+    xlabel: str = "request rate (req/s)",
+    target: float | None = DEFAULT_ATTAINMENT_TARGET,
+) -> Path:
+    """Save a PNG of one line per deployment of ``series[name][i]`` against ``rates[i]``, with a
+    dashed horizontal line at ``target`` (None for none)."""
+    if not series:
+        raise ValueError("plot_sweep needs at least one series")
+    for name, ys in series.items():
+        if len(ys) != len(rates):
+            raise ValueError(f"series {name!r} has {len(ys)} points but there are {len(rates)} rates")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, ys in series.items():
+        ax.plot(list(rates), list(ys), marker="o", label=name)
+    if target is not None:
+        ax.axhline(target, linestyle="--", color="grey", label=f"target {target:g}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    return _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.tight_layout()
+        fig.savefig(target, dpi=100)
+    finally:
+        plt.close(fig)
+    return target
