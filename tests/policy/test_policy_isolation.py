@@ -1,0 +1,55 @@
+"""`policy` stays pure: it imports nothing from sim/gateway/emulator/bench and reads no clock."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import tokenomy.policy
+
+FORBIDDEN_PACKAGES = ("tokenomy.sim", "tokenomy.gateway", "tokenomy.emulator", "tokenomy.bench")
+FORBIDDEN_STDLIB = ("time", "datetime", "random", "os", "socket", "subprocess")
+POLICY_DIR = Path(tokenomy.policy.__file__).resolve().parent
+
+IMPORT_ALL = """
+import importlib, pkgutil, sys
+import tokenomy.policy as pkg
+for m in pkgutil.walk_packages(pkg.__path__, "tokenomy.policy."):
+    importlib.import_module(m.name)
+print("\\n".join(sorted(sys.modules)))
+"""
+
+
+def test_importing_every_policy_module_loads_nothing_from_sim() -> None:
+    out = subprocess.run([sys.executable, "-c", IMPORT_ALL], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded = out.stdout.split()
+    assert "tokenomy.policy.ampd.placement" in loaded  # the walk did import the package
+    leaked = [m for m in loaded if m.startswith(FORBIDDEN_PACKAGES)]
+    assert leaked == []
+
+
+def _imported_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_no_policy_source_imports_sim_or_reads_the_clock() -> None:
+    sources = sorted(POLICY_DIR.rglob("*.py"))
+    assert len(sources) >= 8
+    bad = {
+        str(p.relative_to(POLICY_DIR)): sorted(
+            n
+            for n in _imported_names(p)
+            if n.startswith(FORBIDDEN_PACKAGES) or n.split(".")[0] in FORBIDDEN_STDLIB
+        )
+        for p in sources
+    }
+    assert {k: v for k, v in bad.items() if v} == {}
