@@ -1,0 +1,143 @@
+"""AMPD session binding: a session's turns return to the decode instance holding its KV.
+
+Rules (docs/ampd.md, "Session binding"):
+
+* A request needs ``need = ceil((prompt_tokens - cached + max_output_tokens) / block_size)``
+  free blocks on an instance, where ``cached`` is what that instance's prefix cache already
+  holds of the prompt. KV of the session that the instance keeps (pinned or cached) is
+  therefore not counted twice.
+* **First binding** (or a request without a session): among instances that keep
+  ``kv_headroom_fraction`` of their blocks free after ``need``, the fewest requests
+  (running + waiting), then the most free blocks left, then the smallest id. If none has
+  that headroom, the instance with the most free blocks left.
+* **Later turns** stay on the bound instance while it has room:
+  ``free_blocks - need >= rebind_headroom_fraction * total_blocks`` (default 0: the grown
+  context still fits). The lower threshold than for first binding is hysteresis, so a
+  session does not flap between instances near the limit.
+* **Rebind** when the bound instance is gone or has no room: to the instance the first-binding
+  rule picks among the others (its ``need`` counts the whole context, since the history
+  must be transferred or recomputed there). If no other instance has room either, the
+  session stays where its history is (moving would not help) and the decision says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tokenomy.core import Request
+from tokenomy.policy.view import InstanceView
+
+
+@dataclass(frozen=True, slots=True)
+class BindingConfig:
+    """Thresholds of session binding, as fractions of an instance's KV blocks.
+
+    ``kv_headroom_fraction``: blocks a newly bound instance must keep free after admitting
+    the session (our choice, 0.1, leaves room for the session to grow over its turns).
+    ``rebind_headroom_fraction``: free blocks below which a bound session moves (0.0: only
+    when its grown context no longer fits).
+    """
+
+    kv_headroom_fraction: float = 0.1
+    rebind_headroom_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("kv_headroom_fraction", "rebind_headroom_fraction"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class BindingDecision:
+    """Where a request's decode runs.
+
+    ``instance_id`` is the decode instance (the ``to`` of a rebind); ``rebound`` is True when
+    the session moved away from ``from_instance``; ``new_binding`` is True for a session's
+    first binding (False for stateless requests, which are never remembered).
+    """
+
+    session_id: str
+    instance_id: str
+    rebound: bool = False
+    from_instance: str | None = None
+    new_binding: bool = False
+    reason: str = ""
+
+    @property
+    def to_instance(self) -> str:
+        return self.instance_id
+
+
+def blocks_needed(request: Request, view: InstanceView) -> int:
+    """Free blocks ``request`` would take on ``view``: its uncached prompt plus its output."""
+    cached = min(view.cached_prefix_tokens(request.content, request.prompt_tokens), request.prompt_tokens)
+    tokens = request.prompt_tokens - cached + request.max_output_tokens
+    return math.ceil(tokens / max(1, view.block_size_tokens))
+
+
+class SessionBinder:
+    """Binds sessions to decode instances; remembers bindings until :meth:`unbind`."""
+
+    def __init__(self, config: BindingConfig) -> None:
+        self.config = config
+        self._bound: dict[str, str] = {}
+
+    def bound_instance(self, session_id: str) -> str | None:
+        return self._bound.get(session_id)
+
+    def unbind(self, session_id: str) -> None:
+        """Forget a session (it ended); unknown ids are ignored."""
+        self._bound.pop(session_id, None)
+
+    def bind(self, request: Request, decode_instances: Sequence[InstanceView], now: float) -> BindingDecision:
+        """Choose the decode instance of ``request`` and record the session's binding.
+
+        Raises ValueError when ``decode_instances`` is empty.
+        """
+        if not decode_instances:
+            raise ValueError("no decode instances to bind to")
+        sid = request.session_id
+        bound_id = self._bound.get(sid) if sid else None
+        if bound_id is None:
+            chosen, reason = self._pick(request, decode_instances)
+            if sid:
+                self._bound[sid] = chosen
+            return BindingDecision(sid, chosen, new_binding=bool(sid), reason=reason)
+
+        by_id = {v.instance_id: v for v in decode_instances}
+        bound = by_id.get(bound_id)
+        if bound is not None and self._has_room(request, bound, self.config.rebind_headroom_fraction):
+            return BindingDecision(sid, bound_id, reason="sticky: bound instance has room")
+        others = [v for v in decode_instances if v.instance_id != bound_id]
+        candidates = [v for v in others if self._has_room(request, v, 0.0)]
+        if bound is not None and not candidates:
+            return BindingDecision(
+                sid, bound_id, reason="bound instance is full but no other has room: stays"
+            )
+        chosen, why = self._pick(request, candidates or decode_instances)
+        self._bound[sid] = chosen
+        cause = "bound instance gone" if bound is None else "bound instance out of KV room"
+        return BindingDecision(sid, chosen, rebound=True, from_instance=bound_id, reason=f"{cause}; {why}")
+
+    @staticmethod
+    def _has_room(request: Request, view: InstanceView, headroom_fraction: float) -> bool:
+        left = view.free_blocks - blocks_needed(request, view)
+        return left >= headroom_fraction * view.total_blocks
+
+    def _pick(self, request: Request, instances: Sequence[InstanceView]) -> tuple[str, str]:
+        roomy = [v for v in instances if self._has_room(request, v, self.config.kv_headroom_fraction)]
+        if roomy:
+            best = min(
+                roomy,
+                key=lambda v: (
+                    v.num_running + v.num_waiting,
+                    -(v.free_blocks - blocks_needed(request, v)),
+                    v.instance_id,
+                ),
+            )
+            return best.instance_id, "least loaded instance with KV headroom"
+        best = min(instances, key=lambda v: (blocks_needed(request, v) - v.free_blocks, v.instance_id))
+        return best.instance_id, "no instance has KV headroom: most free blocks"

@@ -1,0 +1,204 @@
+"""AMPD adaptive placement: run an incremental prefill on a prefill node or on its decode node.
+
+Estimates (all from ``now``; the TTFTs reported add the time the request already waited):
+
+* remote TTFT on prefill instance ``p`` = queue wait (``prefill_queue_delay_s[p]`` when given,
+  else ``p``'s pending prompt tokens drained in full ``prefill_budget_tokens`` steps)
+  + transfer from the decode node of the history ``p`` lacks and the decode node holds
+  + prefill of the rest of the prompt after what ``p`` then has
+  + transfer back of the prompt KV the decode node lacks;
+* local TTFT = the decode node's queued prompt tokens, then this request's uncached tokens, in
+  chunks of ``local_budget_tokens - num_decoding`` tokens, each step also carrying the running
+  decodes; local ITL = the longest of the steps carrying this request's chunks (the ITL the
+  running decodes suffer).
+
+Rule (docs/ampd.md, "Adaptive placement"), with ``itl_slack = itl_bound_factor * slo.tpot_s -
+est_itl_local`` and ``ttft_slack = slo.ttft_s - est_ttft_remote`` of the best prefill node:
+
+* no prefill instance: local;
+* incremental prefill (``history_tokens > 0``): local iff ``itl_slack >= 0`` and
+  (``ttft_slack < 0`` or ``est_ttft_local < est_ttft_remote``); else remote;
+* first turn: remote unless ``itl_slack >= 0`` and every prefill node misses TTFT while local meets it.
+
+Remote always goes to the prefill node of lowest estimated TTFT (ties by id).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tokenomy.core import SLO, Request, StepShape
+from tokenomy.policy.estimator import Estimator
+from tokenomy.policy.view import InstanceView
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementConfig:
+    """Knobs of adaptive placement.
+
+    ``local_budget_tokens``: tokens per step of the decode instance (vLLM's
+    ``max_num_batched_tokens``; 2048 is vLLM's chunked-prefill default), decodes included.
+    ``prefill_budget_tokens``: tokens per step of prefill instances, used to turn their queued
+    tokens into a wait (our choice, 8192).
+    ``itl_bound_factor``: the per-step ITL bound as a multiple of the TPOT SLO (1.0: a single
+    inflated step may not exceed the TPOT SLO).
+    ``link_bytes_per_s``: KV link bandwidth handed to the estimator (None: its default link).
+    """
+
+    local_budget_tokens: int = 2048
+    prefill_budget_tokens: int = 8192
+    itl_bound_factor: float = 1.0
+    link_bytes_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.local_budget_tokens < 1 or self.prefill_budget_tokens < 1:
+            raise ValueError("local_budget_tokens and prefill_budget_tokens must be >= 1")
+        if not self.itl_bound_factor > 0:
+            raise ValueError(f"itl_bound_factor must be > 0, got {self.itl_bound_factor}")
+        if self.link_bytes_per_s is not None and not self.link_bytes_per_s > 0:
+            raise ValueError(f"link_bytes_per_s must be > 0, got {self.link_bytes_per_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementDecision:
+    """Where one (incremental) prefill runs, and the estimates that decided it.
+
+    ``local`` True: on the bound decode node, ``prefill_instance`` None. TTFTs include the time
+    already waited (``now - arrival_s``). ``est_ttft_remote_s`` and ``ttft_slack_s`` are those of
+    the best prefill node (``inf`` / ``-inf`` when there is none); ``itl_slack_s`` is the decode
+    node's ITL bound minus ``est_itl_local_s``.
+    """
+
+    local: bool
+    prefill_instance: str | None
+    est_ttft_remote_s: float
+    est_ttft_local_s: float
+    est_itl_local_s: float
+    ttft_slack_s: float
+    itl_slack_s: float
+    reason: str
+
+
+class AdaptivePlacement:
+    """Decides local versus remote prefill from TTFT and ITL slack (module docstring)."""
+
+    def __init__(self, config: PlacementConfig, estimator: Estimator) -> None:
+        self.config = config
+        self.estimator = estimator
+
+    def decide(
+        self,
+        request: Request,
+        *,
+        decode: InstanceView,
+        prefills: Sequence[InstanceView],
+        slo: SLO,
+        now: float,
+        history_cached_tokens_on_decode: int,
+        prefill_queue_delay_s: Mapping[str, float] | None = None,
+    ) -> PlacementDecision:
+        """Place the prefill of ``request`` whose decode is bound to ``decode``.
+
+        ``history_cached_tokens_on_decode``: prompt-prefix tokens whose KV the decode node holds
+        (the session's retained history). ``prefill_queue_delay_s``: measured queue delays by
+        prefill instance id, overriding the estimate from waiting tokens.
+        """
+        if request.prompt_tokens < 1:
+            raise ValueError(f"request {request.request_id!r} has no prompt tokens")
+        if history_cached_tokens_on_decode < 0:
+            raise ValueError(
+                f"history_cached_tokens_on_decode must be >= 0, got {history_cached_tokens_on_decode}"
+            )
+        waited = max(0.0, now - request.arrival_s)
+        on_decode = min(history_cached_tokens_on_decode, request.prompt_tokens)
+        local_s, itl_s = self._local(request, decode, on_decode)
+        ttft_local = waited + local_s
+        itl_slack = self.config.itl_bound_factor * slo.tpot_s - itl_s
+        remote = [
+            (waited + self._remote(request, p, on_decode, prefill_queue_delay_s), p.instance_id)
+            for p in prefills
+        ]
+        if not remote:
+            return PlacementDecision(
+                True, None, math.inf, ttft_local, itl_s, -math.inf, itl_slack, "no prefill instance"
+            )
+        ttft_remote, best = min(remote)
+        ttft_slack = slo.ttft_s - ttft_remote
+
+        def place(local: bool, reason: str) -> PlacementDecision:
+            return PlacementDecision(
+                local, None if local else best, ttft_remote, ttft_local, itl_s, ttft_slack, itl_slack, reason
+            )
+
+        if request.history_tokens > 0:
+            if itl_slack < 0:
+                return place(False, "decode node has no ITL slack for the prefill")
+            if ttft_slack < 0:
+                return place(True, "every prefill node misses TTFT; decode node has ITL slack")
+            if ttft_local < ttft_remote:
+                return place(True, "local is faster and within ITL slack")
+            return place(False, "remote is at least as fast")
+        if itl_slack >= 0 and ttft_slack < 0 and ttft_local <= slo.ttft_s:
+            return place(True, "first turn: every prefill node misses TTFT, local meets it")
+        return place(False, "first turn goes remote")
+
+    def _drain_s(self, tokens: int, budget: int) -> float:
+        """Time to compute ``tokens`` queued prompt tokens in full steps of ``budget`` tokens."""
+        if tokens <= 0:
+            return 0.0
+        return tokens / budget * self.estimator.prefill_time_s(budget, 0)
+
+    def _transfer_s(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        return self.estimator.kv_transfer_time_s(tokens, self.config.link_bytes_per_s)
+
+    def _remote(
+        self, request: Request, p: InstanceView, on_decode: int, delays: Mapping[str, float] | None
+    ) -> float:
+        prompt = request.prompt_tokens
+        history = min(request.history_tokens, prompt)
+        cached_p = min(p.cached_prefix_tokens(request.content, prompt), prompt)
+        from_decode = max(0, min(on_decode, history) - cached_p)
+        # At least the last prompt token is computed: it yields the first output token.
+        have = min(max(cached_p, min(on_decode, history)), prompt - 1)
+        if delays is not None and p.instance_id in delays:
+            wait = delays[p.instance_id]
+            if wait < 0:
+                raise ValueError(f"prefill_queue_delay_s[{p.instance_id!r}] must be >= 0, got {wait}")
+        else:
+            wait = self._drain_s(p.num_waiting_tokens, self.config.prefill_budget_tokens)
+        return (
+            wait
+            + self._transfer_s(from_decode)
+            + self.estimator.prefill_time_s(prompt - have, have)
+            + self._transfer_s(prompt - on_decode)
+        )
+
+    def _local(self, request: Request, decode: InstanceView, on_decode: int) -> tuple[float, float]:
+        """(TTFT from now, longest step carrying this prefill) on the decode node."""
+        budget = max(1, self.config.local_budget_tokens - decode.num_decoding)
+        wait = self._drain_s(decode.num_waiting_tokens, budget)
+        context = min(on_decode, request.prompt_tokens - 1)
+        todo = request.prompt_tokens - context
+        seqs, decode_ctx = decode.num_decoding, decode.decode_context_tokens
+        elapsed = itl = 0.0
+        while todo > 0:
+            n = min(todo, budget)
+            shape = StepShape(
+                prefill_tokens=n,
+                prefill_seqs=1,
+                prefill_attn_pairs=StepShape.chunk_attn_pairs(n, context),
+                prefill_context_tokens=context + n,
+                decode_seqs=seqs,
+                decode_context_tokens=decode_ctx,
+            )
+            step = self.estimator.step_time_s(shape)
+            elapsed += step
+            itl = max(itl, step)
+            todo -= n
+            context += n
+            decode_ctx += seqs  # each running decode grows by one token per step
+        return wait + elapsed, itl
