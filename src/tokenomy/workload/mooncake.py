@@ -83,33 +83,39 @@ def read_mooncake_requests(path: str | Path, limit: int | None = None) -> list[M
 
 
 def link_turns(requests: list[MooncakeRequest], min_shared_blocks: int = 3) -> tuple[list[int], list[int]]:
-    """Parent of each request (-1: starts a session) and its shared prefix in blocks.
+    """Parent of each request (-1: starts a session) and the blocks it shares with the parent.
 
-    Rule: request r continues the most recent earlier request p that holds r's longest
-    already-seen block prefix, if that prefix is at least ``min_shared_blocks`` blocks long
-    (default 3: block 0 is the system prompt every request shares, so this asks for two
-    more blocks, ~1k tokens, of common conversation) and p has no continuation yet. A
-    second request extending the same p (a regenerated answer, a fork) starts its own
-    session; its content still shares p's blocks, so cache reuse is not lost, only the
-    session link. Linear in the total number of blocks thanks to prefix-identifying ids.
+    Rule: request r continues an earlier request p when r's blocks start with *all* of p's
+    full blocks (a conversation's next prompt contains the previous prompt; p's partial
+    last block differs because p's answer was appended to it), p has at least
+    ``min_shared_blocks`` full blocks (default 3: block 0 is the system prompt every request
+    shares, so this asks for ~1k tokens of own conversation) and p has no continuation yet.
+    Among candidates the longest p wins, ties going to the most recent. A second request
+    extending the same p (a regenerated answer, a fork) starts its own session; its content
+    still shares p's blocks, so cache reuse is kept, only the session link is not.
+    Linear in the total number of blocks, thanks to prefix-identifying ids.
     """
     if min_shared_blocks < 1:
         raise ValueError(f"min_shared_blocks must be >= 1, got {min_shared_blocks}")
-    holder: dict[int, int] = {}
+    ends_at: dict[int, int] = {}  # id of a request's last full block -> latest such request
     has_child = [False] * len(requests)
     parent = [-1] * len(requests)
     shared = [0] * len(requests)
     for i, req in enumerate(requests):
         ids = req.hash_ids
-        j = len(ids) - 1
-        while j >= 0 and ids[j] not in holder:
-            j -= 1
-        if j + 1 >= min_shared_blocks:
-            p = holder[ids[j]]
-            if not has_child[p]:
-                parent[i], shared[i], has_child[p] = p, j + 1, True
-        for h in ids:
-            holder[h] = i
+        for j in range(len(ids) - 1, min_shared_blocks - 2, -1):
+            p = ends_at.get(ids[j], -1)
+            if p >= 0 and not has_child[p]:
+                parent[i], has_child[p] = p, True
+                other = requests[p].hash_ids
+                n = j + 1
+                while n < min(len(ids), len(other)) and ids[n] == other[n]:
+                    n += 1
+                shared[i] = n
+                break
+        full = len(ids) if req.input_tokens % MOONCAKE_BLOCK_TOKENS == 0 else len(ids) - 1
+        if full >= 1:
+            ends_at[ids[full - 1]] = i
     return parent, shared
 
 
