@@ -90,9 +90,10 @@ def link_turns(requests: list[MooncakeRequest], min_shared_blocks: int = 3) -> t
     last block differs because p's answer was appended to it), p has at least
     ``min_shared_blocks`` full blocks (default 3: block 0 is the system prompt every request
     shares, so this asks for ~1k tokens of own conversation) and p has no continuation yet.
-    Among candidates the longest p wins, ties going to the most recent. A second request
-    extending the same p (a regenerated answer, a fork) starts its own session; its content
-    still shares p's blocks, so cache reuse is kept, only the session link is not.
+    The longest such p wins; of requests ending in the same block only the latest is a
+    candidate. A second request extending the same p (a regenerated answer, a fork) starts
+    its own session; its content still shares p's blocks, so cache reuse is kept, only the
+    session link is not.
     Linear in the total number of blocks, thanks to prefix-identifying ids.
     """
     if min_shared_blocks < 1:

@@ -19,10 +19,10 @@ from tokenomy.workload.keys import StreamKeys
 from tokenomy.workload.mooncake import read_mooncake
 from tokenomy.workload.session_format import read_sessions
 
-Generator = Callable[[np.ndarray, np.random.Generator, StreamKeys], list[Session]]
+SyntheticFn = Callable[[np.ndarray, np.random.Generator, StreamKeys], list[Session]]
 """``(start_times_s, rng, keys) -> sessions``: a synthetic workload."""
 
-SYNTHETIC: dict[str, Generator] = {
+SYNTHETIC: dict[str, SyntheticFn] = {
     "chat": lambda t, rng, keys: chat_sessions(t, rng, keys=keys),
     "gaia": lambda t, rng, keys: agent_sessions(GAIA, t, rng, keys=keys),
     "toolbench": lambda t, rng, keys: agent_sessions(TOOLBENCH, t, rng, keys=keys),
