@@ -194,9 +194,9 @@ class PerfModel:
             decode_seqs=batch_size, decode_context_tokens=round(batch_size * mean_context_tokens)))
 
     @property
-    def kv_bytes_per_token(self) -> float:
+    def kv_bytes_per_token(self) -> int:
         """KV bytes one token occupies on all ``tp`` ranks together (replicas counted)."""
-        return self.model.kv_bytes_per_token * self.tp / self._kv_shard
+        return self.model.kv_bytes_per_token * self.tp // self._kv_shard
 
     def kv_transfer_time_s(self, n_tokens: int, link_bytes_per_s: float | None = None) -> float:
         """Time to ship ``n_tokens`` of KV to another instance: every rank sends its own shard
