@@ -1,0 +1,124 @@
+"""Chained keys of KV blocks, derived from a request's ``content`` segments.
+
+Block ``i`` covers tokens ``[i * B, (i + 1) * B)``. Its key is a function of the whole token
+prefix up to and including it, because so is its KV: two blocks share a key exactly when their
+token prefixes are the same (up to 64-bit hash collisions). Contiguous segments of one stream are
+merged first, so the same tokens always decompose into the same pieces. A block inside one piece
+is keyed by the key before its run of such blocks, the run's start and its own offset (see
+``KeyChain.ensure``); a block straddling pieces hashes its parent key with its pieces.
+
+Keys are Python ``hash`` values of int tuples: deterministic across processes (ints and tuples
+of ints are not salted by PYTHONHASHSEED) and cheap. Keys are computed lazily, a block at a time,
+only when someone needs them (a lookup or a block that just filled).
+
+A content tuple's chain is memoised process-wide (bounded LRU): it is a pure function of
+``(content, block_size)``, and the router asks every instance about the same content, so
+sharing the work is what keeps prefix-aware routing cheap.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from itertools import repeat
+
+from tokenomy.core import Segment
+
+ROOT_KEY = 0
+"""Parent key of block 0."""
+
+_MEMO_MAX_ENTRIES = 1024
+
+
+class KeyChain:
+    """Keys of the full blocks of one content tuple; ``keys[i]`` is block ``i``'s key once computed."""
+
+    __slots__ = ("block_size", "num_full_blocks", "keys", "_pieces", "_piece", "_used")
+
+    def __init__(self, content: tuple[Segment, ...], block_size: int) -> None:
+        # Absolute pieces (stream, stream_offset, n_tokens); contiguous pieces of one stream are
+        # merged so that the same tokens always decompose the same way (canonical keys).
+        pieces: list[tuple[int, int, int]] = []
+        stream_end: dict[int, int] = {}
+        for stream, n in content:
+            if n < 0:
+                raise ValueError(f"content segment ({stream}, {n}) has a negative token count")
+            if n == 0:
+                continue
+            start = stream_end.get(stream, 0)
+            stream_end[stream] = start + n
+            if pieces and pieces[-1][0] == stream and pieces[-1][1] + pieces[-1][2] == start:
+                pieces[-1] = (stream, pieces[-1][1], pieces[-1][2] + n)
+            else:
+                pieces.append((stream, start, n))
+        self.block_size = block_size
+        self.num_full_blocks = sum(p[2] for p in pieces) // block_size
+        self.keys: list[int] = []
+        self._pieces = pieces
+        self._piece = 0  # index of the piece the next block starts in
+        self._used = 0  # tokens of that piece already covered by earlier blocks
+
+    def ensure(self, num_blocks: int) -> None:
+        """Compute keys until ``len(keys) >= min(num_blocks, num_full_blocks)`` (maybe more)."""
+        keys = self.keys
+        target = min(num_blocks, self.num_full_blocks)
+        if len(keys) >= target:
+            return
+        bs = self.block_size
+        pieces = self._pieces
+        piece, used = self._piece, self._used
+        while len(keys) < target:
+            parent = keys[-1] if keys else ROOT_KEY
+            stream, start, length = pieces[piece]
+            avail = length - used
+            if avail >= bs:
+                # A run: every whole block left in this piece. Its blocks are keyed by the key
+                # before the run (the anchor), the stream offset where the run starts, and their
+                # own offset: that pins the whole token prefix without chaining block to block,
+                # so the run is hashed in C. A run always extends to the end of its piece, so
+                # keys do not depend on how far callers asked.
+                count = avail // bs
+                run_start = start + used
+                offsets = range(run_start, run_start + count * bs, bs)
+                keys += map(hash, zip(repeat(parent), repeat(stream), repeat(run_start), offsets))
+                used += count * bs
+            else:
+                # A block straddling pieces: chain it on its parent and its pieces.
+                parts: list[int] = [parent]
+                need = bs
+                while need:
+                    stream, start, length = pieces[piece]
+                    take = min(need, length - used)
+                    parts += (stream, start + used, take)
+                    used += take
+                    need -= take
+                    if used == length:
+                        piece, used = piece + 1, 0
+                keys.append(hash(tuple(parts)))
+            if piece < len(pieces) and used == pieces[piece][2]:
+                piece, used = piece + 1, 0
+        self._piece, self._used = piece, used
+
+
+_memo: OrderedDict[tuple[tuple[Segment, ...], int], KeyChain] = OrderedDict()
+
+
+def key_chain(content: tuple[Segment, ...], block_size: int) -> KeyChain:
+    """The (shared, lazily extended) key chain of ``content`` for blocks of ``block_size`` tokens."""
+    memo_key = (content, block_size)
+    chain = _memo.get(memo_key)
+    if chain is None:
+        chain = KeyChain(content, block_size)
+        _memo[memo_key] = chain
+        if len(_memo) > _MEMO_MAX_ENTRIES:
+            _memo.popitem(last=False)
+    else:
+        _memo.move_to_end(memo_key)
+    return chain
+
+
+def unique_key(parent: int, owner_uid: int) -> int:
+    """Key of a block whose tokens no content describes: shared by nobody but its owner.
+
+    The owner finds it again after a preemption (its own blocks stay cached), nobody else does.
+    """
+    return hash((parent, owner_uid))

@@ -1,0 +1,319 @@
+"""One inference engine instance: continuous batching over paged KV with prefix caching.
+
+Clock-agnostic: every call is given ``now``; the engine never reads a clock nor sleeps, so the
+simulator (virtual clock) and the emulator (wall clock) drive the same object. A step's effects
+are applied when ``step`` returns, and stamped with the step's end time.
+"""
+
+from __future__ import annotations
+
+from tokenomy.core import Request, Role, Segment, StepTimeModel
+from tokenomy.engine.block_keys import key_chain
+from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.kv_manager import KVManager
+from tokenomy.engine.request_state import RequestState
+from tokenomy.engine.results import EngineStats, FinishedRequest, StepResult
+from tokenomy.engine.retention import Retention
+from tokenomy.engine.scheduler import SchedulePlan, Scheduler
+
+
+class Engine:
+    """A vLLM-v1-like instance. Satisfies :class:`tokenomy.policy.view.InstanceView`."""
+
+    def __init__(self, instance_id: str, config: EngineConfig, perf: StepTimeModel, role: Role = Role.MIXED) -> None:
+        self._instance_id = instance_id
+        self._role = Role(role)
+        self.config = config
+        self.perf = perf
+        self.stats = EngineStats()
+        self._kv = KVManager(config.num_gpu_blocks, config.block_size_tokens, config.enable_prefix_caching)
+        self._sched = Scheduler(config, self._kv, self.stats)
+        self._requests: dict[str, RequestState] = {}
+        self._retention = Retention(self._kv)
+        self._next_uid = 0
+        self._busy_until = float("-inf")
+
+    # ---- requests ---------------------------------------------------------------------------
+    def add_request(
+        self,
+        request: Request,
+        now: float,
+        *,
+        preloaded_tokens: int = 0,
+        emitted_tokens: int = 0,
+        prefill_only: bool = False,
+    ) -> None:
+        """Queue a request (FCFS).
+
+        ``preloaded_tokens``: prompt prefix whose KV arrived from another instance (PD transfer):
+        it needs blocks but no compute. ``emitted_tokens``: output tokens already produced
+        elsewhere (they count toward ``max_output_tokens`` and the context). ``prefill_only``:
+        finish once the prompt is computed and one token sampled (the prefill side of PD).
+
+        Raises ValueError for a duplicate id, counts out of range, or a request that could never
+        run here (more KV than the instance has; without chunked prefill, more tokens than a step).
+        """
+        rid = request.request_id
+        if rid in self._requests or self._retention.holds(rid):
+            raise ValueError(f"request {rid!r} is already on instance {self._instance_id!r}")
+        if request.prompt_tokens < 1 or request.max_output_tokens < 1:
+            raise ValueError(
+                f"request {rid!r}: prompt_tokens and max_output_tokens must be >= 1, "
+                f"got {request.prompt_tokens} and {request.max_output_tokens}"
+            )
+        if not 0 <= preloaded_tokens <= request.prompt_tokens:
+            raise ValueError(
+                f"request {rid!r}: preloaded_tokens must be in [0, {request.prompt_tokens}], got {preloaded_tokens}"
+            )
+        if not 0 <= emitted_tokens < request.max_output_tokens:
+            raise ValueError(
+                f"request {rid!r}: emitted_tokens must be in [0, max_output_tokens={request.max_output_tokens}), "
+                f"got {emitted_tokens}"
+            )
+        chain = key_chain(request.content, self.config.block_size_tokens) if request.content else None
+        req = RequestState(
+            request,
+            self._next_uid,
+            chain=chain,
+            preloaded_tokens=preloaded_tokens,
+            emitted_tokens=emitted_tokens,
+            prefill_only=prefill_only,
+        )
+        self._check_fits(req)
+        self._next_uid += 1
+        self._requests[rid] = req
+        self._sched.waiting.append(req)
+        self._sched.pending_tokens += req.pending_tokens
+
+    def _check_fits(self, req: RequestState) -> None:
+        cfg = self.config
+        kv_tokens = req.max_num_tokens - 1  # the last sampled token's KV is never computed
+        if -(-kv_tokens // cfg.block_size_tokens) > cfg.num_gpu_blocks:
+            raise ValueError(
+                f"request {req.request_id!r} needs KV for {kv_tokens} tokens but instance "
+                f"{self._instance_id!r} holds {cfg.total_kv_tokens}"
+            )
+        if not cfg.enable_chunked_prefill and kv_tokens > cfg.max_num_batched_tokens:
+            raise ValueError(
+                f"request {req.request_id!r} may need {kv_tokens} tokens in one step (after a preemption) but "
+                f"max_num_batched_tokens={cfg.max_num_batched_tokens} and chunked prefill is off"
+            )
+
+    def abort(self, request_id: str, now: float) -> FinishedRequest | None:
+        """Stop a queued or running request now, freeing its KV; None if it is not here."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        sched = self._sched
+        if req in sched.running:
+            sched.running.remove(req)
+        else:
+            sched.waiting.remove(req)
+        if req.decoding:
+            sched.stop_decoding(req)
+        sched.pending_tokens -= req.pending_tokens
+        req.finished = True
+        self._kv.free(req)
+        return _finished_record(req, now, aborted=True)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    # ---- the step ---------------------------------------------------------------------------
+    def step(self, now: float) -> StepResult | None:
+        """Schedule one iteration at ``now``, apply it, and report what happened at ``now + duration``.
+
+        Returns None when nothing can run (no requests, or the waiting head does not fit the
+        free KV, which only retained blocks can cause). The caller must not call ``step``
+        again before the returned ``end_s``.
+        """
+        if now < self._busy_until:
+            raise ValueError(f"step at {now} before the previous step ended at {self._busy_until}")
+        self._retention.forget_recent()
+        if not self._requests:
+            return None
+        plan = self._sched.schedule()
+        if plan.num_scheduled_tokens == 0:
+            return None
+        shape = plan.shape()
+        duration = self.perf.step_time_s(shape)
+        result = StepResult(now, duration, shape, self.perf.step_flops(shape))
+        result.preempted = [r.request_id for r in plan.preempted]
+        self._busy_until = now + duration
+        self._apply(plan, now + duration, result)
+        self.stats.num_steps += 1
+        return result
+
+    def _apply(self, plan: SchedulePlan, end_s: float, result: StepResult) -> None:
+        """Advance every scheduled request by the tokens it computed; sample, finish."""
+        sched, kv = self._sched, self._kv
+        emitted, first = result.emitted, result.first_token
+        done: list[RequestState] = []
+        bs = kv.block_size
+        caching = kv.caching
+        for req in plan.decodes:
+            nc = req.num_computed + 1
+            req.num_computed = nc
+            if caching and nc % bs == 0:
+                kv.commit_full_blocks(req)
+            req.num_tokens = nc + 1
+            if req.output_tokens:
+                gap = end_s - req.last_token_s
+                if gap > req.max_itl_s:
+                    req.max_itl_s = gap
+            else:
+                req.first_token_s = end_s
+                first.append(req.request_id)
+            req.output_tokens += 1
+            req.last_token_s = end_s
+            emitted.append(req.request_id)
+            if nc + 1 >= req.max_num_tokens:
+                done.append(req)
+        sched.decode_context_tokens += len(plan.decodes)
+        self.stats.num_generated_tokens += len(plan.decodes)
+        for req, n in plan.prefills:
+            if self._apply_chunk(req, n, end_s, result):
+                done.append(req)
+        self.stats.num_prefill_tokens += plan.prefill_tokens
+        if done:
+            for req in done:
+                result.finished.append(self._finish(req, end_s))
+            sched.running = [r for r in sched.running if not r.finished]
+
+    def _apply_chunk(self, req: RequestState, n: int, end_s: float, result: StepResult) -> bool:
+        """Apply a prefill chunk; True when the request finished.
+
+        Invariant kept: ``sched.pending_tokens`` includes every unfinished request's contribution.
+        """
+        sched = self._sched
+        sched.pending_tokens -= req.pending_tokens
+        start = req.num_computed
+        end = start + n
+        if start < req.recompute_until:
+            req.preempted_recompute_tokens += min(end, req.recompute_until) - start
+        req.num_computed = end
+        self._kv.commit_full_blocks(req)
+        if end == req.num_tokens:
+            # Caught up: sample one token.
+            req.num_tokens = end + 1
+            if req.output_tokens:
+                req.max_itl_s = max(req.max_itl_s, end_s - req.last_token_s)
+            else:
+                req.first_token_s = end_s
+                result.first_token.append(req.request_id)
+            req.output_tokens += 1
+            req.last_token_s = end_s
+            result.emitted.append(req.request_id)
+            self.stats.num_generated_tokens += 1
+        sched.pending_tokens += req.pending_tokens
+        if req.num_tokens >= req.max_num_tokens:
+            return True
+        if req.num_tokens - end == 1 and end >= req.prompt_tokens:
+            sched.start_decoding(req)
+        return False
+
+    def _finish(self, req: RequestState, end_s: float) -> FinishedRequest:
+        sched = self._sched
+        if req.decoding:
+            sched.stop_decoding(req)
+        sched.pending_tokens -= req.pending_tokens
+        req.finished = True
+        del self._requests[req.request_id]
+        self._retention.on_finish(req)
+        return _finished_record(req, end_s, aborted=False)
+
+    # ---- KV retention across tool calls -----------------------------------------------------
+    def retain(self, request_id: str) -> None:
+        """Keep the request's blocks referenced after it finishes (pinned, not evictable).
+
+        Call it before the request finishes, or right after the step that finished it (before
+        the next ``step``). Idempotent. Unknown ids raise ValueError.
+        """
+        req = self._requests.get(request_id)
+        if req is not None:
+            req.retain = True
+        else:
+            self._retention.retain_finished(request_id)
+
+    def release(self, request_id: str) -> None:
+        """Drop a retained request's pin: its blocks become free-cached (evictable by LRU)."""
+        req = self._requests.get(request_id)
+        if req is not None and req.retain:
+            req.retain = False
+        else:
+            self._retention.release(request_id)
+
+    def retained_blocks(self) -> int:
+        """Blocks pinned by retention (a block pinned by two requests counts twice)."""
+        return self._retention.num_blocks
+
+    # ---- InstanceView -----------------------------------------------------------------------
+    @property
+    def instance_id(self) -> str:
+        return self._instance_id
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def num_running(self) -> int:
+        return len(self._sched.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._sched.waiting)
+
+    @property
+    def num_waiting_tokens(self) -> int:
+        """Tokens still to compute before requests decode, over waiting and running requests.
+
+        Waiting requests count their whole context (less preloaded KV): cache hits are only known
+        at admission.
+        """
+        return self._sched.pending_tokens
+
+    @property
+    def num_decoding(self) -> int:
+        return self._sched.num_decoding
+
+    @property
+    def decode_context_tokens(self) -> int:
+        return self._sched.decode_context_tokens
+
+    @property
+    def kv_usage(self) -> float:
+        pool = self._kv.pool
+        return 1.0 - pool.num_free / pool.num_blocks
+
+    @property
+    def free_blocks(self) -> int:
+        return self._kv.pool.num_free
+
+    @property
+    def total_blocks(self) -> int:
+        return self.config.num_gpu_blocks
+
+    @property
+    def block_size_tokens(self) -> int:
+        return self.config.block_size_tokens
+
+    def cached_prefix_tokens(self, content: tuple[Segment, ...], prompt_tokens: int) -> int:
+        """Prompt tokens that would hit the prefix cache now (read-only: LRU order untouched)."""
+        return self._kv.cached_prefix_tokens(content, prompt_tokens)
+
+
+def _finished_record(req: RequestState, finish_s: float, *, aborted: bool) -> FinishedRequest:
+    return FinishedRequest(
+        request_id=req.request_id,
+        output_tokens=req.output_tokens,
+        first_token_s=req.first_token_s,
+        finish_s=finish_s,
+        max_itl_s=req.max_itl_s,
+        cache_hit_tokens=req.cache_hit_tokens,
+        transferred_tokens=req.transferred_tokens,
+        recomputed_tokens=req.recomputed_tokens,
+        preempted_recompute_tokens=req.preempted_recompute_tokens,
+        num_preemptions=req.num_preemptions,
+        aborted=aborted,
+    )

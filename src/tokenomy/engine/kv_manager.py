@@ -1,0 +1,145 @@
+"""KV-cache manager: which blocks a request holds, prefix lookups, and block keys.
+
+The scheduler sees KV state only through this class (like vLLM's ``KVCacheManager``): it asks
+for hits, for room to grow, and hands requests back when they stop; the pool stays hidden.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from tokenomy.core import Segment
+from tokenomy.engine.block_keys import ROOT_KEY, key_chain, unique_key
+from tokenomy.engine.block_pool import BlockPool
+from tokenomy.engine.request_state import RequestState
+
+
+class KVManager:
+    """Paged KV with prefix caching over full blocks."""
+
+    __slots__ = ("pool", "block_size", "caching")
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.caching = enable_caching
+
+    # ---- keys -------------------------------------------------------------------------------
+    def block_key(self, req: RequestState, index: int) -> int:
+        """Key of the request's block ``index`` (content-derived where content covers it)."""
+        chain = req.chain
+        covered = chain.num_full_blocks if chain is not None else 0
+        if index < covered:
+            assert chain is not None
+            if index >= len(chain.keys):
+                chain.ensure(index + 1)
+            return chain.keys[index]
+        own = req.own_keys
+        while covered + len(own) <= index:
+            j = covered + len(own)
+            if own:
+                parent = own[-1]
+            elif j > 0:
+                assert chain is not None
+                chain.ensure(j)
+                parent = chain.keys[j - 1]
+            else:
+                parent = ROOT_KEY
+            own.append(unique_key(parent, req.uid))
+        return own[index - covered]
+
+    # ---- lookups ----------------------------------------------------------------------------
+    def find_hits(self, req: RequestState) -> list[int]:
+        """Cached blocks of the request's longest cached prefix, leaving at least one token to compute.
+
+        Read-only: no reference is taken and the LRU order is unchanged.
+        """
+        if not self.caching:
+            return []
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        get = self.pool.cached.get
+        chain = req.chain
+        covered = 0
+        if chain is not None:
+            covered = min(max_blocks, chain.num_full_blocks)
+            chain.ensure(covered)
+            found = list(map(get, chain.keys[:covered]))
+            if None in found:
+                return cast(list[int], found[: found.index(None)])
+        hits = cast(list[int], found) if chain is not None else []
+        for i in range(covered, max_blocks):
+            block = get(self.block_key(req, i))
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def cached_prefix_tokens(self, content: tuple[Segment, ...], prompt_tokens: int) -> int:
+        """Prompt tokens of a request with this content that would hit now (read-only)."""
+        if not self.caching or not content or prompt_tokens < 1:
+            return 0
+        chain = key_chain(content, self.block_size)
+        max_blocks = min((prompt_tokens - 1) // self.block_size, chain.num_full_blocks)
+        chain.ensure(max_blocks)
+        cached, keys = self.pool.cached, chain.keys
+        n = 0
+        while n < max_blocks and keys[n] in cached:
+            n += 1
+        return n * self.block_size
+
+    # ---- allocation -------------------------------------------------------------------------
+    def admit(self, req: RequestState, hits: list[int], num_tokens_with_kv: int) -> bool:
+        """Give a waiting request its hit blocks plus room for ``num_tokens_with_kv`` tokens.
+
+        False (and no change) when the free pool cannot cover it.
+        """
+        pool = self.pool
+        need_new = -(-num_tokens_with_kv // self.block_size) - len(hits)
+        if need_new + pool.num_evictable(hits) > pool.num_free:
+            return False
+        # Touch hits before allocating so that allocation cannot evict them.
+        pool.touch(hits)
+        req.blocks = hits + pool.allocate(need_new) if need_new > 0 else list(hits)
+        req.num_keyed_blocks = len(hits)
+        return True
+
+    def grow(self, req: RequestState, num_tokens_with_kv: int) -> bool:
+        """Make the request's blocks hold ``num_tokens_with_kv`` tokens; False when the pool is short."""
+        need = -(-num_tokens_with_kv // self.block_size) - len(req.blocks)
+        if need <= 0:
+            return True
+        if need > self.pool.num_free:
+            return False
+        req.blocks += self.pool.allocate(need)
+        return True
+
+    def commit_full_blocks(self, req: RequestState) -> None:
+        """Register the blocks that filled since the last call under their keys."""
+        full = req.num_computed // self.block_size
+        if not self.caching or full <= req.num_keyed_blocks:
+            return
+        i = req.num_keyed_blocks
+        chain = req.chain
+        if chain is not None and i < chain.num_full_blocks:
+            upto = min(full, chain.num_full_blocks)
+            chain.ensure(upto)
+            self.pool.register(req.blocks[i:upto], chain.keys[i:upto])
+            i = upto
+        if i < full:
+            self.pool.register(req.blocks[i:full], [self.block_key(req, j) for j in range(i, full)])
+        req.num_keyed_blocks = full
+
+    def free(self, req: RequestState) -> list[int]:
+        """Drop the request's references (blocks stay cached); returns the blocks it held."""
+        blocks = req.blocks
+        self.pool.release(blocks)
+        req.blocks = []
+        req.num_keyed_blocks = 0
+        return blocks
+
+    def pin(self, blocks: list[int]) -> None:
+        """Take one more reference on blocks (retention)."""
+        self.pool.touch(blocks)
+
+    def unpin(self, blocks: list[int]) -> None:
+        self.pool.release(blocks)

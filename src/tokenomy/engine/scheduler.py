@@ -1,0 +1,194 @@
+"""Deciding one step: which requests compute how many tokens, vLLM v1 style.
+
+Running requests go first, in admission order: a decoding request costs one token, one still
+prefilling gets a chunk. When a running request cannot get a block, the most recently admitted
+running request is preempted (its blocks are freed but stay cached, its progress resets, it goes
+to the head of the waiting queue) until the block fits or the request preempted itself. Then,
+if nothing was preempted, waiting requests are admitted in FCFS order while the token budget,
+``max_num_seqs`` and the free blocks allow; the first one that does not fit stops admission.
+
+Scheduling takes KV blocks (like vLLM's ``schedule()``); the engine applies the computed
+tokens afterwards (``update_from_output``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from tokenomy.core import StepShape
+from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.kv_manager import KVManager
+from tokenomy.engine.request_state import RequestState
+from tokenomy.engine.results import EngineStats
+
+
+@dataclass(slots=True)
+class SchedulePlan:
+    """What one step computes. ``prefills`` pairs a request with its chunk size in tokens."""
+
+    decodes: list[RequestState] = field(default_factory=list)
+    prefills: list[tuple[RequestState, int]] = field(default_factory=list)
+    preempted: list[RequestState] = field(default_factory=list)
+    prefill_tokens: int = 0
+    prefill_attn_pairs: float = 0.0
+    prefill_context_tokens: int = 0
+    decode_context_tokens: int = 0
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.prefill_tokens + len(self.decodes)
+
+    def shape(self) -> StepShape:
+        return StepShape(
+            prefill_tokens=self.prefill_tokens,
+            prefill_seqs=len(self.prefills),
+            prefill_attn_pairs=self.prefill_attn_pairs,
+            prefill_context_tokens=self.prefill_context_tokens,
+            decode_seqs=len(self.decodes),
+            decode_context_tokens=self.decode_context_tokens,
+        )
+
+
+class Scheduler:
+    """Queues of one instance plus the counters policies read (kept incrementally, O(1) to read)."""
+
+    def __init__(self, config: EngineConfig, kv: KVManager, stats: EngineStats) -> None:
+        self.config = config
+        self.kv = kv
+        self.stats = stats
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []
+        self.num_decoding = 0
+        self.decode_context_tokens = 0  # sum of num_tokens over decoding requests
+        self.pending_tokens = 0  # sum of RequestState.pending_tokens over unfinished requests
+
+    # ---- counter upkeep ---------------------------------------------------------------------
+    def start_decoding(self, req: RequestState) -> None:
+        self.pending_tokens -= req.pending_tokens
+        req.decoding = True
+        self.num_decoding += 1
+        self.decode_context_tokens += req.num_tokens
+
+    def stop_decoding(self, req: RequestState) -> None:
+        req.decoding = False
+        self.num_decoding -= 1
+        self.decode_context_tokens -= req.num_tokens
+        self.pending_tokens += req.pending_tokens
+
+    def preempt(self, req: RequestState) -> None:
+        """Drop a running request's KV and queue it at the head of waiting (recompute later)."""
+        if req.decoding:
+            self.stop_decoding(req)
+        self.pending_tokens -= req.pending_tokens
+        self.kv.free(req)
+        req.recompute_until = max(req.recompute_until, req.num_computed)
+        req.num_computed = 0
+        req.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.pending_tokens += req.pending_tokens
+        self.waiting.appendleft(req)
+
+    # ---- the decision -----------------------------------------------------------------------
+    def schedule(self) -> SchedulePlan:
+        plan = SchedulePlan()
+        budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
+        if not plan.preempted:
+            self._schedule_waiting(plan, budget)
+        return plan
+
+    def _grow_or_preempt(self, req: RequestState, num_tokens_with_kv: int, plan: SchedulePlan) -> bool:
+        """Room for the request's next tokens, preempting from the back of running; False if it was itself preempted."""
+        running = self.running
+        while not self.kv.grow(req, num_tokens_with_kv):
+            victim = running.pop()
+            self.preempt(victim)
+            plan.preempted.append(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _schedule_running(self, plan: SchedulePlan, budget: int) -> int:
+        running, decodes = self.running, plan.decodes
+        threshold = self.config.long_prefill_token_threshold
+        bs = self.kv.block_size
+        dctx = 0
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            nc = req.num_computed
+            if req.decoding:
+                # Hot path: one token; a block only when crossing a block boundary.
+                if nc >= len(req.blocks) * bs and not self._grow_or_preempt(req, nc + 1, plan):
+                    break
+                decodes.append(req)
+                dctx += nc + 1
+                budget -= 1
+                i += 1
+                continue
+            n = req.num_tokens - nc
+            if threshold and n > threshold:
+                n = threshold
+            if n > budget:
+                n = budget
+            if not self._grow_or_preempt(req, nc + n, plan):
+                break
+            self._add_prefill(plan, req, n)
+            budget -= n
+            i += 1
+        plan.decode_context_tokens += dctx
+        return budget
+
+    def _schedule_waiting(self, plan: SchedulePlan, budget: int) -> None:
+        cfg, kv, waiting, running = self.config, self.kv, self.waiting, self.running
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            req = waiting[0]
+            hits = kv.find_hits(req)
+            hit_tokens = len(hits) * kv.block_size
+            start = max(hit_tokens, req.preload_credit)
+            n = req.num_tokens - start
+            if cfg.long_prefill_token_threshold and n > cfg.long_prefill_token_threshold:
+                n = cfg.long_prefill_token_threshold
+            if n > budget:
+                if not cfg.enable_chunked_prefill:
+                    break
+                n = budget
+            if not kv.admit(req, hits, start + n):
+                break
+            waiting.popleft()
+            running.append(req)
+            self._account_admission(req, hit_tokens, start)
+            if n == 1 and start >= req.prompt_tokens and req.num_tokens - start == 1:
+                self.start_decoding(req)
+                plan.decodes.append(req)
+                plan.decode_context_tokens += start + 1
+            else:
+                self._add_prefill(plan, req, n)
+            budget -= n
+
+    def _account_admission(self, req: RequestState, hit_tokens: int, start: int) -> None:
+        """Set the request's progress to ``start`` and split its prompt by origin on first admission."""
+        self.pending_tokens -= req.pending_tokens
+        if self.kv.caching:
+            self.stats.prefix_cache_queries_tokens += req.num_tokens
+            self.stats.prefix_cache_hits_tokens += hit_tokens
+        if not req.admitted:
+            req.admitted = True
+            prompt = req.prompt_tokens
+            req.cache_hit_tokens = min(hit_tokens, prompt)
+            req.transferred_tokens = max(0, min(req.preload_credit, prompt) - req.cache_hit_tokens)
+            req.recomputed_tokens = prompt - req.cache_hit_tokens - req.transferred_tokens
+        elif start > hit_tokens:
+            raise AssertionError("a re-admitted request has no preloaded KV")  # preload_credit was reset
+        req.preload_credit = 0
+        req.num_computed = start
+        self.kv.commit_full_blocks(req)  # preloaded blocks hold real KV: make them findable
+        self.pending_tokens += req.pending_tokens
+
+    @staticmethod
+    def _add_prefill(plan: SchedulePlan, req: RequestState, n: int) -> None:
+        nc = req.num_computed
+        plan.prefills.append((req, n))
+        plan.prefill_tokens += n
+        plan.prefill_attn_pairs += n * (nc + (n + 1) / 2.0)
+        plan.prefill_context_tokens += nc + n
