@@ -1,9 +1,143 @@
-"""Placeholder: this subcommand group is being written."""
+"""``tokenomy sim``: simulate one or more deployments on a workload and report the whitepaper's metrics."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tokenomy.core import SLO, Session
+from tokenomy.metrics import Summary
+from tokenomy.metrics.report import plot_comparison, render_table, write_json
+from tokenomy.sim import SimConfig, SimResult, simulate
+from tokenomy.workload.registry import load_workload
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # pragma: no cover - replaced soon
-    del sub
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``sim`` and ``sim compare``: workload, cluster, SLOs."""
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", default="gaia", help="chat | gaia | toolbench | path to a trace or session file")
+    g.add_argument("--rate", type=float, default=1.0, help="session arrivals per second (synthetic workloads)")
+    g.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
+    g.add_argument("--arrival", default="poisson", help="poisson | gamma")
+    g.add_argument("--arrival-cv", type=float, default=1.0, help="coefficient of variation for gamma arrivals")
+    g.add_argument("--max-sessions", type=int, default=None, help="cap on sessions taken from the workload")
+    g.add_argument("--seed", type=int, default=0)
+    c = p.add_argument_group("cluster")
+    c.add_argument("--model", default="llama-3.1-8b")
+    c.add_argument("--gpu", default="h100")
+    c.add_argument("--tp", type=int, default=1)
+    c.add_argument("--instances", type=int, default=8, help="colocated: mixed instances")
+    c.add_argument("--prefill", type=int, default=None, help="disaggregated: prefill instances (default: half)")
+    c.add_argument("--decode", type=int, default=None, help="disaggregated: decode instances (default: the rest)")
+    c.add_argument("--router", default="prefix_aware")
+    c.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    c.add_argument("--max-num-seqs", type=int, default=256)
+    c.add_argument("--horizon", type=float, default=None, help="stop the clock here; unfinished requests miss the SLO")
+    s = p.add_argument_group("SLO")
+    s.add_argument("--slo-ttft", type=float, default=SLO().ttft_s, help="TTFT bound, seconds")
+    s.add_argument("--slo-tpot", type=float, default=SLO().tpot_s, help="TPOT bound, seconds (vLLM definition)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sim", help="simulate deployments on a workload", description=__doc__)
+    add_cluster_args(p)
+    p.add_argument("--deployment", default="colocated,disagg", help="comma-separated: colocated, disagg, ...")
+    p.add_argument("--json", type=Path, default=None, help="write results as JSON here")
+    p.add_argument("--plot", type=Path, default=None, help="write a comparison chart (PNG) here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_sim)
+    from tokenomy.cli import compare_cmd
+
+    compare_cmd.register(p.add_subparsers(dest="sim_command"))
+
+
+def sessions_from_args(args: argparse.Namespace) -> list[Session]:
+    sessions = load_workload(
+        args.workload,
+        rate_per_s=args.rate,
+        duration_s=args.duration,
+        seed=args.seed,
+        arrival=args.arrival,
+        arrival_cv=args.arrival_cv,
+        max_sessions=args.max_sessions,
+    )
+    if not sessions:
+        raise ValueError(f"workload {args.workload!r} produced no sessions (rate {args.rate}/s over {args.duration} s)")
+    return sessions
+
+
+def config_from_args(args: argparse.Namespace, deployment: str) -> SimConfig:
+    total = args.instances
+    prefill = args.prefill if args.prefill is not None else max(1, total // 2)
+    decode = args.decode if args.decode is not None else max(1, total - prefill)
+    return SimConfig(
+        deployment=deployment,
+        model=args.model,
+        gpu=args.gpu,
+        tp=args.tp,
+        instances=total,
+        prefill=prefill,
+        decode=decode,
+        router=args.router,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        horizon_s=args.horizon,
+    )
+
+
+def run_with_progress(sessions: list[Session], config: SimConfig, slo: SLO, quiet: bool) -> SimResult:
+    """Simulate with a progress bar over simulated time (hidden when ``quiet``)."""
+    if quiet:
+        return simulate(sessions, config, slo)
+    horizon = config.horizon_s or max(s.start_s for s in sessions) + 1.0
+    with Progress(
+        TextColumn(f"[bold]{config.deployment}[/]"),
+        BarColumn(),
+        TextColumn("sim t={task.completed:.0f}s"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("sim", total=horizon)
+        result = simulate(sessions, config, slo, progress=lambda t: bar.update(task, completed=min(t, horizon)))
+    return result
+
+
+def deployment_payload(summary: Summary, result: SimResult) -> dict[str, Any]:
+    d = summary.to_dict()
+    d["num_gpus"] = result.num_gpus
+    d["sim_end_s"] = result.sim_end_s
+    d["wall_s"] = round(result.wall_s, 3)
+    return d
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    console = Console()
+    slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
+    names = [n.strip() for n in args.deployment.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--deployment needs at least one name")
+    sessions = sessions_from_args(args)
+    n_requests = sum(len(s.turns) for s in sessions)
+    console.print(f"workload [bold]{args.workload}[/]: {len(sessions)} sessions, {n_requests} requests")
+    summaries: dict[str, Summary] = {}
+    payload: dict[str, Any] = {"deployments": {}, "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}}
+    for name in names:
+        config = config_from_args(args, name)
+        result = run_with_progress(sessions, config, slo, args.quiet)
+        summaries[name] = result.summary
+        payload["deployments"][name] = deployment_payload(result.summary, result)
+    render_table(summaries, console=console, title=f"{args.workload} on {args.model} / {args.gpu}")
+    if args.json:
+        write_json(args.json, payload)
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        plot_comparison(summaries, args.plot)
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
+__all__ = ["add_cluster_args", "config_from_args", "register", "run_sim", "sessions_from_args"]

@@ -39,6 +39,7 @@ class PerfModel:
         "_expert_compute_s", "_expert_fixed_s", "_expert_act_s", "_n_experts", "_miss_prob",
         "_k_active", "_head", "_head_lat_s", "_step_fixed_s", "_step_per_token_s",
         "_prefill_pair_s", "_decode_pair_s", "_kv_read_s", "_attn_lat_s", "_gemm_lat_s",
+        "_flops_per_token", "_flops_per_pair",
     )
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1, coeffs: Coefficients | None = None) -> None:
@@ -107,6 +108,9 @@ class PerfModel:
         self._step_fixed_s = c.step_overhead_s + c.elementwise_latency_s
         self._head = fold(gemm(h, model.vocab_size / tp, d))
         self._head_lat_s = c.gemm_latency_s + (self._ar_fixed_s / 2 if tp > 1 else 0.0)
+        # step_flops runs once per simulated step: its model constants are derived properties.
+        self._flops_per_token = float(model.linear_flops_per_token)
+        self._flops_per_pair = float(model.attn_flops_per_pair_per_layer * model.n_layers)
 
     @classmethod
     def from_names(cls, model: str, gpu: str, tp: int = 1) -> PerfModel:
@@ -171,9 +175,8 @@ class PerfModel:
 
     def step_flops(self, shape: StepShape) -> float:
         """Useful model FLOPs: 2 * active params per token plus attention score/value FLOPs."""
-        m = self.model
-        attn = m.attn_flops_per_pair_per_layer * (shape.prefill_attn_pairs + shape.decode_context_tokens)
-        return m.linear_flops_per_token * shape.total_tokens + attn * m.n_layers
+        pairs = shape.prefill_attn_pairs + shape.decode_context_tokens
+        return self._flops_per_token * (shape.prefill_tokens + shape.decode_seqs) + self._flops_per_pair * pairs
 
     @property
     def peak_flops_per_s(self) -> float:

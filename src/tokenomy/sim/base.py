@@ -1,0 +1,140 @@
+"""What every simulated deployment shares: the context it runs in and the record it emits."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tokenomy.core import Request, RequestRecord, Role, TokenUsage
+from tokenomy.engine import Engine, EngineConfig, FinishedRequest, StepResult
+from tokenomy.perf import PerfModel
+from tokenomy.sim.config import SimConfig
+from tokenomy.sim.instance import SimInstance
+from tokenomy.sim.loop import EventLoop
+
+DoneCallback = Callable[[Request, RequestRecord], None]
+
+
+@dataclass
+class SimContext:
+    """Shared by the driver and a deployment during one simulation."""
+
+    loop: EventLoop
+    perf: PerfModel
+    config: SimConfig
+    done: DoneCallback
+    itl_values: list[float] = field(default_factory=list)
+    itl_weights: list[int] = field(default_factory=list)
+
+
+def usage_of(request: Request, prefill_side: FinishedRequest, output_tokens: int, extra_preempted: int = 0) -> TokenUsage:
+    """Token classes of a request: origin of the prompt from the request, work from the prefill side."""
+    first_turn = request.turn == 0 and request.history_tokens == 0
+    return TokenUsage(
+        input_tokens=request.new_tokens if first_turn else 0,
+        incremental_prefill_tokens=0 if first_turn else request.new_tokens,
+        history_tokens=request.history_tokens,
+        output_tokens=output_tokens,
+        cache_hit_tokens=prefill_side.cache_hit_tokens + prefill_side.transferred_tokens,
+        recomputed_tokens=prefill_side.recomputed_tokens,
+        transferred_tokens=prefill_side.transferred_tokens,
+        preempted_recompute_tokens=prefill_side.preempted_recompute_tokens + extra_preempted,
+    )
+
+
+def record_of(
+    request: Request,
+    usage: TokenUsage,
+    *,
+    first_token_s: float | None,
+    finish_s: float | None,
+    output_tokens: int,
+    max_itl_s: float,
+    preemptions: int,
+    prefill_instance: str,
+    decode_instance: str,
+    finished: bool = True,
+) -> RequestRecord:
+    return RequestRecord(
+        request_id=request.request_id,
+        arrival_s=request.arrival_s,
+        first_token_s=first_token_s,
+        finish_s=finish_s,
+        prompt_tokens=request.prompt_tokens,
+        output_tokens=output_tokens,
+        session_id=request.session_id,
+        turn=request.turn,
+        tenant=request.tenant,
+        usage=usage,
+        max_itl_s=max_itl_s,
+        preemptions=preemptions,
+        finished=finished,
+        prefill_instance=prefill_instance,
+        decode_instance=decode_instance,
+    )
+
+
+class Deployment(ABC):
+    """A set of simulated engine instances and the logic that moves requests between them."""
+
+    name: str = ""
+
+    def __init__(self, ctx: SimContext) -> None:
+        self.ctx = ctx
+        self.instances: list[SimInstance] = []
+
+    def _make_instance(self, instance_id: str, role: Role) -> SimInstance:
+        cfg = self.ctx.config
+        engine_cfg = EngineConfig(
+            num_gpu_blocks=self.ctx.perf.num_kv_blocks(cfg.block_size_tokens, cfg.gpu_memory_utilization),
+            block_size_tokens=cfg.block_size_tokens,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_seqs=cfg.max_num_seqs,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+        )
+        engine = Engine(instance_id, engine_cfg, self.ctx.perf, role=role)
+        inst = SimInstance(engine, self.ctx.loop, self._on_step)
+        self.instances.append(inst)
+        return inst
+
+    def _on_step(self, instance: SimInstance, result: StepResult) -> None:
+        # Pooled ITL: every decode token of this step waited one step duration (vLLM's ITL pools gaps).
+        if result.shape.decode_seqs:
+            self.ctx.itl_values.append(result.duration_s)
+            self.ctx.itl_weights.append(result.shape.decode_seqs)
+        for fin in result.finished:
+            self.on_finished(instance, fin)
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.instances) * self.ctx.config.tp
+
+    @abstractmethod
+    def submit(self, request: Request, now: float) -> None:
+        """A request arrives at the cluster's front door."""
+
+    @abstractmethod
+    def on_finished(self, instance: SimInstance, fin: FinishedRequest) -> None:
+        """An engine finished (its part of) a request."""
+
+    @abstractmethod
+    def unfinished(self) -> list[Request]:
+        """Requests still in the system (for the horizon cut-off)."""
+
+
+DEPLOYMENTS: dict[str, type[Deployment]] = {}
+
+
+def register_deployment(cls: type[Deployment]) -> type[Deployment]:
+    if not cls.name or cls.name in DEPLOYMENTS:
+        raise ValueError(f"deployment name {cls.name!r} is empty or already registered")
+    DEPLOYMENTS[cls.name] = cls
+    return cls
+
+
+def get_deployment(name: str) -> type[Deployment]:
+    try:
+        return DEPLOYMENTS[name]
+    except KeyError:
+        raise KeyError(f"unknown deployment {name!r}; known: {', '.join(sorted(DEPLOYMENTS))}") from None

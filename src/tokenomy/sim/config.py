@@ -1,0 +1,46 @@
+"""Typed configuration of one simulated cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A deployment of one model on GPUs of one kind.
+
+    ``instances`` is used by colocated deployments; ``prefill`` and ``decode`` by
+    disaggregated ones. Each instance spans ``tp`` GPUs. Engine knobs mirror vLLM's
+    (``max_num_batched_tokens``, ``max_num_seqs``, ``block_size``, ``gpu_memory_utilization``).
+    ``link_bytes_per_s`` is the KV-transfer bandwidth into one instance (default: the GPU's
+    inter-node bandwidth times ``tp``). ``horizon_s`` cuts the run: requests not finished by
+    then are recorded as unfinished (default: no cut, run until drained).
+    """
+
+    deployment: str = "colocated"
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100"
+    tp: int = 1
+    instances: int = 8
+    prefill: int = 4
+    decode: int = 4
+    router: str = "prefix_aware"
+    decode_router: str = "least_loaded"
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    block_size_tokens: int = 16
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    link_bytes_per_s: float | None = None
+    horizon_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "instances", "prefill", "decode", "max_num_batched_tokens", "max_num_seqs", "block_size_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.link_bytes_per_s is not None and self.link_bytes_per_s <= 0:
+            raise ValueError(f"link_bytes_per_s must be positive, got {self.link_bytes_per_s}")
+        if self.horizon_s is not None and self.horizon_s <= 0:
+            raise ValueError(f"horizon_s must be positive, got {self.horizon_s}")

@@ -1,0 +1,127 @@
+"""DistServe-style PD disaggregation: P prefill instances, D decode instances, KV shipped between them.
+
+Every turn is a new request: it is prefilled on a prefill instance (prefix reuse only from
+that instance's own cache), its first token is sampled there, its whole prompt KV is sent
+over the decode instance's inbound link (FIFO), then it decodes there. As in vLLM's
+disaggregation proxy, the client streams from the decode side, so the first token reaches
+the client when the KV has arrived there: TTFT = queue + prefill + transfer. The prefill
+instance's blocks become free-cached as soon as its part finishes (the transfer is modelled
+on the link, not as memory held on the prefill side).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenomy.core import Request, Role
+from tokenomy.engine import FinishedRequest
+from tokenomy.policy.router import make_router
+from tokenomy.sim.base import Deployment, SimContext, record_of, register_deployment, usage_of
+from tokenomy.sim.instance import SimInstance
+from tokenomy.sim.link import KVLink
+
+
+@dataclass(slots=True)
+class _Prefilled:
+    request: Request
+    prefill: FinishedRequest
+    prefill_instance: str
+    kv_arrived_s: float | None = None
+
+
+def inbound_links(ctx: SimContext, instances: list[SimInstance]) -> dict[str, KVLink]:
+    """One inbound KV link per instance: every TP rank has its own NIC, so the instance's
+    bandwidth is the config's or the GPU's inter-node link times TP; each transfer pays the
+    perf model's setup latency (so a lone transfer takes exactly ``perf.kv_transfer_time_s``)."""
+    cfg = ctx.config
+    bw = cfg.link_bytes_per_s or ctx.perf.gpu.inter_node_bytes_per_s * cfg.tp
+    setup = ctx.perf.coeffs.kv_transfer_setup_s
+    return {inst.instance_id: KVLink(bytes_per_s=bw, latency_s=setup) for inst in instances}
+
+
+@register_deployment
+class Disaggregated(Deployment):
+    name = "disagg"
+
+    def __init__(self, ctx: SimContext) -> None:
+        super().__init__(ctx)
+        self.prefills = [self._make_instance(f"prefill-{i}", Role.PREFILL) for i in range(ctx.config.prefill)]
+        self.decodes = [self._make_instance(f"decode-{i}", Role.DECODE) for i in range(ctx.config.decode)]
+        self._by_id = {inst.instance_id: inst for inst in self.instances}
+        self._prefill_views = [inst.engine for inst in self.prefills]
+        self._decode_views = [inst.engine for inst in self.decodes]
+        self._router = make_router(ctx.config.router)
+        self._decode_router = make_router(ctx.config.decode_router)
+        self._links = inbound_links(ctx, self.decodes)
+        self._prefilling: dict[str, Request] = {}
+        self._decoding: dict[str, _Prefilled] = {}
+        self._in_transfer: dict[str, _Prefilled] = {}
+
+    def submit(self, request: Request, now: float) -> None:
+        target = self._router.choose(request, self._prefill_views, now)
+        self._prefilling[request.request_id] = request
+        self._by_id[target].submit(request, now, prefill_only=True)
+
+    def on_finished(self, instance: SimInstance, fin: FinishedRequest) -> None:
+        if instance.engine.role is Role.PREFILL:
+            self._after_prefill(instance, fin)
+        else:
+            self._after_decode(instance, fin)
+
+    def _after_prefill(self, instance: SimInstance, fin: FinishedRequest) -> None:
+        request = self._prefilling.pop(fin.request_id)
+        now = fin.finish_s
+        if request.max_output_tokens <= 1:
+            self._finish(_Prefilled(request, fin, instance.instance_id), None, instance.instance_id)
+            return
+        target = self._decode_router.choose(request, self._decode_views, now)
+        kv_bytes = request.prompt_tokens * self.ctx.perf.kv_bytes_per_token
+        arrive = self._links[target].transfer(now, kv_bytes)
+        state = _Prefilled(request, fin, instance.instance_id)
+        self._in_transfer[request.request_id] = state
+        self.ctx.loop.at(arrive, self._arrive_on_decode, target, state)
+
+    def _arrive_on_decode(self, target: str, state: _Prefilled) -> None:
+        del self._in_transfer[state.request.request_id]
+        state.kv_arrived_s = self.ctx.loop.now
+        self._decoding[state.request.request_id] = state
+        self._by_id[target].submit(
+            state.request, self.ctx.loop.now, preloaded_tokens=state.request.prompt_tokens, emitted_tokens=1
+        )
+
+    def _after_decode(self, instance: SimInstance, fin: FinishedRequest) -> None:
+        state = self._decoding.pop(fin.request_id)
+        self._finish(state, fin, instance.instance_id)
+
+    def _finish(self, state: _Prefilled, dec: FinishedRequest | None, decode_id: str) -> None:
+        p = state.prefill
+        first = p.first_token_s if state.kv_arrived_s is None else state.kv_arrived_s
+        if dec is None:
+            out, finish, itl, preempt, extra = p.output_tokens, p.finish_s, 0.0, p.num_preemptions, 0
+        else:
+            out = p.output_tokens + dec.output_tokens
+            finish = dec.finish_s
+            gap = (dec.first_token_s - first) if (dec.first_token_s is not None and first is not None) else 0.0
+            itl = max(gap, dec.max_itl_s)
+            preempt = p.num_preemptions + dec.num_preemptions
+            extra = dec.preempted_recompute_tokens
+        usage = usage_of(state.request, p, out, extra_preempted=extra)
+        record = record_of(
+            state.request,
+            usage,
+            first_token_s=first,
+            finish_s=finish,
+            output_tokens=out,
+            max_itl_s=itl,
+            preemptions=preempt,
+            prefill_instance=state.prefill_instance,
+            decode_instance=decode_id,
+        )
+        self.ctx.done(state.request, record)
+
+    def unfinished(self) -> list[Request]:
+        return (
+            list(self._prefilling.values())
+            + [s.request for s in self._in_transfer.values()]
+            + [s.request for s in self._decoding.values()]
+        )

@@ -1,0 +1,137 @@
+"""Run one simulation: sessions in, records and a metrics summary out.
+
+Sessions arrive open-loop (each at its ``start_s``); within a session the next turn arrives
+only after the previous answer finished plus the turn's ``think_time_s`` (closed loop).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tokenomy.core import SLO, Request, RequestRecord, Session, TokenUsage
+from tokenomy.metrics import Summary, summarize
+from tokenomy.perf import PerfModel
+from tokenomy.sim import deployments as _deployments  # noqa: F401  (registers the deployments)
+from tokenomy.sim.base import Deployment, SimContext, get_deployment
+from tokenomy.sim.config import SimConfig
+from tokenomy.sim.loop import EventLoop
+
+ProgressFn = Callable[[float], None]
+
+
+@dataclass
+class SimResult:
+    """Everything a simulation produced."""
+
+    config: SimConfig
+    records: list[RequestRecord]
+    summary: Summary
+    sim_end_s: float
+    wall_s: float
+    events: int
+    num_gpus: int
+    instance_busy_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.output_tokens for r in self.records)
+
+
+class _Driver:
+    """Turns sessions into arrivals and finished turns into the next turn's arrival."""
+
+    def __init__(self, loop: EventLoop, sessions: Sequence[Session]) -> None:
+        self.loop = loop
+        self.sessions = sessions
+        self.records: list[RequestRecord] = []
+        self.deployment: Deployment | None = None
+        self._session_of: dict[str, Session] = {}
+
+    def start(self) -> None:
+        for s in self.sessions:
+            if s.session_id in self._session_of:
+                raise ValueError(f"duplicate session id {s.session_id!r}")
+            self._session_of[s.session_id] = s
+            self.loop.at(s.start_s, self._arrive, s, 0)
+
+    def _arrive(self, session: Session, index: int) -> None:
+        assert self.deployment is not None
+        request = Request.from_turn(session, index, self.loop.now)
+        self.deployment.submit(request, self.loop.now)
+
+    def done(self, request: Request, record: RequestRecord) -> None:
+        self.records.append(record)
+        session = self._session_of[request.session_id]
+        nxt = request.turn + 1
+        if nxt < len(session.turns) and record.finish_s is not None:
+            self.loop.at(record.finish_s + session.turns[nxt].think_time_s, self._arrive, session, nxt)
+
+
+def simulate(
+    sessions: Sequence[Session],
+    config: SimConfig,
+    slo: SLO,
+    *,
+    perf: PerfModel | None = None,
+    progress: ProgressFn | None = None,
+) -> SimResult:
+    """Simulate ``sessions`` on the deployment ``config`` describes and summarise against ``slo``.
+
+    Deterministic: the same sessions and config give the same records.
+    """
+    wall0 = time.perf_counter()
+    perf = perf or PerfModel.from_names(config.model, config.gpu, config.tp)
+    loop = EventLoop()
+    driver = _Driver(loop, sessions)
+    ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done)
+    deployment = get_deployment(config.deployment)(ctx)
+    driver.deployment = deployment
+    driver.start()
+    horizon = config.horizon_s if config.horizon_s is not None else float("inf")
+    loop.run(until_s=horizon, on_tick=progress)
+    records = driver.records + [_unfinished(r) for r in deployment.unfinished()]
+    # Requests of sessions whose turn never arrived before the horizon are not counted:
+    # they were never offered to the system.
+    sim_end = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
+    if config.horizon_s is not None and loop.pending:
+        sim_end = config.horizon_s
+    window = max(sim_end, 1e-9)
+    summary = summarize(
+        records,
+        slo=slo,
+        duration_s=window,
+        num_gpus=deployment.num_gpus,
+        usd_per_gpu_hour=perf.gpu.usd_per_gpu_hour,
+        total_flops=sum(i.flops for i in deployment.instances),
+        peak_flops_per_s=perf.gpu.bf16_flops_per_s * deployment.num_gpus,
+        itl_values=ctx.itl_values,
+        itl_weights=ctx.itl_weights,
+    )
+    return SimResult(
+        config=config,
+        records=records,
+        summary=summary,
+        sim_end_s=sim_end,
+        wall_s=time.perf_counter() - wall0,
+        events=loop.events_run,
+        num_gpus=deployment.num_gpus,
+        instance_busy_s={i.instance_id: i.busy_s for i in deployment.instances},
+    )
+
+
+def _unfinished(request: Request) -> RequestRecord:
+    return RequestRecord(
+        request_id=request.request_id,
+        arrival_s=request.arrival_s,
+        first_token_s=None,
+        finish_s=None,
+        prompt_tokens=request.prompt_tokens,
+        output_tokens=0,
+        session_id=request.session_id,
+        turn=request.turn,
+        tenant=request.tenant,
+        usage=TokenUsage(),
+        finished=False,
+    )
