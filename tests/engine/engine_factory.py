@@ -50,7 +50,9 @@ def create_requests(
     ]
 
 
-def run(engine: Engine, now: float = 0.0, max_steps: int = 100_000) -> tuple[dict[str, FinishedRequest], list[StepResult]]:
+def run(
+    engine: Engine, now: float = 0.0, max_steps: int = 100_000
+) -> tuple[dict[str, FinishedRequest], list[StepResult]]:
     """Step until nothing is left; returns finished requests by id (asserting each finishes once)."""
     finished: dict[str, FinishedRequest] = {}
     results: list[StepResult] = []

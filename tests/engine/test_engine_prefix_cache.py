@@ -24,7 +24,9 @@ def _prime(engine, content, prompt_tokens: int, rid: str = "a") -> None:
         (0, 100, 0),
     ],
 )
-def test_second_request_computes_only_the_unshared_part(shared: int, prompt_b: int, expected_hit: int) -> None:
+def test_second_request_computes_only_the_unshared_part(
+    shared: int, prompt_b: int, expected_hit: int
+) -> None:
     engine = create_engine()
     _prime(engine, ((1, 100),), 100)
     content_b = ((1, shared), (2, prompt_b - shared)) if shared < prompt_b else ((1, prompt_b),)
@@ -72,7 +74,9 @@ def test_session_turn_two_hits_turn_one_prompt_and_output() -> None:
     assert done["s:0"].output_tokens == 20
     # KV exists for 119 tokens (the last sampled token is never computed): 7 full blocks = 112 tokens,
     # past the 100 prompt tokens, so the answer is reused too.
-    turn2 = Request("s:1", 5.0, 150, 10, session_id="s", turn=1, history_tokens=120, content=((7, 120), (8, 30)))
+    turn2 = Request(
+        "s:1", 5.0, 150, 10, session_id="s", turn=1, history_tokens=120, content=((7, 120), (8, 30))
+    )
     assert engine.cached_prefix_tokens(turn2.content, 150) == 112
     engine.add_request(turn2, 5.0)
     done, results = run(engine, now=5.0)

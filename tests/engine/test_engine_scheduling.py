@@ -57,7 +57,9 @@ def _random_load(seed: int) -> tuple[int, int]:
             prompt = min(prompt, budget // 2)
             output = min(output, budget // 2)
         shared = rng.choice([0, prompt // 2, prompt])
-        content = ((1, shared), (100 + i, prompt + output - shared)) if shared else ((100 + i, prompt + output),)
+        content = (
+            ((1, shared), (100 + i, prompt + output - shared)) if shared else ((100 + i, prompt + output),)
+        )
         req = Request(f"q{i}", 0.0, prompt, output, content=content)
         kind = rng.choice(["plain", "plain", "prefill_only", "preloaded"])
         kwargs: dict[str, object] = {}

@@ -20,7 +20,9 @@ from tokenomy.engine.scheduler import SchedulePlan, Scheduler
 class Engine:
     """A vLLM-v1-like instance. Satisfies :class:`tokenomy.policy.view.InstanceView`."""
 
-    def __init__(self, instance_id: str, config: EngineConfig, perf: StepTimeModel, role: Role = Role.MIXED) -> None:
+    def __init__(
+        self, instance_id: str, config: EngineConfig, perf: StepTimeModel, role: Role = Role.MIXED
+    ) -> None:
         self._instance_id = instance_id
         self._role = Role(role)
         self.config = config
