@@ -9,6 +9,7 @@ prefix-cache hit rate. Usage: ``python benchmarks/engine_step_speed.py [--reques
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 
@@ -38,16 +39,36 @@ def make_requests(n: int, seed: int) -> list[Request]:
     return out
 
 
+def trace_requests(path: str, n: int) -> list[Request]:
+    """First ``n`` Mooncake requests; hash id ``h`` (512 tokens) becomes content stream ``h``."""
+    out = []
+    with open(path) as f:
+        for i, line in zip(range(n), f, strict=False):
+            row = json.loads(line)
+            prompt, ids = row["input_length"], row["hash_ids"]
+            content = tuple((h, min(512, prompt - 512 * j)) for j, h in enumerate(ids))
+            out.append(Request(f"m{i}", 0.0, prompt, max(1, row["output_length"]), content=content))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=3000)
-    parser.add_argument("--blocks", type=int, default=30_000, help="KV blocks (16 tokens each)")
+    parser.add_argument("--blocks", type=int, default=30_000, help="KV blocks")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.add_argument("--queue", type=int, default=64, help="waiting requests kept queued")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace", help="Mooncake JSONL trace to take prompts from (e.g. ../shared/data/...)")
     args = parser.parse_args()
 
-    engine = Engine("bench", EngineConfig(num_gpu_blocks=args.blocks), TrivialPerf())
-    pending = make_requests(args.requests, args.seed)
+    engine = Engine(
+        "bench", EngineConfig(num_gpu_blocks=args.blocks, block_size_tokens=args.block_size), TrivialPerf()
+    )
+    pending = (
+        trace_requests(args.trace, args.requests) if args.trace else make_requests(args.requests, args.seed)
+    )
+    kv_tokens = args.blocks * args.block_size
+    pending = [r for r in pending if r.prompt_tokens + r.max_output_tokens < kv_tokens]
     pending.reverse()
     now, steps, output_tokens, decode_tokens = 0.0, 0, 0, 0
     t0, c0 = time.perf_counter(), time.process_time()

@@ -219,3 +219,26 @@ def test_running_requests_are_scheduled_before_waiting_ones() -> None:
     result = engine.step(result.end_s)
     assert result is not None and result.emitted == ["a"]
     assert (result.shape.decode_seqs, result.shape.prefill_tokens) == (1, 63)
+
+
+def _trace(seed: int) -> list[tuple[float, list[str], list[str]]]:
+    rng = random.Random(seed)
+    engine = create_engine(num_gpu_blocks=30, max_num_batched_tokens=128, block_size_tokens=8)
+    for i in range(30):
+        shared = rng.choice([0, 40, 80])
+        prompt = shared + rng.randint(1, 60)
+        content = ((1, shared), (50 + i, prompt + 20)) if shared else ((50 + i, prompt + 20),)
+        engine.add_request(Request(f"t{i}", 0.0, prompt, rng.randint(1, 20), content=content), 0.0)
+    _, results = run(engine)
+    return [(r.start_s, r.emitted, r.preempted) for r in results]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_skipping_hopeless_admission_retries_changes_nothing(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast = _trace(seed)
+    from tokenomy.engine.kv_manager import KVManager
+
+    monkeypatch.setattr(KVManager, "still_blocked", lambda self, blocked, budget: False)
+    assert _trace(seed) == fast

@@ -13,6 +13,9 @@ from tokenomy.engine.block_keys import ROOT_KEY, key_chain, unique_key
 from tokenomy.engine.block_pool import BlockPool
 from tokenomy.engine.request_state import RequestState
 
+BlockedAdmission = tuple[int, int | None, int, bool]
+"""When admission failed: (free blocks, key of the first missing block or None, chunk, over budget)."""
+
 
 class KVManager:
     """Paged KV with prefix caching over full blocks."""
@@ -86,6 +89,32 @@ class KVManager:
         while n < max_blocks and keys[n] in cached:
             n += 1
         return n * self.block_size
+
+    # ---- failed admissions ------------------------------------------------------------------
+    def blocked_state(
+        self, req: RequestState, num_hits: int, n: int, *, over_budget: bool
+    ) -> BlockedAdmission:
+        """Remember why the waiting head did not fit (its ``n``-token chunk), to skip hopeless retries."""
+        max_blocks = (req.num_tokens - 1) // self.block_size if self.caching else 0
+        next_key = self.block_key(req, num_hits) if num_hits < max_blocks else None
+        return (self.pool.num_free, next_key, n, over_budget)
+
+    def still_blocked(self, blocked: BlockedAdmission, budget: int) -> bool:
+        """True when the admission that failed in ``blocked`` must fail again now.
+
+        Its cached prefix can only grow if the key of its first missing block appeared; its chunk
+        only shrinks if the budget is now below the chunk that failed. For a chunk that did not fit
+        the free pool: what it costs the pool (new blocks plus cached-free hits) minus the free
+        blocks only drops if blocks were freed (evictions, and other requests taking its cached
+        blocks, never make it fit). For a whole prompt over the budget (no chunking): only a larger
+        budget or a longer cached prefix helps.
+        """
+        free_then, next_key, n_then, over_budget = blocked
+        if next_key is not None and next_key in self.pool.cached:
+            return False
+        if over_budget:
+            return budget < n_then
+        return budget >= n_then and self.pool.num_free <= free_then
 
     # ---- allocation -------------------------------------------------------------------------
     def admit(self, req: RequestState, hits: list[int], num_tokens_with_kv: int) -> bool:

@@ -43,6 +43,7 @@ class RequestState:
         "recompute_until",
         "preempted_recompute_tokens",
         "num_preemptions",
+        "admit_blocked",
     )
 
     def __init__(
@@ -84,6 +85,7 @@ class RequestState:
         self.recompute_until = 0  # tokens below this were computed once before a preemption
         self.preempted_recompute_tokens = 0
         self.num_preemptions = 0
+        self.admit_blocked: tuple[int, int | None, int, bool] | None = None  # see KVManager.still_blocked
 
     @property
     def pending_tokens(self) -> int:

@@ -143,18 +143,22 @@ class Scheduler:
         cfg, kv, waiting, running = self.config, self.kv, self.waiting, self.running
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
+            if req.admit_blocked is not None and kv.still_blocked(req.admit_blocked, budget):
+                break
             hits = kv.find_hits(req)
             hit_tokens = len(hits) * kv.block_size
             start = max(hit_tokens, req.preload_credit)
             n = req.num_tokens - start
             if cfg.long_prefill_token_threshold and n > cfg.long_prefill_token_threshold:
                 n = cfg.long_prefill_token_threshold
-            if n > budget:
-                if not cfg.enable_chunked_prefill:
-                    break
-                n = budget
-            if not kv.admit(req, hits, start + n):
+            if n > budget and not cfg.enable_chunked_prefill:
+                req.admit_blocked = kv.blocked_state(req, len(hits), n, over_budget=True)
                 break
+            n = min(n, budget)
+            if not kv.admit(req, hits, start + n):
+                req.admit_blocked = kv.blocked_state(req, len(hits), n, over_budget=False)
+                break
+            req.admit_blocked = None
             waiting.popleft()
             running.append(req)
             self._account_admission(req, hit_tokens, start)
