@@ -135,12 +135,12 @@ class Engine:
         if not self._requests:
             return None
         plan = self._sched.schedule()
-        if plan.num_scheduled_tokens == 0:
+        if not plan.decodes and not plan.prefills:
             return None
         shape = plan.shape()
         duration = self.perf.step_time_s(shape)
-        result = StepResult(now, duration, shape, self.perf.step_flops(shape))
-        result.preempted = [r.request_id for r in plan.preempted]
+        preempted = [r.request_id for r in plan.preempted] if plan.preempted else []
+        result = StepResult(now, duration, shape, self.perf.step_flops(shape), [], [], [], preempted)
         self._busy_until = now + duration
         self._apply(plan, now + duration, result)
         self.stats.num_steps += 1

@@ -17,6 +17,23 @@ BlockedAdmission = tuple[int, int | None, int, bool]
 """When admission failed: (free blocks, key of the first missing block or None, chunk, over budget)."""
 
 
+def _cached_run(cached: dict[int, int], keys: list[int], limit: int) -> int:
+    """Length of the longest prefix of ``keys[:limit]`` present in ``cached``.
+
+    Scans in geometrically growing chunks with C-level ``map``: most lookups miss early (the
+    router asks every instance about every request), and long hits cost about one full pass.
+    """
+    contains = cached.__contains__
+    n, chunk = 0, 8
+    while n < limit:
+        found = list(map(contains, keys[n : min(limit, n + chunk)]))
+        if False in found:
+            return n + found.index(False)
+        n += len(found)
+        chunk *= 4
+    return limit
+
+
 class KVManager:
     """Paged KV with prefix caching over full blocks."""
 
@@ -66,10 +83,12 @@ class KVManager:
         if chain is not None:
             covered = min(max_blocks, chain.num_full_blocks)
             chain.ensure(covered)
-            found = list(map(get, chain.keys[:covered]))
-            if None in found:
-                return cast(list[int], found[: found.index(None)])
-        hits = cast(list[int], found) if chain is not None else []
+            n = _cached_run(self.pool.cached, chain.keys, covered)
+            hits = cast(list[int], list(map(get, chain.keys[:n])))
+            if n < covered:
+                return hits
+        else:
+            hits = []
         for i in range(covered, max_blocks):
             block = get(self.block_key(req, i))
             if block is None:
@@ -84,11 +103,7 @@ class KVManager:
         chain = key_chain(content, self.block_size)
         max_blocks = min((prompt_tokens - 1) // self.block_size, chain.num_full_blocks)
         chain.ensure(max_blocks)
-        cached, keys = self.pool.cached, chain.keys
-        n = 0
-        while n < max_blocks and keys[n] in cached:
-            n += 1
-        return n * self.block_size
+        return _cached_run(self.pool.cached, chain.keys, max_blocks) * self.block_size
 
     # ---- failed admissions ------------------------------------------------------------------
     def blocked_state(
@@ -139,7 +154,10 @@ class KVManager:
             return True
         if need > self.pool.num_free:
             return False
-        req.blocks += self.pool.allocate(need)
+        if need == 1:
+            req.blocks.append(self.pool.allocate_one())
+        else:
+            req.blocks += self.pool.allocate(need)
         return True
 
     def commit_full_blocks(self, req: RequestState) -> None:

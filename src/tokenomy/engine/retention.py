@@ -38,7 +38,8 @@ class Retention:
 
     def forget_recent(self) -> None:
         """Called at the start of each step: from now on freed blocks may be reallocated."""
-        self._recent.clear()
+        if self._recent:
+            self._recent.clear()
 
     def retain_finished(self, request_id: str) -> None:
         if request_id in self._pinned:

@@ -14,7 +14,6 @@ tokens afterwards (``update_from_output``).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from tokenomy.core import StepShape
 from tokenomy.engine.config import EngineConfig
@@ -23,17 +22,30 @@ from tokenomy.engine.request_state import RequestState
 from tokenomy.engine.results import EngineStats
 
 
-@dataclass(slots=True)
 class SchedulePlan:
-    """What one step computes. ``prefills`` pairs a request with its chunk size in tokens."""
+    """What one step computes. ``prefills`` pairs a request with its chunk size in tokens.
 
-    decodes: list[RequestState] = field(default_factory=list)
-    prefills: list[tuple[RequestState, int]] = field(default_factory=list)
-    preempted: list[RequestState] = field(default_factory=list)
-    prefill_tokens: int = 0
-    prefill_attn_pairs: float = 0.0
-    prefill_context_tokens: int = 0
-    decode_context_tokens: int = 0
+    A plain slotted class, built once per step: cheaper than a dataclass with factories.
+    """
+
+    __slots__ = (
+        "decodes",
+        "prefills",
+        "preempted",
+        "prefill_tokens",
+        "prefill_attn_pairs",
+        "prefill_context_tokens",
+        "decode_context_tokens",
+    )
+
+    def __init__(self) -> None:
+        self.decodes: list[RequestState] = []
+        self.prefills: list[tuple[RequestState, int]] = []
+        self.preempted: list[RequestState] = []
+        self.prefill_tokens = 0
+        self.prefill_attn_pairs = 0.0
+        self.prefill_context_tokens = 0
+        self.decode_context_tokens = 0
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -41,12 +53,12 @@ class SchedulePlan:
 
     def shape(self) -> StepShape:
         return StepShape(
-            prefill_tokens=self.prefill_tokens,
-            prefill_seqs=len(self.prefills),
-            prefill_attn_pairs=self.prefill_attn_pairs,
-            prefill_context_tokens=self.prefill_context_tokens,
-            decode_seqs=len(self.decodes),
-            decode_context_tokens=self.decode_context_tokens,
+            self.prefill_tokens,
+            len(self.prefills),
+            self.prefill_attn_pairs,
+            self.prefill_context_tokens,
+            len(self.decodes),
+            self.decode_context_tokens,
         )
 
 
@@ -93,7 +105,7 @@ class Scheduler:
     def schedule(self) -> SchedulePlan:
         plan = SchedulePlan()
         budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
-        if not plan.preempted:
+        if self.waiting and not plan.preempted:
             self._schedule_waiting(plan, budget)
         return plan
 
