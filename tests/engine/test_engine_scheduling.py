@@ -23,6 +23,12 @@ def _check_counters(engine: Engine) -> None:
         assert r.num_tokens - r.num_computed == 1 and r.num_computed >= r.prompt_tokens
     held = sum(1 for c in engine._kv.pool.ref_cnt if c > 0)
     assert engine.free_blocks == engine.total_blocks - held
+    pool = engine._kv.pool
+    free = pool.free_order()
+    assert len(free) == len(set(free)) == engine.free_blocks
+    assert all(pool.ref_cnt[b] == 0 for b in free)
+    assert all(pool.block_key[b] == k for k, b in pool.cached.items())
+    assert sum(k is not None for k in pool.block_key) == len(pool.cached)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -242,3 +248,38 @@ def test_skipping_hopeless_admission_retries_changes_nothing(
 
     monkeypatch.setattr(KVManager, "still_blocked", lambda self, blocked, budget: False)
     assert _trace(seed) == fast
+
+
+def _load(engine: Engine) -> None:
+    for i, req in enumerate(create_requests(6, prompt_tokens=50, max_output_tokens=40)):
+        req.max_output_tokens = 10 + 7 * i
+        engine.add_request(req, 0.0)
+
+
+def test_step_until_matches_single_steps() -> None:
+    single = create_engine(FakePerf(per_prefill_token_s=1e-4))
+    _load(single)
+    _, expected = run(single)
+    batched = create_engine(FakePerf(per_prefill_token_s=1e-4))
+    _load(batched)
+    got = []
+    now = 0.0
+    while True:
+        results = batched.step_until(now, until_s=now + 0.05)
+        if not results:
+            break
+        assert all(not r.finished for r in results[:-1])  # stops right after a finish
+        got += results
+        now = results[-1].end_s
+    assert [(r.start_s, r.emitted, [f.request_id for f in r.finished]) for r in got] == [
+        (r.start_s, r.emitted, [f.request_id for f in r.finished]) for r in expected
+    ]
+
+
+def test_step_until_respects_the_horizon() -> None:
+    engine = create_engine(FakePerf(base_s=0.01))
+    engine.add_request(Request("a", 0.0, 10, 100), 0.0)
+    results = engine.step_until(0.0, until_s=0.045)
+    assert [round(r.start_s, 3) for r in results] == [0.0, 0.01, 0.02, 0.03, 0.04]
+    with pytest.raises(ValueError, match="max_steps"):
+        engine.step_until(results[-1].end_s, 1.0, max_steps=0)

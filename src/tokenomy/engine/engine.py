@@ -146,6 +146,30 @@ class Engine:
         self.stats.num_steps += 1
         return result
 
+    def step_until(self, now: float, until_s: float, max_steps: int = 4096) -> list[StepResult]:
+        """Run back-to-back steps (each starts when the previous ends) from ``now``: a fast path for
+        simulators, identical to calling :meth:`step` repeatedly.
+
+        Stops after the first step that finishes a request (the caller must handle it, e.g. call
+        ``retain``, before the engine moves on), after a step that ends at or past ``until_s``, after
+        ``max_steps`` steps, or when nothing can run. The caller promises that nothing else touches
+        this engine before ``until_s`` (no arrival, abort, release, and no policy reading it), so the
+        steps it runs ahead are the ones single steps would have run. Empty list: nothing to run.
+        """
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        results: list[StepResult] = []
+        t = now
+        while len(results) < max_steps:
+            result = self.step(t)
+            if result is None:
+                break
+            results.append(result)
+            t = result.start_s + result.duration_s
+            if result.finished or t >= until_s:
+                break
+        return results
+
     def _apply(self, plan: SchedulePlan, end_s: float, result: StepResult) -> None:
         """Advance every scheduled request by the tokens it computed; sample, finish."""
         sched, kv = self._sched, self._kv
