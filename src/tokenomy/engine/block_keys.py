@@ -26,7 +26,7 @@ from tokenomy.core import Segment
 ROOT_KEY = 0
 """Parent key of block 0."""
 
-_MEMO_MAX_ENTRIES = 1024
+_MEMO_MAX_ENTRIES = 256  # in-flight router lookups; requests keep their own chains
 
 
 class KeyChain:
