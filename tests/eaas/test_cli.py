@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tokenomy.cli.main import main
+
+
+def test_plan_prints_gpu_hours_and_saving(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_json = tmp_path / "plan.json"
+    assert main(["eaas", "plan", "--peak-gpus", "960", "--unit-gpus", "320", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "GPU-hours: EAAS" in out and "saving:" in out
+    data = json.loads(out_json.read_text())
+    assert data["unit_gpu_hours"] > data["elastic_gpu_hours"] > 0
+    assert 0 < data["saving_vs_unit"] < 1
+
+
+def test_serve_with_a_bad_expert_range_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eaas", "serve", "--experts", "7-3"]) == 2
+    assert "bad expert id range" in capsys.readouterr().err
+
+
+def test_demo_rejects_a_kill_after_the_end(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eaas", "demo", "--seconds", "1", "--kill-one-at", "2"]) == 2
+    assert "--kill-one-at" in capsys.readouterr().err
+
+
+def test_plan_rejects_nonsense(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eaas", "plan", "--peak-gpus", "-5"]) == 2
+    assert "peak_gpus" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_demo_shows_failover_without_loss(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_json = tmp_path / "demo.json"
+    rc = main(["eaas", "demo", "--servers", "2", "--replicas", "2", "--seconds", "1.5", "--kill-one-at", "0.6",
+               "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "killed s0" in out and "lost 0, wrong 0" in out and "OK" in out
+    data = json.loads(out_json.read_text())
+    assert data["lost_tokens"] == 0 and data["wrong_tokens"] == 0 and data["failovers"] >= 1
