@@ -1,11 +1,11 @@
 """Domain types shared by every package. Depends on nothing."""
 
-from tokenomy.core.request import Request, Segment, Session, Turn
+from tokenomy.core.instance import InstanceSpec, Role
 from tokenomy.core.records import RequestRecord
+from tokenomy.core.request import Request, Segment, Session, Turn
 from tokenomy.core.slo import SLO
 from tokenomy.core.step import StepShape, StepTimeModel
 from tokenomy.core.usage import TokenUsage
-from tokenomy.core.instance import InstanceSpec, Role
 
 __all__ = [
     "SLO",

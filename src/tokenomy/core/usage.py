@@ -40,7 +40,7 @@ class TokenUsage:
         return self.prompt_tokens + self.output_tokens
 
     def add(self, other: TokenUsage) -> None:
-        for name in self.__slots__:  # type: ignore[attr-defined]
+        for name in self.__slots__:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def check(self) -> None:

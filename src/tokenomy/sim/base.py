@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tokenomy.core import Request, RequestRecord, Role, TokenUsage
+from tokenomy.core import SLO, Request, RequestRecord, Role, TokenUsage
 from tokenomy.engine import Engine, EngineConfig, FinishedRequest, StepResult
 from tokenomy.perf import PerfModel
 from tokenomy.sim.config import SimConfig
@@ -24,6 +24,7 @@ class SimContext:
     perf: PerfModel
     config: SimConfig
     done: DoneCallback
+    slo: SLO = field(default_factory=SLO)
     itl_values: list[float] = field(default_factory=list)
     itl_weights: list[int] = field(default_factory=list)
 
@@ -105,6 +106,11 @@ class Deployment(ABC):
             self.ctx.itl_weights.append(result.shape.decode_seqs)
         for fin in result.finished:
             self.on_finished(instance, fin)
+
+    @property
+    def max_request_tokens(self) -> int:
+        """Prompt plus output tokens that one instance's KV cache can hold."""
+        return min(inst.engine.config.total_kv_tokens for inst in self.instances)
 
     @property
     def num_gpus(self) -> int:

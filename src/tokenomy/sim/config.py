@@ -2,7 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tokenomy.policy.ampd import BindingConfig, PlacementConfig, ReorderConfig, RetentionConfig
+
+
+@dataclass(frozen=True)
+class AMPDOptions:
+    """Which AMPD mechanisms run (each can be switched off for ablation) and their policy configs.
+
+    With every switch off, ``ampd`` degenerates to PD disaggregation that ships only the KV the
+    decode side lacks. ``tool_latency_prior_s`` is the expected tool time assumed for a session
+    before any tool call has been observed (a labelled default; afterwards the running mean of
+    observed gaps is used).
+    """
+
+    binding: bool = True
+    placement: bool = True
+    reorder: bool = True
+    retention: bool = True
+    binding_config: BindingConfig = field(default_factory=BindingConfig)
+    placement_config: PlacementConfig = field(default_factory=PlacementConfig)
+    reorder_config: ReorderConfig = field(default_factory=ReorderConfig)
+    retention_config: RetentionConfig = field(default_factory=RetentionConfig)
+    tool_latency_prior_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.tool_latency_prior_s < 0:
+            raise ValueError(f"tool_latency_prior_s must be >= 0, got {self.tool_latency_prior_s}")
 
 
 @dataclass(frozen=True)
@@ -33,6 +60,7 @@ class SimConfig:
     enable_prefix_caching: bool = True
     link_bytes_per_s: float | None = None
     horizon_s: float | None = None
+    ampd: AMPDOptions = field(default_factory=AMPDOptions)
 
     def __post_init__(self) -> None:
         for name in ("tp", "instances", "prefill", "decode", "max_num_batched_tokens", "max_num_seqs", "block_size_tokens"):

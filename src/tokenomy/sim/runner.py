@@ -47,6 +47,7 @@ class _Driver:
         self.sessions = sessions
         self.records: list[RequestRecord] = []
         self.deployment: Deployment | None = None
+        self.rejected = 0
         self._session_of: dict[str, Session] = {}
 
     def start(self) -> None:
@@ -59,6 +60,11 @@ class _Driver:
     def _arrive(self, session: Session, index: int) -> None:
         assert self.deployment is not None
         request = Request.from_turn(session, index, self.loop.now)
+        if request.prompt_tokens + request.max_output_tokens > self.deployment.max_request_tokens:
+            # No instance could ever hold its KV: rejected at the door, the session ends here.
+            self.records.append(_unfinished(request))
+            self.rejected += 1
+            return
         self.deployment.submit(request, self.loop.now)
 
     def done(self, request: Request, record: RequestRecord) -> None:
@@ -85,7 +91,7 @@ def simulate(
     perf = perf or PerfModel.from_names(config.model, config.gpu, config.tp)
     loop = EventLoop()
     driver = _Driver(loop, sessions)
-    ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done)
+    ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done, slo=slo)
     deployment = get_deployment(config.deployment)(ctx)
     driver.deployment = deployment
     driver.start()

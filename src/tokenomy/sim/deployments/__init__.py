@@ -1,5 +1,5 @@
 """Simulated deployments; importing this package registers them."""
 
-from tokenomy.sim.deployments import colocated, disagg
+from tokenomy.sim.deployments import ampd, colocated, disagg
 
-__all__ = ["colocated", "disagg"]
+__all__ = ["ampd", "colocated", "disagg"]

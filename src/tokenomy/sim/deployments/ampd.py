@@ -1,0 +1,217 @@
+"""AMPD: multi-turn agent scheduling over PD disaggregation (MISSION.md, layer 3).
+
+Decode instances are bound to sessions and keep their history KV; each turn's prefill runs
+either on a prefill instance (remote: ship the history the prefill node lacks, prefill the
+new tokens, ship only the new KV back) or on the bound decode instance itself (local), by the
+slack rule of :class:`~tokenomy.policy.ampd.AdaptivePlacement`. Prefill queues are reordered
+within a look-ahead window, and KV is kept, offloaded or dropped across tool calls. Every
+mechanism is a policy object from :mod:`tokenomy.policy.ampd` and can be switched off in
+:class:`~tokenomy.sim.config.AMPDOptions` for ablation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenomy.core import Request, Role
+from tokenomy.engine import FinishedRequest
+from tokenomy.policy.ampd import AdaptivePlacement, LookaheadReorder, PrefillTask, SessionBinder
+from tokenomy.policy.router import make_router
+from tokenomy.sim.base import Deployment, SimContext, record_of, register_deployment, usage_of
+from tokenomy.sim.deployments.disagg import inbound_links
+from tokenomy.sim.deployments.kv_keeper import KVKeeper
+from tokenomy.sim.deployments.prefill_queue import PrefillQueue
+from tokenomy.sim.instance import SimInstance
+
+
+@dataclass(slots=True)
+class _Turn:
+    request: Request
+    decode_id: str
+    local: bool
+    prefill_id: str = ""
+    prefill: FinishedRequest | None = None
+    kv_arrived_s: float | None = None
+
+
+@register_deployment
+class AMPD(Deployment):
+    name = "ampd"
+
+    def __init__(self, ctx: SimContext) -> None:
+        super().__init__(ctx)
+        cfg, opts = ctx.config, ctx.config.ampd
+        self.prefills = [self._make_instance(f"prefill-{i}", Role.PREFILL) for i in range(cfg.prefill)]
+        self.decodes = [self._make_instance(f"decode-{i}", Role.DECODE) for i in range(cfg.decode)]
+        self._by_id = {inst.instance_id: inst for inst in self.instances}
+        self._decode_views = [inst.engine for inst in self.decodes]
+        self._prefill_views = [inst.engine for inst in self.prefills]
+        self._binder = SessionBinder(opts.binding_config) if opts.binding else None
+        self._decode_router = make_router(cfg.decode_router)
+        self._router = make_router(cfg.router)
+        self._placement = AdaptivePlacement(opts.placement_config, ctx.perf) if opts.placement else None
+        reorder = LookaheadReorder(opts.reorder_config, ctx.perf) if opts.reorder else None
+        self._queues = {p.instance_id: PrefillQueue(p, reorder, cfg.max_num_batched_tokens) for p in self.prefills}
+        self._links = inbound_links(ctx, self.instances)
+        self._keeper = KVKeeper(ctx, self.decodes) if opts.retention else None
+        self._turns: dict[str, _Turn] = {}
+        self._drain_unit_s = ctx.perf.prefill_time_s(cfg.max_num_batched_tokens) / cfg.max_num_batched_tokens
+        self.local_prefills = 0
+        self.remote_prefills = 0
+
+    # ---- arrival: bind, place ----------------------------------------------------------------
+    def submit(self, request: Request, now: float) -> None:
+        if self._keeper is not None:
+            self._keeper.on_arrival(request, now)
+        decode = self._bind(request, now)
+        on_decode = decode.engine.cached_prefix_tokens(request.content, request.prompt_tokens)
+        if self._keeper is not None:
+            on_decode = max(on_decode, self._keeper.host_tokens(request, decode.instance_id))
+        if self._placement is None:
+            local, prefill_id = False, self._router.choose(request, self._prefill_views, now)
+        else:
+            delays = {pid: q.backlog_tokens() * self._drain_unit_s for pid, q in self._queues.items()}
+            d = self._placement.decide(
+                request,
+                decode=decode.engine,
+                prefills=self._prefill_views,
+                slo=self.ctx.slo,
+                now=now,
+                history_cached_tokens_on_decode=on_decode,
+                prefill_queue_delay_s=delays,
+            )
+            local, prefill_id = d.local, d.prefill_instance or ""
+        turn = _Turn(request, decode.instance_id, local, prefill_id)
+        self._turns[request.request_id] = turn
+        if local:
+            self.local_prefills += 1
+            self._run_local(turn, now)
+        else:
+            self.remote_prefills += 1
+            self._enqueue_remote(turn, now)
+
+    def _bind(self, request: Request, now: float) -> SimInstance:
+        if self._binder is None:
+            return self._by_id[self._decode_router.choose(request, self._decode_views, now)]
+        return self._by_id[self._binder.bind(request, self._decode_views, now).instance_id]
+
+    def _run_local(self, turn: _Turn, now: float) -> None:
+        decode = self._by_id[turn.decode_id]
+        ready, preloaded = now, 0
+        if self._keeper is not None:
+            ready, preloaded = self._keeper.reload(turn.request, decode, now)
+        if ready > now:
+            self.ctx.loop.at(ready, lambda: decode.submit(turn.request, ready, preloaded_tokens=preloaded))
+        else:
+            decode.submit(turn.request, now, preloaded_tokens=preloaded)
+
+    # ---- remote prefill ----------------------------------------------------------------------
+    def _enqueue_remote(self, turn: _Turn, now: float) -> None:
+        queue = self._queues[turn.prefill_id]
+        req = turn.request
+        cached = queue.instance.engine.cached_prefix_tokens(req.content, req.prompt_tokens)
+        task = PrefillTask(
+            request_id=req.request_id,
+            arrival_s=req.arrival_s,
+            deadline_s=req.arrival_s + self.ctx.slo.ttft_s,
+            new_tokens=req.prompt_tokens - cached,
+            cached_tokens=cached,
+        )
+        queue.push(task, lambda t: self._dispatch_remote(turn, t), now)
+
+    def _dispatch_remote(self, turn: _Turn, now: float) -> None:
+        """Popped from the prefill queue: fetch the history the prefill node lacks, then prefill."""
+        req = turn.request
+        queue = self._queues[turn.prefill_id]
+        prefill = queue.instance
+        cached_p = prefill.engine.cached_prefix_tokens(req.content, req.prompt_tokens)
+        on_decode = self._by_id[turn.decode_id].engine.cached_prefix_tokens(req.content, req.prompt_tokens)
+        history = min(req.history_tokens, on_decode)
+        from_decode = max(0, history - cached_p)
+        preloaded = max(cached_p, history)
+        todo = req.prompt_tokens - preloaded
+        if from_decode == 0:
+            prefill.submit(req, now, preloaded_tokens=preloaded, prefill_only=True)
+            return
+        queue.in_flight_tokens += todo
+        arrive = self._links[prefill.instance_id].transfer(now, from_decode * self.ctx.perf.kv_bytes_per_token)
+
+        def start() -> None:
+            queue.in_flight_tokens -= todo
+            prefill.submit(req, self.ctx.loop.now, preloaded_tokens=preloaded, prefill_only=True)
+
+        self.ctx.loop.at(arrive, start)
+
+    # ---- completions -------------------------------------------------------------------------
+    def on_finished(self, instance: SimInstance, fin: FinishedRequest) -> None:
+        turn = self._turns[fin.request_id]
+        if instance.engine.role is Role.PREFILL:
+            self._queues[instance.instance_id].pump(fin.finish_s)
+            self._after_prefill(turn, instance, fin)
+        else:
+            self._after_decode(turn, instance, fin)
+
+    def _after_prefill(self, turn: _Turn, instance: SimInstance, fin: FinishedRequest) -> None:
+        turn.prefill = fin
+        req = turn.request
+        if req.max_output_tokens <= 1:
+            self._finish(turn, None)
+            return
+        decode = self._by_id[turn.decode_id]
+        on_decode = decode.engine.cached_prefix_tokens(req.content, req.prompt_tokens)
+        send = req.prompt_tokens - on_decode
+        arrive = self._links[turn.decode_id].transfer(fin.finish_s, send * self.ctx.perf.kv_bytes_per_token)
+        self.ctx.loop.at(arrive, self._arrive_on_decode, turn)
+
+    def _arrive_on_decode(self, turn: _Turn) -> None:
+        now = self.ctx.loop.now
+        turn.kv_arrived_s = now
+        req = turn.request
+        self._by_id[turn.decode_id].submit(req, now, preloaded_tokens=req.prompt_tokens, emitted_tokens=1)
+
+    def _after_decode(self, turn: _Turn, instance: SimInstance, fin: FinishedRequest) -> None:
+        if self._keeper is not None:
+            self._keeper.on_turn_end(turn.request, instance, fin.finish_s)
+        if turn.local:
+            turn.prefill = fin
+            self._finish(turn, None, decode=fin)
+        else:
+            self._finish(turn, fin)
+
+    def _finish(self, turn: _Turn, dec: FinishedRequest | None, decode: FinishedRequest | None = None) -> None:
+        """Emit the record. Local turns pass the decode-side result as both prefill and ``decode``."""
+        del self._turns[turn.request.request_id]
+        p = turn.prefill
+        assert p is not None
+        if decode is not None:  # local: one instance did everything
+            first, finish, out, itl, pre, extra = p.first_token_s, p.finish_s, p.output_tokens, p.max_itl_s, 0, 0
+            pre = p.num_preemptions
+            prefill_id = turn.decode_id
+        elif dec is None:  # one-token answer straight from the prefill node
+            first, finish, out, itl, pre, extra = p.first_token_s, p.finish_s, p.output_tokens, 0.0, p.num_preemptions, 0
+            prefill_id = turn.prefill_id
+        else:
+            first = turn.kv_arrived_s
+            finish = dec.finish_s
+            out = p.output_tokens + dec.output_tokens
+            gap = dec.first_token_s - first if (dec.first_token_s is not None and first is not None) else 0.0
+            itl = max(gap, dec.max_itl_s)
+            pre = p.num_preemptions + dec.num_preemptions
+            extra = dec.preempted_recompute_tokens
+            prefill_id = turn.prefill_id
+        usage = usage_of(turn.request, p, out, extra_preempted=extra)
+        record = record_of(
+            turn.request,
+            usage,
+            first_token_s=first,
+            finish_s=finish,
+            output_tokens=out,
+            max_itl_s=itl,
+            preemptions=pre,
+            prefill_instance=prefill_id,
+            decode_instance=turn.decode_id,
+        )
+        self.ctx.done(turn.request, record)
+
+    def unfinished(self) -> list[Request]:
+        return [t.request for t in self._turns.values()]

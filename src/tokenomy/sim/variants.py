@@ -1,0 +1,48 @@
+"""Named deployment variants for comparisons and ablations.
+
+Each variant maps a base :class:`SimConfig` to the configuration it runs: the baselines at
+their best (colocated with the prefix-aware router or with session affinity; PD
+disaggregation), and AMPD with its mechanisms added one at a time for the ablation table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from tokenomy.sim.config import AMPDOptions, SimConfig
+
+Variant = Callable[[SimConfig], SimConfig]
+
+
+def _ampd(binding: bool, placement: bool, reorder: bool, retention: bool) -> Variant:
+    def make(base: SimConfig) -> SimConfig:
+        opts = replace(base.ampd, binding=binding, placement=placement, reorder=reorder, retention=retention)
+        return replace(base, deployment="ampd", ampd=opts)
+
+    return make
+
+
+VARIANTS: dict[str, Variant] = {
+    "colocated": lambda c: replace(c, deployment="colocated", router="prefix_aware"),
+    "colocated-affinity": lambda c: replace(c, deployment="colocated", router="session_affinity"),
+    "disagg": lambda c: replace(c, deployment="disagg"),
+    "ampd-binding": _ampd(True, False, False, False),
+    "ampd-binding-placement": _ampd(True, True, False, False),
+    "ampd-binding-placement-reorder": _ampd(True, True, True, False),
+    "ampd": _ampd(True, True, True, True),
+}
+
+
+def make_variant(name: str, base: SimConfig) -> SimConfig:
+    try:
+        return VARIANTS[name](base)
+    except KeyError:
+        raise KeyError(f"unknown deployment {name!r}; known: {', '.join(VARIANTS)}") from None
+
+
+def is_disaggregated(name: str) -> bool:
+    return make_variant(name, SimConfig()).deployment != "colocated"
+
+
+__all__ = ["VARIANTS", "AMPDOptions", "is_disaggregated", "make_variant"]
