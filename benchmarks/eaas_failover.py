@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from tokenomy.eaas.failover import FailoverConfig, run_failover
@@ -27,21 +28,29 @@ def main() -> int:
     p.add_argument("--batch-tokens", type=int, default=32)
     p.add_argument("--timeout", type=float, default=0.5, help="per-request timeout, seconds")
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--control", action="store_true",
+                   help="also run the same windows without a kill, to show the measurement's noise floor")
     p.add_argument("--json", type=Path, default=None, metavar="OUT")
     args = p.parse_args()
     cfg = FailoverConfig(n_servers=args.servers, replicas=args.replicas, duration_s=args.seconds,
                          kill_at_s=args.kill_at, recovery_window_s=args.recovery_window,
                          batch_tokens=args.batch_tokens, timeout_s=args.timeout)
-    runs = []
+    runs, controls = [], []
     for i in range(max(1, args.repeats)):
         r = run_failover(cfg)
         runs.append(r.to_json())
         print(f"run {i}: before {r.throughput_before_tps:.0f} tok/s, during {r.throughput_during_tps:.0f}, "
               f"after {r.throughput_after_tps:.0f}, drop {100 * r.drop_fraction:.2f}%, lost {r.lost_tokens}, "
-              f"wrong {r.wrong_tokens}, resent groups {r.failovers}", flush=True)
+              f"wrong {r.wrong_tokens}, resent groups {r.failovers}, longest stall in window "
+              f"{1000 * r.max_gap_in_window_s:.1f} ms (typical batch {1000 * r.median_gap_s:.1f} ms)", flush=True)
+        if args.control:
+            c = run_failover(replace(cfg, kill=False))
+            controls.append(c.to_json())
+            print(f"  control (no kill): drop {100 * c.drop_fraction:.2f}%, longest stall in window "
+                  f"{1000 * c.max_gap_in_window_s:.1f} ms", flush=True)
     median_drop = statistics.median(r["drop_fraction"] for r in runs)
     chosen = min(runs, key=lambda r: abs(r["drop_fraction"] - median_drop))
-    out = dict(chosen, median_drop_fraction=median_drop, runs=runs,
+    out = dict(chosen, median_drop_fraction=median_drop, runs=runs, control_runs=controls,
                lost_tokens=sum(r["lost_tokens"] for r in runs), wrong_tokens=sum(r["wrong_tokens"] for r in runs))
     print(f"throughput_before_tps {out['throughput_before_tps']:.0f}  throughput_during_tps "
           f"{out['throughput_during_tps']:.0f}  throughput_after_tps {out['throughput_after_tps']:.0f}  "

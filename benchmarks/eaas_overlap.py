@@ -22,13 +22,14 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch-tokens", type=int, default=256)
     p.add_argument("--mixer-width", type=int, default=4096, help="width of the local (attention stand-in) layer")
-    p.add_argument("--iterations", type=int, default=5)
-    p.add_argument("--servers", type=int, default=2)
+    p.add_argument("--iterations", type=int, default=15)
+    p.add_argument("--servers", type=int, default=1, help="expert servers (each hosts all experts / n)")
     p.add_argument("--json", type=Path, default=None, metavar="OUT")
     args = p.parse_args()
     r = run_overlap(OverlapConfig(rtt_delay_s=args.rtt_ms / 1000, n_servers=args.servers, n_layers=args.layers,
                                   batch_tokens=args.batch_tokens, mixer_width=args.mixer_width,
                                   iterations=args.iterations))
+    print("medians per forward of the whole stack:")
     print(f"serial : wall {r.wall_s_serial:.3f}s compute {r.compute_s_serial:.3f}s "
           f"(client cpu {r.client_cpu_s_serial:.3f}s) exposed_comm_s_serial {r.exposed_comm_s_serial:.3f}")
     print(f"overlap: wall {r.wall_s_overlap:.3f}s compute {r.compute_s_overlap:.3f}s "

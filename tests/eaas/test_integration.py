@@ -160,3 +160,12 @@ def test_servers_load_weights_from_a_local_safetensors_file(fleet: Fleet, tmp_pa
 def test_a_server_that_cannot_start_reports_why(fleet: Fleet) -> None:
     with pytest.raises(RuntimeError, match="out of range"):
         fleet({"bad": [99]})
+
+
+def test_overlap_experiment_reports_both_figures_and_stays_exact() -> None:
+    from tokenomy.eaas.overlap import OverlapConfig, run_overlap
+
+    r = run_overlap(OverlapConfig(rtt_delay_s=0.002, n_layers=2, batch_tokens=32, mixer_width=64, iterations=2))
+    assert r.max_abs_err <= 1e-5
+    assert r.exposed_comm_s_serial > 0 and r.exposed_comm_s_overlap >= 0
+    assert set(r.to_json()) >= {"exposed_comm_s_serial", "exposed_comm_s_overlap", "hidden_fraction"}

@@ -27,6 +27,7 @@ class FailoverConfig:
     replicas: int = 2
     duration_s: float = 8.0
     kill_at_s: float | None = 4.0   # None: no failure, just stream
+    kill: bool = True               # False: a control run, same windows, no kill (measures the noise floor)
     recovery_window_s: float = 1.0  # "during" = [kill, kill + window)
     warmup_s: float = 0.5           # excluded from "before": connection set-up and first calls
     batch_tokens: int = 32
@@ -40,7 +41,7 @@ class FailoverConfig:
             raise ValueError(f"need n_servers >= 1 and 1 <= replicas <= n_servers, got {self.n_servers}, "
                              f"{self.replicas}")
         if self.kill_at_s is not None:
-            if self.replicas < 2:
+            if self.kill and self.replicas < 2:
                 raise ValueError("killing a server without a second replica loses its experts; use replicas >= 2")
             if not self.warmup_s < self.kill_at_s < self.duration_s:
                 raise ValueError(f"kill_at_s must lie in ({self.warmup_s}, {self.duration_s}), got {self.kill_at_s}")
@@ -56,6 +57,8 @@ class FailoverReport:
     wrong_tokens: int
     tokens_done: int
     failovers: int
+    max_gap_in_window_s: float      # longest wait between completed batches inside the recovery window
+    median_gap_s: float             # typical wait between completed batches (one batch's latency)
     max_abs_err: float
     killed_server: str | None
     config: dict[str, Any]
@@ -81,7 +84,9 @@ def run_failover(cfg: FailoverConfig) -> FailoverReport:
             registry.register(s.server_id, s.address, s.expert_ids)
         client = AttentionClient(weights, RoutingTable(registry), timeout_s=cfg.timeout_s)
         victim = servers[0]
-        events = () if cfg.kill_at_s is None else (StreamEvent(cfg.kill_at_s, f"kill {victim.server_id}", victim.kill),)
+        events: tuple[StreamEvent, ...] = ()
+        if cfg.kill_at_s is not None and cfg.kill:
+            events = (StreamEvent(cfg.kill_at_s, f"kill {victim.server_id}", lambda: victim.kill(wait=False)),)
         res = run_stream(client, weights, cfg.duration_s, cfg.batch_tokens, cfg.seed, events,
                          max_tokens=cfg.max_tokens)
     finally:
@@ -89,12 +94,16 @@ def run_failover(cfg: FailoverConfig) -> FailoverReport:
             client.close()
         stop_all(servers)
     end = res.duration_s
-    if cfg.kill_at_s is None or not res.events:  # no kill requested, or the stream ended before it
+    t_kill = res.events[0][0] if res.events else cfg.kill_at_s
+    gaps = [b[0] - a[0] for a, b in zip(res.completions, res.completions[1:], strict=False)]
+    window_gaps: list[float] = []
+    if t_kill is None or t_kill >= end:  # no kill requested, or the stream ended before it
         before = res.throughput_tps(min(cfg.warmup_s, end / 2), end)
         during = after = before
     else:
-        t_kill = res.events[0][0]
         t_rec = min(t_kill + cfg.recovery_window_s, end)
+        window_gaps = [b[0] - max(a[0], t_kill) for a, b in zip(res.completions, res.completions[1:], strict=False)
+                       if t_kill <= b[0] < t_rec]
         before = res.throughput_tps(cfg.warmup_s, t_kill)
         during = res.throughput_tps(t_kill, t_rec)
         after = res.throughput_tps(t_rec, end)
@@ -102,7 +111,8 @@ def run_failover(cfg: FailoverConfig) -> FailoverReport:
         throughput_before_tps=before, throughput_during_tps=during, throughput_after_tps=after,
         drop_fraction=max(0.0, 1 - during / before) if before > 0 else 1.0,
         lost_tokens=res.lost_tokens, wrong_tokens=res.wrong_tokens, tokens_done=res.tokens_done,
-        failovers=client.stats.failovers, max_abs_err=res.max_abs_err,
+        failovers=client.stats.failovers, max_gap_in_window_s=max(window_gaps, default=0.0),
+        median_gap_s=sorted(gaps)[len(gaps) // 2] if gaps else 0.0, max_abs_err=res.max_abs_err,
         killed_server=servers[0].server_id if res.events else None, config=asdict(cfg),
         server_tokens=dict(registry.server_tokens),
         per_second_tps=[res.throughput_tps(float(t), float(t + 1)) for t in range(int(end))],

@@ -35,11 +35,13 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def kill(self) -> None:
-        """SIGKILL: the failure the failover path must survive."""
+    def kill(self, wait: bool = True) -> None:
+        """SIGKILL: the failure the failover path must survive. ``wait=False`` returns at once (a
+        benchmark must not time the kernel's teardown of the process); ``stop`` reaps it later."""
         if self.alive():
             self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
+        if wait:
+            self.proc.wait(timeout=10)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Graceful stop with a bounded wait, then SIGKILL."""
