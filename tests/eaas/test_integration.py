@@ -145,12 +145,14 @@ def test_scale_out_gets_traffic_and_drain_then_remove_loses_nothing(
     client.close()
 
 
-def test_servers_load_weights_from_a_local_safetensors_file(fleet: Fleet, tmp_path: Path) -> None:
+def test_servers_load_weights_from_a_local_safetensors_file_over_ipc(fleet: Fleet, tmp_path: Path) -> None:
     cfg = preset("mixtral-tiny")
     w = MoEWeights.from_seed(cfg, 123)
     path = tmp_path / "mixtral-tiny.safetensors"
     w.save_safetensors(path)
-    servers = fleet({"a": range(4), "b": range(4, 8)}, preset="mixtral-tiny", weights=path)
+    servers = fleet({"a": range(4), "b": range(4, 8)}, preset="mixtral-tiny", weights=path,
+                    bind=f"ipc://{tmp_path}/{{server_id}}.sock")
+    assert [s.address for s in servers] == [f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock"]
     client = client_for(w, registry_for(servers))
     x = _x(cfg, 20)
     torch.testing.assert_close(client.forward(x), reference_forward(w, x), atol=1e-5, rtol=0)
@@ -160,6 +162,8 @@ def test_servers_load_weights_from_a_local_safetensors_file(fleet: Fleet, tmp_pa
 def test_a_server_that_cannot_start_reports_why(fleet: Fleet) -> None:
     with pytest.raises(RuntimeError, match="out of range"):
         fleet({"bad": [99]})
+    with pytest.raises(ValueError, match="server_id"):
+        fleet({"a": [0], "b": [1]}, bind="ipc:///tmp/shared.sock")
 
 
 def test_overlap_experiment_reports_both_figures_and_stays_exact() -> None:

@@ -68,8 +68,13 @@ def start_servers(placement: Mapping[str, Sequence[int]], *, preset: str = "deep
                   ready_timeout_s: float = 60.0) -> list[ServerProcess]:
     """Start one server per ``placement`` entry (server id -> expert ids) in parallel; wait for READY.
 
+    ``bind`` is shared by all servers: ``tcp://127.0.0.1:0`` gives each a free port; an ipc address
+    must contain ``{server_id}`` (e.g. ``ipc:///tmp/run/{server_id}.sock``) so each gets its own path.
+
     On any failure every process started here is stopped before the error propagates.
     """
+    if bind.startswith("ipc://") and "{server_id}" not in bind and len(placement) > 1:
+        raise ValueError(f"ipc bind {bind!r} is shared by {len(placement)} servers; put {{server_id}} in it")
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     procs: dict[str, subprocess.Popen[str]] = {}
     errlogs: dict[str, IO[str]] = {}
@@ -78,7 +83,7 @@ def start_servers(placement: Mapping[str, Sequence[int]], *, preset: str = "deep
         for sid, ids in placement.items():
             # stderr to a file, not a pipe: nobody drains it after start-up, and a full pipe would block.
             errlog: IO[str] = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finally
-            procs[sid] = subprocess.Popen(_command(sid, ids, bind, preset, seed, weights), stdout=subprocess.PIPE,
+            procs[sid] = subprocess.Popen(_command(sid, ids, bind.replace("{server_id}", sid), preset, seed, weights), stdout=subprocess.PIPE,
                                           stderr=errlog, text=True, env=env)
             errlogs[sid] = errlog
         deadline = time.monotonic() + ready_timeout_s
