@@ -104,6 +104,8 @@ class AttentionClient:
                        overlap: bool) -> torch.Tensor:
         """``n_layers`` of ``h += mixer(norm(h)); h += moe(norm(h))`` (see ``layers.reference_stack``);
         with ``overlap`` the batch runs as two ping-ponged halves."""
+        if n_layers < 1:
+            raise ValueError(f"n_layers must be >= 1, got {n_layers}")
         halves = list(x.chunk(2)) if overlap and x.shape[0] >= 2 else [x]
         pending: list[PendingMoE | None] = [None] * len(halves)
         for i, h in enumerate(halves):
