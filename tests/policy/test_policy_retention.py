@@ -102,3 +102,10 @@ def test_bad_inputs() -> None:
         policy().decide(session_id="s", kv_tokens=1, expected_tool_latency_s=1.0, kv_usage=1.5, now=0.0)
     with pytest.raises(ValueError, match="capacity_tokens"):
         policy().under_pressure([], kv_usage=0.9, capacity_tokens=0, now=0.0)
+
+
+
+@pytest.mark.parametrize(("pcie", "expected"), [(FAST_PCIE, Retention.OFFLOAD), (SLOW_PCIE, Retention.DROP)])
+def test_expired_pin_is_offloaded_only_when_swap_beats_recompute(pcie: float, expected: Retention) -> None:
+    d = policy(pcie).on_expiry(session_id="s", kv_tokens=10_000, expected_tool_latency_s=4.0)
+    assert d.action is expected and d.session_id == "s"

@@ -85,12 +85,12 @@ class Deployment(ABC):
         self.ctx = ctx
         self.instances: list[SimInstance] = []
 
-    def _make_instance(self, instance_id: str, role: Role) -> SimInstance:
+    def _make_instance(self, instance_id: str, role: Role, max_num_batched_tokens: int | None = None) -> SimInstance:
         cfg = self.ctx.config
         engine_cfg = EngineConfig(
             num_gpu_blocks=self.ctx.perf.num_kv_blocks(cfg.block_size_tokens, cfg.gpu_memory_utilization),
             block_size_tokens=cfg.block_size_tokens,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_batched_tokens=max_num_batched_tokens or cfg.max_num_batched_tokens,
             max_num_seqs=cfg.max_num_seqs,
             enable_prefix_caching=cfg.enable_prefix_caching,
         )

@@ -14,7 +14,9 @@ class AMPDOptions:
     With every switch off, ``ampd`` degenerates to PD disaggregation that ships only the KV the
     decode side lacks. ``tool_latency_prior_s`` is the expected tool time assumed for a session
     before any tool call has been observed (a labelled default; afterwards the running mean of
-    observed gaps is used).
+    observed gaps is used). ``host_kv_bytes_per_gpu`` is the host memory each decode GPU may use
+    for offloaded KV (a labelled default: a DGX H100 has 2 TB of host memory for 8 GPUs; we
+    take half of its 256 GB share); copies beyond it are evicted least recently stored first.
     """
 
     binding: bool = True
@@ -26,10 +28,13 @@ class AMPDOptions:
     reorder_config: ReorderConfig = field(default_factory=ReorderConfig)
     retention_config: RetentionConfig = field(default_factory=RetentionConfig)
     tool_latency_prior_s: float = 5.0
+    host_kv_bytes_per_gpu: float = 128 * 2**30
 
     def __post_init__(self) -> None:
         if self.tool_latency_prior_s < 0:
             raise ValueError(f"tool_latency_prior_s must be >= 0, got {self.tool_latency_prior_s}")
+        if self.host_kv_bytes_per_gpu < 0:
+            raise ValueError(f"host_kv_bytes_per_gpu must be >= 0, got {self.host_kv_bytes_per_gpu}")
 
 
 @dataclass(frozen=True)

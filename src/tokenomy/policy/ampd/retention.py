@@ -114,6 +114,12 @@ class KVRetentionPolicy:
             return RetentionDecision(Retention.KEEP, ttl, "short tool, no KV pressure", session_id)
         return self._free(session_id, kv_tokens, expected_tool_latency_s)
 
+    def on_expiry(self, *, session_id: str, kv_tokens: int, expected_tool_latency_s: float) -> RetentionDecision:
+        """A KEEP pin outlived its TTL (the tool is late): offload if swapping beats recompute, else drop."""
+        if kv_tokens < 0 or expected_tool_latency_s < 0:
+            raise ValueError("kv_tokens and expected_tool_latency_s must be >= 0")
+        return self._free(session_id, kv_tokens, expected_tool_latency_s)
+
     def _free(self, session_id: str, kv_tokens: int, tool_s: float) -> RetentionDecision:
         swap, recompute = self.swap_time_s(kv_tokens), self.recompute_time_s(kv_tokens)
         if swap < recompute:

@@ -42,7 +42,13 @@ class AMPD(Deployment):
         super().__init__(ctx)
         cfg, opts = ctx.config, ctx.config.ampd
         self.prefills = [self._make_instance(f"prefill-{i}", Role.PREFILL) for i in range(cfg.prefill)]
-        self.decodes = [self._make_instance(f"decode-{i}", Role.DECODE) for i in range(cfg.decode)]
+        # Decode instances run local prefills in the small chunks the placement policy prices,
+        # so that a local prefill inflates each decode step by a bounded amount.
+        local_budget = opts.placement_config.local_budget_tokens
+        self.decodes = [
+            self._make_instance(f"decode-{i}", Role.DECODE, max_num_batched_tokens=local_budget)
+            for i in range(cfg.decode)
+        ]
         self._by_id = {inst.instance_id: inst for inst in self.instances}
         self._decode_views = [inst.engine for inst in self.decodes]
         self._prefill_views = [inst.engine for inst in self.prefills]
@@ -64,9 +70,7 @@ class AMPD(Deployment):
         if self._keeper is not None:
             self._keeper.on_arrival(request, now)
         decode = self._bind(request, now)
-        on_decode = decode.engine.cached_prefix_tokens(request.content, request.prompt_tokens)
-        if self._keeper is not None:
-            on_decode = max(on_decode, self._keeper.host_tokens(request, decode.instance_id))
+        on_decode = self._history_on_decode(request, decode)
         if self._placement is None:
             local, prefill_id = False, self._router.choose(request, self._prefill_views, now)
         else:
@@ -89,6 +93,13 @@ class AMPD(Deployment):
         else:
             self.remote_prefills += 1
             self._enqueue_remote(turn, now)
+
+    def _history_on_decode(self, request: Request, decode: SimInstance) -> int:
+        """Prompt-prefix tokens whose KV the decode instance holds, on GPU or in host memory."""
+        on_gpu = decode.engine.cached_prefix_tokens(request.content, request.prompt_tokens)
+        if self._keeper is None:
+            return on_gpu
+        return max(on_gpu, self._keeper.host_tokens(request, decode.instance_id))
 
     def _bind(self, request: Request, now: float) -> SimInstance:
         if self._binder is None:
@@ -125,7 +136,7 @@ class AMPD(Deployment):
         queue = self._queues[turn.prefill_id]
         prefill = queue.instance
         cached_p = prefill.engine.cached_prefix_tokens(req.content, req.prompt_tokens)
-        on_decode = self._by_id[turn.decode_id].engine.cached_prefix_tokens(req.content, req.prompt_tokens)
+        on_decode = self._history_on_decode(req, self._by_id[turn.decode_id])
         history = min(req.history_tokens, on_decode)
         from_decode = max(0, history - cached_p)
         preloaded = max(cached_p, history)

@@ -7,14 +7,21 @@ carries them out on the simulated instances:
   the TTL expires (Continuum-style pinning);
 * OFFLOAD copies the KV to host memory over PCIe (the instance's PCIe link is busy meanwhile);
   the GPU blocks become ordinary free-cached blocks. If they are evicted before the next turn,
-  that turn reloads the copy over PCIe instead of recomputing it;
+  that turn reloads the copy over PCIe instead of recomputing it (or, when its prefill runs
+  remotely, the prefill node receives it from there). Host memory per instance is bounded
+  (``AMPDOptions.host_kv_bytes_per_gpu`` x TP); when it is full, copies past the policy's host
+  TTL go first, then the least recently stored;
 * DROP pins nothing: the blocks stay in the LRU prefix cache like any finished request's.
+
+A KEEP pin whose TTL runs out (the tool is late) is handed back to the policy, which offloads
+or drops it.
 
 Without retention (the baseline), every finished turn behaves like DROP.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from tokenomy.core import Request
@@ -48,12 +55,15 @@ class KVKeeper:
         self._by_id = {d.instance_id: d for d in decodes}
         self._pcie = {d.instance_id: KVLink(bytes_per_s=pcie) for d in decodes}
         self._pins: dict[str, _Pin] = {}
-        self._host: dict[str, _HostCopy] = {}
+        self._host: OrderedDict[str, _HostCopy] = OrderedDict()
+        self._host_bytes = {d.instance_id: 0 for d in decodes}
+        self._host_capacity_bytes = cfg.ampd.host_kv_bytes_per_gpu * cfg.tp
         self._last_end: dict[str, float] = {}
         self._tool_sum_s = 0.0
         self._tool_n = 0
         self.decisions: dict[Retention, int] = {r: 0 for r in Retention}
         self.reloaded_tokens = 0
+        self.host_evictions = 0
 
     # ---- tool-latency estimate ---------------------------------------------------------------
     def on_arrival(self, request: Request, now: float) -> None:
@@ -71,14 +81,14 @@ class KVKeeper:
     # ---- host copies -------------------------------------------------------------------------
     def host_tokens(self, request: Request, decode_id: str) -> int:
         copy = self._host.get(request.session_id)
-        if copy is None or copy.instance_id != decode_id or copy.expire_s < self.ctx.loop.now:
+        if copy is None or copy.instance_id != decode_id:
             return 0
         return min(copy.kv_tokens, request.history_tokens)
 
     def reload(self, request: Request, decode: SimInstance, now: float) -> tuple[float, int]:
         """(time the turn can start locally, prompt tokens preloaded from host) for a local turn."""
         host = self.host_tokens(request, decode.instance_id)
-        self._host.pop(request.session_id, None)
+        self._drop_host(request.session_id)
         on_gpu = decode.engine.cached_prefix_tokens(request.content, request.prompt_tokens)
         if host <= on_gpu:
             return now, 0
@@ -107,9 +117,27 @@ class KVKeeper:
 
     def _apply(self, decision: RetentionDecision, instance: SimInstance, kv_tokens: int, now: float) -> None:
         self.decisions[decision.action] += 1
-        if decision.action is Retention.OFFLOAD:
-            self._pcie[instance.instance_id].transfer(now, kv_tokens * self.ctx.perf.kv_bytes_per_token)
-            self._host[decision.session_id] = _HostCopy(instance.instance_id, kv_tokens, now + decision.ttl_s)
+        if decision.action is not Retention.OFFLOAD:
+            return
+        nbytes = kv_tokens * self.ctx.perf.kv_bytes_per_token
+        if nbytes > self._host_capacity_bytes:
+            return
+        iid = instance.instance_id
+        self._drop_host(decision.session_id)
+        while self._host_bytes[iid] + nbytes > self._host_capacity_bytes:
+            # The policy's host TTL is a hint: copies past it go first, then the oldest.
+            mine = [(sid, c) for sid, c in self._host.items() if c.instance_id == iid]
+            expired = [sid for sid, c in mine if c.expire_s < now]
+            self._drop_host(expired[0] if expired else mine[0][0])
+            self.host_evictions += 1
+        self._pcie[iid].transfer(now, nbytes)
+        self._host[decision.session_id] = _HostCopy(iid, kv_tokens, now + decision.ttl_s)
+        self._host_bytes[iid] += nbytes
+
+    def _drop_host(self, session_id: str) -> None:
+        copy = self._host.pop(session_id, None)
+        if copy is not None:
+            self._host_bytes[copy.instance_id] -= copy.kv_tokens * self.ctx.perf.kv_bytes_per_token
 
     def _relieve(self, instance: SimInstance, now: float) -> None:
         """Under memory pressure, un-pin sessions on this instance as the policy orders."""
@@ -139,6 +167,10 @@ class KVKeeper:
         pin = self._pins.get(session_id)
         if pin is not None and pin.request_id == request_id:
             self._unpin(session_id)
+            decision = self.policy.on_expiry(
+                session_id=session_id, kv_tokens=pin.kv_tokens, expected_tool_latency_s=self.expected_tool_s()
+            )
+            self._apply(decision, self._by_id[pin.instance_id], pin.kv_tokens, self.ctx.loop.now)
 
     @property
     def pinned_sessions(self) -> int:
