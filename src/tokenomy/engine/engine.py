@@ -7,9 +7,12 @@ are applied when ``step`` returns, and stamped with the step's end time.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from tokenomy.core import Request, Role, Segment, StepTimeModel
 from tokenomy.engine.block_keys import key_chain
 from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.decode_run import DecodeRun, DecodeRunner
 from tokenomy.engine.kv_manager import KVManager
 from tokenomy.engine.request_state import RequestState
 from tokenomy.engine.results import EngineStats, FinishedRequest, StepResult
@@ -34,6 +37,8 @@ class Engine:
         self._requests: dict[str, RequestState] = {}
         self._retention = Retention(self._kv)
         self._updater = Updater(self._sched, self._kv, self.stats, self._requests, self._retention)
+        self._runner = DecodeRunner(config, self._sched, self._kv, self.stats, perf)
+        self._run: DecodeRun | None = None
         self._next_uid = 0
         self._busy_until = float("-inf")
 
@@ -58,6 +63,7 @@ class Engine:
         run here (more KV than the instance has; without chunked prefill, more tokens than a step).
         """
         rid = request.request_id
+        self._no_open_run("add_request")
         if rid in self._requests or self._retention.holds(rid):
             raise ValueError(f"request {rid!r} is already on instance {self._instance_id!r}")
         if request.prompt_tokens < 1 or request.max_output_tokens < 1:
@@ -105,6 +111,7 @@ class Engine:
 
     def abort(self, request_id: str, now: float) -> FinishedRequest | None:
         """Stop a queued or running request now, freeing its KV; None if it is not here."""
+        self._no_open_run("abort")
         req = self._requests.pop(request_id, None)
         if req is None:
             return None
@@ -133,6 +140,7 @@ class Engine:
         """
         if now < self._busy_until:
             raise ValueError(f"step at {now} before the previous step ended at {self._busy_until}")
+        self._no_open_run("step")
         self._retention.forget_recent()
         if not self._requests:
             return None
@@ -171,6 +179,55 @@ class Engine:
             if result.finished or t >= until_s:
                 break
         return results
+
+    # ---- decode fast-forward ----------------------------------------------------------------
+    def plan_decode_run(self, now: float, max_steps: int = 4096) -> DecodeRun | None:
+        """Plan up to ``max_steps`` back-to-back decode-only steps from ``now`` without applying them.
+
+        Only when no request waits and every running request decodes; the run stops before the
+        first step that would finish a request or need a block the free pool lacks (those steps
+        go through :meth:`step`). None when fewer than 2 steps qualify. While the run is open,
+        the caller applies it with :meth:`advance_decode_run` before anything reads or changes
+        the engine at a later time, and closes it with :meth:`close_decode_run` before calling
+        ``step``, ``add_request`` or ``abort`` (those raise while it is open); ``retain`` and
+        ``release`` are allowed between advances (they do not change what a decode step does).
+        """
+        if max_steps < 2:
+            raise ValueError(f"max_steps must be >= 2, got {max_steps}")
+        if now < self._busy_until:
+            raise ValueError(f"run at {now} before the previous step ended at {self._busy_until}")
+        self._no_open_run("plan_decode_run")
+        run = self._runner.plan(now, max_steps)
+        if run is not None:
+            self._retention.forget_recent()  # what ``step`` does when the run's first step starts
+            self._run = run
+        return run
+
+    def advance_decode_run(self, now: float) -> int:
+        """Apply the open run's steps that start at or before ``now`` (each step's effects are
+        applied when it starts, as :meth:`step` does); returns how many steps are applied in all."""
+        run = self._run
+        if run is None:
+            raise ValueError("no open decode run")
+        if now >= run.next_start_s and run.applied < run.num_steps:
+            stop = bisect_right(run.starts, now, run.applied, run.num_steps)
+            self._runner.apply(run, stop)
+            self._busy_until = run.starts[stop]
+        return run.applied
+
+    def close_decode_run(self, now: float) -> DecodeRun:
+        """Advance the open run to ``now`` and end it after its step in progress: the run keeps only
+        its applied steps, and the engine may step again at the returned run's ``end_s``."""
+        self.advance_decode_run(now)
+        run = self._run
+        assert run is not None
+        run.num_steps = run.applied
+        self._run = None
+        return run
+
+    def _no_open_run(self, what: str) -> None:
+        if self._run is not None:
+            raise ValueError(f"{what} on instance {self._instance_id!r} while a decode run is open; close it first")
 
     # ---- KV retention across tool calls -----------------------------------------------------
     def retain(self, request_id: str) -> None:

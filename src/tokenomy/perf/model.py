@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 
+import numpy as np
+
 from tokenomy.core.step import StepShape
 from tokenomy.perf.coefficients import Coefficients, shipped_coefficients
 from tokenomy.perf.hardware import GPUSpec, get_gpu
@@ -177,6 +179,52 @@ class PerfModel:
         """Useful model FLOPs: 2 * active params per token plus attention score/value FLOPs."""
         pairs = shape.prefill_attn_pairs + shape.decode_context_tokens
         return self._flops_per_token * (shape.prefill_tokens + shape.decode_seqs) + self._flops_per_pair * pairs
+
+    def decode_run(self, batch: int, first_context_tokens: int, num_steps: int) -> tuple[list[float], list[float]]:
+        """``(step_time_s, step_flops)`` of ``num_steps`` decode-only steps of ``batch`` sequences whose
+        context grows by ``batch`` tokens a step (step ``j`` reads ``first_context_tokens + batch * j``).
+
+        Bit-identical to calling :meth:`step_time_s` and :meth:`step_flops` on each step's shape: the
+        batch-dependent terms are folded once and the per-step terms are added in the same order,
+        vectorised (numpy's float64 ufuncs round every operation exactly like Python floats).
+        """
+        if batch < 1 or num_steps < 1:
+            raise ValueError(f"batch and num_steps must be >= 1, got {batch} and {num_steps}")
+        t = batch
+        lat = self._gemm_lat_s
+        layer = self._layer_fixed_s + self._ar_fixed_s + self._layer_per_token_s * t
+        for ac, m0, m1 in self._attn_gemms:
+            cc = ac * t
+            mm = m0 + m1 * t
+            layer += lat + (cc if cc > mm else mm)
+        ctx = np.arange(num_steps, dtype=np.int64) * batch + first_context_tokens
+        attn = np.maximum(self._decode_pair_s * ctx, self._kv_read_s * ctx)
+        total = (layer + (self._attn_lat_s + attn)) * self._n_layers
+        if self._n_dense:
+            mlp = 0.0
+            for ac, m0, m1 in self._dense_gemms:
+                cc = ac * t
+                mm = m0 + m1 * t
+                mlp += lat + (cc if cc > mm else mm)
+            total += mlp * self._n_dense
+        if self._n_moe:
+            mlp = 0.0
+            for ac, m0, m1 in self._moe_gemms:
+                cc = ac * t
+                mm = m0 + m1 * t
+                mlp += lat + (cc if cc > mm else mm)
+            routed = t * self._k_active
+            touched = self._n_experts * (1.0 - self._miss_prob**t)
+            cc = self._expert_compute_s * routed
+            mm = self._expert_fixed_s * touched + self._expert_act_s * routed
+            mlp += 2 * lat + (cc if cc > mm else mm)
+            total += mlp * self._n_moe
+        ac, m0, m1 = self._head
+        cc = ac * t
+        mm = m0 + m1 * t
+        times = (((total + self._head_lat_s) + (cc if cc > mm else mm)) + self._step_fixed_s) + self._step_per_token_s * t
+        flops = self._flops_per_token * t + self._flops_per_pair * (0.0 + ctx)
+        return times.tolist(), flops.tolist()
 
     @property
     def peak_flops_per_s(self) -> float:

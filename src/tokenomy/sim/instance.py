@@ -6,9 +6,14 @@ from collections.abc import Callable
 
 from tokenomy.core import Request
 from tokenomy.engine import Engine, StepResult
+from tokenomy.engine.decode_run import DecodeRun, sum_in_order
 from tokenomy.sim.loop import EventLoop
 
 ResultHandler = Callable[["SimInstance", StepResult], None]
+RunHandler = Callable[["SimInstance", list[float], int], None]
+"""``(instance, step_durations_s, decode_seqs)``: consecutive decode-only steps, no finishes."""
+
+DEFAULT_MAX_RUN_STEPS = 4096
 
 
 class SimInstance:
@@ -18,18 +23,50 @@ class SimInstance:
     its end; this wrapper delivers the result at ``end_s`` and immediately starts the next
     step, like a real engine's busy loop. Requests added while a step is in flight wait for
     the next one, as in vLLM.
+
+    Decode fast-forward (``fast_forward=True``, the default): when the engine only decodes, it
+    plans a whole run of decode steps (:meth:`Engine.plan_decode_run`) and this instance
+    schedules one private event at the run's end instead of one event per step. The run is
+    applied lazily, and exactly: the loop syncs this instance (applies the run's steps that
+    started by then) before every event that may read or change any engine, and a request
+    submitted mid-run cuts the run after the step in progress, from which stepping resumes as
+    usual. The run's step results (never a finish) are delivered together at its end, in order:
+    to ``on_run`` in one call if given (cheap: durations and batch size only), else to
+    ``on_result`` one :class:`StepResult` per step, as single steps would have produced them.
+    ``busy_s``, ``flops`` and ``steps`` count each step when it is applied, as single steps do.
     """
 
-    __slots__ = ("engine", "_loop", "_on_result", "_busy", "busy_s", "flops", "steps")
+    __slots__ = (
+        "engine", "_loop", "_on_result", "_on_run", "_busy", "busy_s", "flops", "steps",
+        "fast_forward", "max_run_steps", "_run", "_run_open", "_delivered", "_version",
+    )
 
-    def __init__(self, engine: Engine, loop: EventLoop, on_result: ResultHandler) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        loop: EventLoop,
+        on_result: ResultHandler,
+        *,
+        on_run: RunHandler | None = None,
+        fast_forward: bool = True,
+        max_run_steps: int = DEFAULT_MAX_RUN_STEPS,
+    ) -> None:
+        if max_run_steps < 2:
+            raise ValueError(f"max_run_steps must be >= 2, got {max_run_steps}")
         self.engine = engine
         self._loop = loop
         self._on_result = on_result
+        self._on_run = on_run
         self._busy = False
         self.busy_s = 0.0
         self.flops = 0.0
         self.steps = 0
+        self.fast_forward = fast_forward
+        self.max_run_steps = max_run_steps
+        self._run: DecodeRun | None = None  # the run whose results are still to be delivered
+        self._run_open = False  # the engine's run is open: more of its steps may be applied
+        self._delivered = 0  # results of ``_run`` already handed to ``on_result``
+        self._version = 0  # bumps invalidate a pending run-end event
 
     @property
     def instance_id(self) -> str:
@@ -37,6 +74,8 @@ class SimInstance:
 
     def submit(self, request: Request, now: float, **kwargs: object) -> None:
         """Queue a request on the engine (keyword arguments as :meth:`Engine.add_request`)."""
+        if self._run_open:
+            self._cut(now)
         self.engine.add_request(request, now, **kwargs)  # type: ignore[arg-type]
         self.kick(now)
 
@@ -44,19 +83,95 @@ class SimInstance:
         """Start stepping if idle (after work was added from outside)."""
         if not self._busy:
             self._busy = True
-            self._loop.at(now, self._step)
+            self._loop.at_private(now, self._step)
+
+    def sync(self, now: float) -> None:
+        """Apply the open decode run's steps that start at or before ``now`` (the loop calls this)."""
+        run = self._run
+        if self._run_open and run is not None and now >= run.next_start_s:
+            first = run.applied
+            self._account(run, first, self.engine.advance_decode_run(now))
+
+    def settle(self, until_s: float) -> None:
+        """The loop stopped at a horizon: apply the steps started by ``until_s`` and deliver the
+        results of those that ended by then, as single steps would have been."""
+        self.sync(until_s)
+        run = self._run
+        if run is not None:
+            stop = run.applied
+            while stop > self._delivered and run.starts[stop] > until_s:
+                stop -= 1
+            self._deliver(run, stop)
+
+    def _deliver(self, run: DecodeRun, stop: int) -> None:
+        first = self._delivered
+        if stop <= first:
+            return
+        if self._on_run is not None:
+            self._on_run(self, run.durations_s[first:stop], run.batch)
+        else:
+            on_result = self._on_result
+            for result in run.results(first, stop):
+                on_result(self, result)
+        self._delivered = stop
+
+    def _account(self, run: DecodeRun, first: int, stop: int) -> None:
+        if stop > first:
+            self.busy_s = sum_in_order(run.durations_s[first:stop], self.busy_s)
+            self.flops = sum_in_order(run.flops[first:stop], self.flops)
+            self.steps += stop - first
+
+    def _close(self, now: float) -> DecodeRun:
+        run = self._run
+        assert run is not None and self._run_open
+        first = run.applied
+        self.engine.close_decode_run(now)
+        self._account(run, first, run.applied)
+        self._run_open = False
+        return run
+
+    def _cut(self, now: float) -> None:
+        """End the open run after its step in progress at ``now`` (something changes the engine)."""
+        run = self._close(now)
+        self._version += 1
+        self._loop.at_private(run.end_s, self._end_run, self._version)
+
+    def _end_run(self, version: int) -> None:
+        if version != self._version:
+            return  # the run was cut; a later event delivers it
+        if self._run_open:
+            self._close(self._loop.now)
+        run = self._run
+        assert run is not None
+        self._deliver(run, run.num_steps)
+        self._run = None
+        self._loop.discard_lazy(self)
+        self._step()
 
     def _step(self) -> None:
         now = self._loop.now
-        result = self.engine.step(now)
+        engine = self.engine
+        if self.fast_forward:
+            run = engine.plan_decode_run(now, self.max_run_steps)
+            if run is not None:
+                self._run = run
+                self._run_open = True
+                self._delivered = 0
+                self._version += 1
+                self._loop.add_lazy(self)
+                self._loop.at_private(run.end_s, self._end_run, self._version)
+                return
+        result = engine.step(now)
         if result is None:
             self._busy = False
             return
         self.busy_s += result.duration_s
         self.flops += result.flops
         self.steps += 1
-        self._loop.at(result.end_s, self._finish_step, result)
+        self._loop.at_private(result.end_s, self._finish_step, result)
 
     def _finish_step(self, result: StepResult) -> None:
+        if result.finished:
+            self._loop.sync(self._loop.now)  # the deployment's handlers read other instances
         self._on_result(self, result)
         self._step()

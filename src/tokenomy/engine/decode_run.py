@@ -1,0 +1,203 @@
+"""Decode fast-forward: many decode-only steps planned at once and applied lazily.
+
+When no request waits and every running request decodes, an engine's next steps are determined
+until a request finishes or something outside touches the engine: each step decodes the same
+batch, the context grows by the batch size, and a block is taken only when a request crosses a
+block boundary. :class:`DecodeRunner` plans such a *run* without applying it (durations and FLOPs
+from the performance model), then applies any prefix of it on demand, with exactly the state
+changes, in exactly the order, that single :meth:`Engine.step` calls would have made.
+
+A run never contains a finishing step (it stops before the first one) nor a step that would
+have to preempt (it stops before the first block allocation the free pool cannot serve), so
+those steps always run through the ordinary ``step``.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from itertools import accumulate
+from typing import Protocol, runtime_checkable
+
+from tokenomy.core import StepShape, StepTimeModel
+from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.kv_manager import KVManager
+from tokenomy.engine.request_state import RequestState
+from tokenomy.engine.results import EngineStats, StepResult
+from tokenomy.engine.scheduler import Scheduler
+
+
+@runtime_checkable
+class DecodeRunModel(Protocol):
+    """A performance model that prices a whole run of decode steps in one call (optional)."""
+
+    def decode_run(self, batch: int, first_context_tokens: int, num_steps: int) -> tuple[list[float], list[float]]:
+        """Per-step ``(step_time_s, step_flops)`` of decode steps whose context grows by ``batch``."""
+        ...
+
+
+class DecodeRun:
+    """A planned run of ``num_steps`` back-to-back decode steps of one batch.
+
+    ``starts[j]`` is when step ``j`` starts and ``starts[j + 1]`` when it ends (each step starts
+    exactly when the previous one ends, as the simulator chains them). ``applied`` steps have been
+    applied to the engine so far. Step ``j`` decodes ``batch`` requests with a total context of
+    ``first_context_tokens + batch * j`` tokens.
+    """
+
+    __slots__ = ("requests", "batch", "first_context_tokens", "starts", "durations_s", "flops", "num_steps", "applied")
+
+    def __init__(
+        self, requests: list[RequestState], start_s: float, durations_s: list[float], flops: list[float], first_ctx: int
+    ) -> None:
+        self.requests = requests
+        self.batch = len(requests)
+        self.first_context_tokens = first_ctx
+        self.durations_s = durations_s
+        self.flops = flops
+        self.starts: list[float] = list(accumulate(durations_s, operator.add, initial=start_s))
+        self.num_steps = len(durations_s)
+        self.applied = 0
+
+    @property
+    def end_s(self) -> float:
+        """End of the run's last step (of its last applied step once the run is closed)."""
+        return self.starts[self.num_steps]
+
+    @property
+    def next_start_s(self) -> float:
+        """Start of the first step not applied yet (``end_s`` when all are applied)."""
+        return self.starts[self.applied]
+
+    def results(self, first: int, stop: int) -> list[StepResult]:
+        """The :class:`StepResult` of steps ``first..stop-1``, as ``Engine.step`` would have returned them."""
+        ids = [r.request_id for r in self.requests]
+        b, c0 = self.batch, self.first_context_tokens
+        starts, durations, flops = self.starts, self.durations_s, self.flops
+        return [
+            StepResult(starts[j], durations[j], StepShape(0, 0, 0.0, 0, b, c0 + b * j), flops[j], list(ids), [], [], [])
+            for j in range(first, stop)
+        ]
+
+
+def sum_in_order(values: list[float], start: float) -> float:
+    """``start + values[0] + values[1] + ...`` added left to right (what per-step ``+=`` gives)."""
+    return functools.reduce(operator.add, values, start)
+
+
+class DecodeRunner:
+    """Plans decode runs for one engine and applies them; it shares the engine's collaborators."""
+
+    __slots__ = ("_config", "_sched", "_kv", "_stats", "_perf")
+
+    def __init__(
+        self, config: EngineConfig, sched: Scheduler, kv: KVManager, stats: EngineStats, perf: StepTimeModel
+    ) -> None:
+        self._config = config
+        self._sched = sched
+        self._kv = kv
+        self._stats = stats
+        self._perf = perf
+
+    # ---- planning ---------------------------------------------------------------------------
+    def plan(self, now: float, max_steps: int) -> DecodeRun | None:
+        """The longest run (at most ``max_steps``, at least 2 steps) the engine's state allows, or None."""
+        sched = self._sched
+        running = sched.running
+        if sched.waiting or not running or sched.num_decoding != len(running):
+            return None
+        if len(running) > self._config.max_num_batched_tokens:
+            return None  # the token budget would leave some decodes out of a step
+        bs = self._kv.block_size
+        k = max_steps
+        first_alloc: list[int] = []
+        ctx = 0
+        for r in running:
+            nc = r.num_computed
+            if r.output_tokens < 1 or r.num_tokens != nc + 1 or len(r.blocks) * bs < nc:
+                return None  # not the steady decode state the bulk update assumes
+            # Step j (0-based) finishes r when nc + j + 2 >= max_num_tokens: stop before it.
+            k = min(k, r.max_num_tokens - nc - 2)
+            first_alloc.append(len(r.blocks) * bs - nc)  # step at which r first needs a new block
+            ctx += nc + 1
+        if k < 2:
+            return None
+        free = self._kv.pool.num_free
+        if _allocations(first_alloc, k, bs) > free:
+            lo, hi = 0, k  # largest k whose allocations fit: no step of the run may preempt
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if _allocations(first_alloc, mid, bs) <= free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+            if k < 2:
+                return None
+        perf = self._perf
+        if isinstance(perf, DecodeRunModel):
+            durations, flops = perf.decode_run(len(running), ctx, k)
+        else:
+            b = len(running)
+            shapes = [StepShape(0, 0, 0.0, 0, b, ctx + b * j) for j in range(k)]
+            durations = [perf.step_time_s(s) for s in shapes]
+            flops = [perf.step_flops(s) for s in shapes]
+        return DecodeRun(list(running), now, durations, flops, ctx)
+
+    # ---- applying ---------------------------------------------------------------------------
+    def apply(self, run: DecodeRun, stop: int) -> None:
+        """Apply steps ``run.applied..stop-1``: block allocations and prefix-cache commits in the
+        order single steps make them (step by step: all allocations in batch order at scheduling,
+        then all commits at update), then the per-request counters in bulk."""
+        first = run.applied
+        if stop <= first:
+            return
+        kv, pool = self._kv, self._kv.pool
+        bs = kv.block_size
+        reqs = run.requests
+        nc0 = [r.num_computed - first for r in reqs]  # num_computed before step 0 of the run
+        events: list[tuple[int, int, int]] = []  # (step, 0 = allocate / 1 = commit, batch index)
+        for i, r in enumerate(reqs):
+            a = len(r.blocks) * bs - nc0[i]  # next allocation step (blocks already cover earlier steps)
+            events.extend((j, 0, i) for j in range(max(a, first), stop, bs))
+            if kv.caching:
+                c = (-nc0[i] - 1) % bs  # steps after which num_computed is a multiple of the block size
+                c += (first - c + bs - 1) // bs * bs if c < first else 0
+                events.extend((j, 1, i) for j in range(c, stop, bs))
+        if events:
+            events.sort()
+            for j, kind, i in events:
+                r = reqs[i]
+                if kind == 0:
+                    r.blocks.append(pool.allocate_one())
+                else:
+                    r.num_computed = nc0[i] + j + 1
+                    kv.commit_full_blocks(r)
+        n = stop - first
+        starts = run.starts
+        end = starts[stop]
+        # Token gaps: step j's token follows step j-1's by starts[j+1] - starts[j] (float difference).
+        shared_gap = max(map(operator.sub, starts[first + 2 : stop + 1], starts[first + 1 : stop]), default=0.0)
+        first_end = starts[first + 1]
+        for i, r in enumerate(reqs):
+            nc = nc0[i] + stop
+            r.num_computed = nc
+            r.num_tokens = nc + 1
+            gap = first_end - r.last_token_s
+            if gap < shared_gap:
+                gap = shared_gap
+            if gap > r.max_itl_s:
+                r.max_itl_s = gap
+            r.output_tokens += n
+            r.last_token_s = end
+        b = run.batch
+        self._sched.decode_context_tokens += b * n
+        stats = self._stats
+        stats.num_generated_tokens += b * n
+        stats.num_steps += n
+        run.applied = stop
+
+
+def _allocations(first_alloc: list[int], k: int, bs: int) -> int:
+    """Blocks the batch takes in its first ``k`` steps (request i at steps first_alloc[i] + m * bs)."""
+    return sum((k - a - 1) // bs + 1 for a in first_alloc if a < k)
