@@ -6,7 +6,8 @@ requests meet both SLOs) and P99 TTFT/TPOT for each deployment; writes JSON shap
 
 Disaggregated deployments take their P:D split from ``--prefill/--decode``, or with
 ``--splits auto`` every split of the instances is tried and the one with the best goodput
-(then mean attainment) is reported: the baseline at its best static split.
+(then mean attainment) is reported: the baseline at its best static split. A name may pin its
+own split with a suffix, e.g. ``ampd@2:6``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _run_job(args: argparse.Namespace, job: Job) -> dict[str, Any]:
     args = argparse.Namespace(**{**vars(args), **overrides})
     sessions = sessions_from_args(args)
     base: SimConfig = config_from_args(args, "colocated")
-    config = make_variant(job.variant, base)
+    config = make_variant(_parse_name(job.variant)[0], base)
     slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
     s = simulate(sessions, config, slo).summary
     return {
@@ -76,9 +77,26 @@ def _run_job(args: argparse.Namespace, job: Job) -> dict[str, Any]:
     }
 
 
-def _splits(args: argparse.Namespace, variant: str) -> list[tuple[int, int]]:
+def _parse_name(label: str) -> tuple[str, tuple[int, int] | None]:
+    """``name`` or ``name@P:D`` -> (variant name, pinned split or None)."""
+    name, _, split = label.partition("@")
+    if not split:
+        return name, None
+    try:
+        p, d = (int(x) for x in split.split(":"))
+    except ValueError:
+        raise ValueError(f"bad split in {label!r}: expected NAME@P:D, e.g. ampd@2:6") from None
+    if p < 1 or d < 1:
+        raise ValueError(f"bad split in {label!r}: both sides need >= 1 instance")
+    return name, (p, d)
+
+
+def _splits(args: argparse.Namespace, label: str) -> list[tuple[int, int]]:
+    variant, pinned = _parse_name(label)
     if not is_disaggregated(variant):
         return [(0, 0)]
+    if pinned is not None:
+        return [pinned]
     if args.splits == "auto":
         return [(p, args.instances - p) for p in range(1, args.instances)]
     if args.splits != "fixed":
@@ -103,7 +121,7 @@ def run_compare(args: argparse.Namespace) -> int:
     rates = _parse_rates(args.rates)
     names = [n.strip() for n in args.deployments.split(",") if n.strip()]
     for n in names:
-        make_variant(n, SimConfig())  # fail fast on unknown names
+        make_variant(_parse_name(n)[0], SimConfig())  # fail fast on unknown names
     jobs = [Job(n, r, p, d) for n in names for (p, d) in _splits(args, n) for r in rates]
     results: dict[Job, dict[str, Any]] = {}
     workers = args.workers or os.cpu_count() or 1

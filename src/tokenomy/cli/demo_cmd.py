@@ -8,7 +8,7 @@ from tokenomy.cli.main import build_parser
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="compare colocated and PD-disaggregated serving of an agent workload")
+    p = sub.add_parser("demo", help="compare colocated, PD-disaggregated and AMPD serving of an agent workload")
     p.add_argument("--json", default="out/demo.json")
     p.add_argument("--plot", default="out/demo.png")
     p.set_defaults(func=run_demo)
@@ -19,7 +19,7 @@ def run_demo(args: argparse.Namespace) -> int:
         [
             "sim",
             "--workload", "gaia",
-            "--deployment", "colocated,disagg",
+            "--deployment", "colocated,disagg,ampd",
             "--rate", "1.0",
             "--duration", "120",
             "--json", str(args.json),
