@@ -11,21 +11,15 @@ Invariants:
 The free queue is a FIFO of block ids with lazy deletion: freeing appends, taking a cached free
 block back leaves its entry behind, and allocation skips entries that are no longer a free
 block's newest one (entry ``i`` of the FIFO is valid iff ``last_seq[block] == i``; taking a
-free block back sets its ``last_seq`` to -1). This gives vLLM's doubly-linked LRU list at deque speed. Blocks are plain ints
-and per-block state lives in lists, so the hot paths run as bulk C-level operations: this code
-runs for every prompt block, and bounds the simulator's speed.
+free block back sets its ``last_seq`` to -1). This gives vLLM's doubly-linked LRU list at list
+speed: the FIFO is a list read from a head index, so taking ``n`` blocks is one slice, and the
+consumed prefix is dropped now and then. Blocks are plain ints
+and per-block state lives in lists, so the hot paths are slices, comprehensions and tight loops
+(list stores specialise in the interpreter, ~3x faster than ``map(list.__setitem__, ...)``): this
+code runs for every prompt block, and bounds the simulator's speed.
 """
 
 from __future__ import annotations
-
-from collections import deque
-from collections.abc import Iterator
-from itertools import count, repeat
-
-
-def _drain(it: Iterator[object]) -> None:
-    """Run an iterator of side effects at C speed."""
-    deque(it, maxlen=0)
 
 
 class BlockPool:
@@ -38,9 +32,9 @@ class BlockPool:
         "block_key",
         "cached",
         "_queue",
+        "_head",
+        "_base",
         "_last_seq",
-        "_pushed",
-        "_popped",
     )
 
     def __init__(self, num_blocks: int) -> None:
@@ -49,25 +43,25 @@ class BlockPool:
         self.ref_cnt: list[int] = [0] * num_blocks
         self.block_key: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}
-        self._queue: deque[int] = deque(range(num_blocks))
+        self._queue: list[int] = list(range(num_blocks))  # entries before ``_head`` were popped
+        self._head = 0
+        self._base = 0  # sequence number of ``_queue[0]``: entry ``p`` has sequence ``_base + p``
         self._last_seq: list[int] = list(range(num_blocks))  # sequence number of each block's newest entry
-        self._pushed = num_blocks  # entries ever appended
-        self._popped = 0  # entries ever popped
 
     def free_order(self) -> list[int]:
         """Free blocks, next to be evicted first (for tests and debugging)."""
-        last_seq = self._last_seq
-        return [b for b, seq in zip(self._queue, count(self._popped)) if last_seq[b] == seq]
+        last_seq, head = self._last_seq, self._head
+        return [b for seq, b in enumerate(self._queue[head:], self._base + head) if last_seq[b] == seq]
 
     def allocate_one(self) -> int:
         """Take one block off the LRU front (the caller checked ``num_free >= 1``): the decode path."""
-        popleft, last_seq, ref = self._queue.popleft, self._last_seq, self.ref_cnt
-        while True:
-            block = popleft()
-            seq = self._popped
-            self._popped = seq + 1
-            if last_seq[block] == seq:
-                break
+        queue, last_seq, ref = self._queue, self._last_seq, self.ref_cnt
+        head, base = self._head, self._base
+        block = queue[head]
+        while last_seq[block] != base + head:
+            head += 1
+            block = queue[head]
+        self._head = head + 1
         key = self.block_key[block]
         if key is not None:
             del self.cached[key]
@@ -78,23 +72,30 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` blocks off the LRU front (the caller checked ``num_free >= n``)."""
-        popleft, last_seq, ref, key_of = self._queue.popleft, self._last_seq, self.ref_cnt, self.block_key
+        queue, last_seq, ref, key_of = self._queue, self._last_seq, self.ref_cnt, self.block_key
+        head, base = self._head, self._base
         blocks: list[int] = []
         while len(blocks) < n:
             want = n - len(blocks)
-            batch = [popleft() for _ in range(want)]
-            seqs = range(self._popped, self._popped + want)
-            self._popped += want
-            if list(map(last_seq.__getitem__, batch)) == list(seqs):
+            batch = queue[head : head + want]
+            seqs = range(base + head, base + head + want)
+            head += want
+            if [last_seq[b] for b in batch] == list(seqs):
                 blocks += batch
             else:
                 blocks += [b for b, seq in zip(batch, seqs, strict=True) if last_seq[b] == seq]
-        keys = list(map(key_of.__getitem__, blocks))
+        self._head = head
+        keys = [key_of[b] for b in blocks]
         if keys.count(None) != n:
             # Evict: these blocks' contents are about to be overwritten.
-            _drain(map(self.cached.__delitem__, [k for k in keys if k is not None]))
-            _drain(map(key_of.__setitem__, blocks, repeat(None)))
-        _drain(map(ref.__setitem__, blocks, repeat(1)))
+            cached = self.cached
+            for b, k in zip(blocks, keys, strict=True):
+                if k is not None:
+                    del cached[k]
+                    key_of[b] = None
+        # Plain loops: list stores specialise in the interpreter and beat map(list.__setitem__).
+        for b in blocks:
+            ref[b] = 1
         self.num_free -= n
         return blocks
 
@@ -116,24 +117,34 @@ class BlockPool:
         ref = self.ref_cnt
         rev = blocks[::-1]
         counts = [ref[b] - 1 for b in rev]
-        _drain(map(ref.__setitem__, rev, counts))
+        for b, c in zip(rev, counts, strict=True):
+            ref[b] = c
         freed = (
             rev if counts.count(0) == len(rev) else [b for b, c in zip(rev, counts, strict=True) if c == 0]
         )
-        self._queue.extend(freed)
-        _drain(map(self._last_seq.__setitem__, freed, range(self._pushed, self._pushed + len(freed))))
-        self._pushed += len(freed)
+        queue = self._queue
+        pushed = self._base + len(queue)
+        queue += freed
+        last_seq = self._last_seq
+        for b, seq in zip(freed, range(pushed, pushed + len(freed)), strict=True):
+            last_seq[b] = seq
         self.num_free += len(freed)
-        if len(self._queue) > 2 * self.num_blocks + 1024:
+        if len(queue) - self._head > 2 * self.num_blocks + 1024:
             self._compact()
+        elif self._head > self.num_blocks + 1024:
+            del queue[: self._head]  # drop the consumed prefix; sequence numbers stay
+            self._base += self._head
+            self._head = 0
 
     def _compact(self) -> None:
         """Drop stale entries (they pile up when cached free blocks are taken back often)."""
         valid = self.free_order()
-        self._queue = deque(valid)
-        self._popped = 0
-        self._pushed = len(valid)
-        _drain(map(self._last_seq.__setitem__, valid, range(len(valid))))
+        self._queue = valid
+        self._head = 0
+        self._base = 0
+        last_seq = self._last_seq
+        for seq, b in enumerate(valid):
+            last_seq[b] = seq
 
     def register(self, blocks: list[int], keys: list[int]) -> None:
         """Make just-filled blocks findable under their keys.
@@ -149,7 +160,8 @@ class BlockPool:
             return
         if list(map(cached.get, keys)).count(None) == len(keys):
             cached.update(zip(keys, blocks, strict=True))
-            _drain(map(key_of.__setitem__, blocks, keys))
+            for b, k in zip(blocks, keys, strict=True):
+                key_of[b] = k
             return
         for block, key in zip(blocks, keys, strict=True):
             if key not in cached:
