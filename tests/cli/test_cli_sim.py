@@ -36,6 +36,8 @@ def test_sim_writes_the_documented_json_for_both_deployments(tmp_path: Path) -> 
         ["sim", "--workload", "chat", "--deployment", "nope", "--duration", "5", "--quiet"],
         ["sim", "--workload", "chat", "--rate", "-1", "--quiet"],
         ["sim", "compare", "--workload", "chat", "--rates", "a,b"],
+        ["sim", "compare", "--workload", "chat", "--rates", "1", "--deployments", "ampd@0:2"],
+        ["sim", "compare", "--workload", "chat", "--rates", "1", "--deployments", "ampd", "--splits", "2-6"],
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,6 +56,15 @@ def test_compare_sweeps_rates_and_reports_goodput(tmp_path: Path) -> None:
     for d in payload["deployments"].values():
         assert len(d["slo_attainment"]) == 2 and d["goodput_rps"] >= 0
     assert payload["deployments"]["ampd"]["split"] == {"prefill": 1, "decode": 1}
+
+
+def test_compare_reports_the_best_of_the_listed_splits(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    rc = main(["sim", "compare", "--workload", "toolbench", "--duration", "8", "--instances", "3",
+               "--deployments", "disagg", "--rates", "1", "--splits", "1:2,2:1", "--workers", "1", "--json", str(out)])
+    assert rc == 0
+    split = json.loads(out.read_text())["deployments"]["disagg"]["split"]
+    assert (split["prefill"], split["decode"]) in {(1, 2), (2, 1)}
 
 
 @pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not present (../shared/data)")

@@ -37,7 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cluster_args(p)
     p.add_argument("--deployments", default="colocated,disagg,ampd", help=f"comma-separated of: {', '.join(VARIANTS)}")
     p.add_argument("--rates", required=True, help="comma-separated session arrival rates per second")
-    p.add_argument("--splits", default="fixed", help="fixed (use --prefill/--decode) | auto (best P:D per deployment)")
+    p.add_argument(
+        "--splits",
+        default="fixed",
+        help="fixed (use --prefill/--decode) | auto (best of every P:D) | a list like 1:7,2:6,3:5 (best of those)",
+    )
     p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None)
@@ -100,7 +104,7 @@ def _splits(args: argparse.Namespace, label: str) -> list[tuple[int, int]]:
     if args.splits == "auto":
         return [(p, args.instances - p) for p in range(1, args.instances)]
     if args.splits != "fixed":
-        raise ValueError(f"--splits must be 'fixed' or 'auto', got {args.splits!r}")
+        return [_parse_name(f"x@{s}")[1] or (0, 0) for s in args.splits.split(",")]
     prefill = args.prefill if args.prefill is not None else max(1, args.instances // 2)
     decode = args.decode if args.decode is not None else max(1, args.instances - prefill)
     return [(prefill, decode)]

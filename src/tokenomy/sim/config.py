@@ -24,7 +24,9 @@ class AMPDOptions:
     reorder: bool = True
     retention: bool = True
     binding_config: BindingConfig = field(default_factory=BindingConfig)
-    placement_config: PlacementConfig = field(default_factory=PlacementConfig)
+    # Decode-side chunks of 512 tokens (decodes included) keep a local prefill's ITL cost small;
+    # 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).
+    placement_config: PlacementConfig = field(default_factory=lambda: PlacementConfig(local_budget_tokens=512))
     reorder_config: ReorderConfig = field(default_factory=ReorderConfig)
     retention_config: RetentionConfig = field(default_factory=RetentionConfig)
     tool_latency_prior_s: float = 5.0
