@@ -8,6 +8,7 @@ import pytest
 
 from tokenomy.core import SLO, Session, Turn
 from tokenomy.perf import PerfModel
+from tokenomy.policy.ampd import PlacementConfig
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.variants import VARIANTS, make_variant
 from tokenomy.workload.registry import load_workload
@@ -53,7 +54,10 @@ def test_later_turns_reuse_the_history_kept_on_the_bound_decode_instance() -> No
 
 
 def test_idle_cluster_runs_incremental_prefills_locally_and_first_turns_remotely() -> None:
-    res = simulate([agent_session("a", 10)], make_variant("ampd", BASE), SLO(), perf=PERF)
+    # Decode steps wide enough to take a whole increment in one chunk (vLLM's default budget).
+    cfg = make_variant("ampd", BASE)
+    cfg = replace(cfg, ampd=replace(cfg.ampd, placement_config=PlacementConfig(local_budget_tokens=2048)))
+    res = simulate([agent_session("a", 10)], cfg, SLO(), perf=PERF)
     first, *later = sorted(res.records, key=lambda r: r.turn)
     assert first.prefill_instance.startswith("prefill-")
     # With no queue anywhere, a small incremental prefill is faster where the history already is.
