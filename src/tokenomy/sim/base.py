@@ -76,6 +76,60 @@ def record_of(
     )
 
 
+def single_record(request: Request, fin: FinishedRequest, instance_id: str) -> RequestRecord:
+    """Record of a request that one instance prefilled and decoded."""
+    return record_of(
+        request,
+        usage_of(request, fin, fin.output_tokens),
+        first_token_s=fin.first_token_s,
+        finish_s=fin.finish_s,
+        output_tokens=fin.output_tokens,
+        max_itl_s=fin.max_itl_s,
+        preemptions=fin.num_preemptions,
+        prefill_instance=instance_id,
+        decode_instance=instance_id,
+    )
+
+
+def split_record(
+    request: Request,
+    prefill: FinishedRequest,
+    decode: FinishedRequest | None,
+    *,
+    kv_arrived_s: float | None,
+    prefill_instance: str,
+    decode_instance: str,
+) -> RequestRecord:
+    """Record of a request prefilled on one instance and decoded on another.
+
+    The client streams from the decode side, so its first token is the moment the KV arrived
+    there (``kv_arrived_s``); the gap to the decode side's first token counts as an ITL. A
+    one-token answer (``decode`` None) is served by the prefill side alone.
+    """
+    if decode is None:
+        first, finish, out, itl = prefill.first_token_s, prefill.finish_s, prefill.output_tokens, 0.0
+        preemptions, extra = prefill.num_preemptions, 0
+    else:
+        first = kv_arrived_s
+        finish = decode.finish_s
+        out = prefill.output_tokens + decode.output_tokens
+        gap = decode.first_token_s - first if (decode.first_token_s is not None and first is not None) else 0.0
+        itl = max(gap, decode.max_itl_s)
+        preemptions = prefill.num_preemptions + decode.num_preemptions
+        extra = decode.preempted_recompute_tokens
+    return record_of(
+        request,
+        usage_of(request, prefill, out, extra_preempted=extra),
+        first_token_s=first,
+        finish_s=finish,
+        output_tokens=out,
+        max_itl_s=itl,
+        preemptions=preemptions,
+        prefill_instance=prefill_instance,
+        decode_instance=decode_instance,
+    )
+
+
 class Deployment(ABC):
     """A set of simulated engine instances and the logic that moves requests between them."""
 

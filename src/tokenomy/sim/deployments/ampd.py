@@ -17,7 +17,7 @@ from tokenomy.core import Request, Role
 from tokenomy.engine import FinishedRequest
 from tokenomy.policy.ampd import AdaptivePlacement, LookaheadReorder, PrefillTask, SessionBinder
 from tokenomy.policy.router import make_router
-from tokenomy.sim.base import Deployment, SimContext, record_of, register_deployment, usage_of
+from tokenomy.sim.base import Deployment, SimContext, register_deployment, single_record, split_record
 from tokenomy.sim.deployments.disagg import inbound_links
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.prefill_queue import PrefillQueue
@@ -184,42 +184,20 @@ class AMPD(Deployment):
         if self._keeper is not None:
             self._keeper.on_turn_end(turn.request, instance, fin.finish_s)
         if turn.local:
-            turn.prefill = fin
-            self._finish(turn, None, decode=fin)
+            del self._turns[turn.request.request_id]
+            self.ctx.done(turn.request, single_record(turn.request, fin, turn.decode_id))
         else:
             self._finish(turn, fin)
 
-    def _finish(self, turn: _Turn, dec: FinishedRequest | None, decode: FinishedRequest | None = None) -> None:
-        """Emit the record. Local turns pass the decode-side result as both prefill and ``decode``."""
+    def _finish(self, turn: _Turn, dec: FinishedRequest | None) -> None:
         del self._turns[turn.request.request_id]
-        p = turn.prefill
-        assert p is not None
-        if decode is not None:  # local: one instance did everything
-            first, finish, out, itl, pre, extra = p.first_token_s, p.finish_s, p.output_tokens, p.max_itl_s, 0, 0
-            pre = p.num_preemptions
-            prefill_id = turn.decode_id
-        elif dec is None:  # one-token answer straight from the prefill node
-            first, finish, out, itl, pre, extra = p.first_token_s, p.finish_s, p.output_tokens, 0.0, p.num_preemptions, 0
-            prefill_id = turn.prefill_id
-        else:
-            first = turn.kv_arrived_s
-            finish = dec.finish_s
-            out = p.output_tokens + dec.output_tokens
-            gap = dec.first_token_s - first if (dec.first_token_s is not None and first is not None) else 0.0
-            itl = max(gap, dec.max_itl_s)
-            pre = p.num_preemptions + dec.num_preemptions
-            extra = dec.preempted_recompute_tokens
-            prefill_id = turn.prefill_id
-        usage = usage_of(turn.request, p, out, extra_preempted=extra)
-        record = record_of(
+        assert turn.prefill is not None
+        record = split_record(
             turn.request,
-            usage,
-            first_token_s=first,
-            finish_s=finish,
-            output_tokens=out,
-            max_itl_s=itl,
-            preemptions=pre,
-            prefill_instance=prefill_id,
+            turn.prefill,
+            dec,
+            kv_arrived_s=turn.kv_arrived_s,
+            prefill_instance=turn.prefill_id,
             decode_instance=turn.decode_id,
         )
         self.ctx.done(turn.request, record)

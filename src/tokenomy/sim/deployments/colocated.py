@@ -5,7 +5,7 @@ from __future__ import annotations
 from tokenomy.core import Request, Role
 from tokenomy.engine import FinishedRequest
 from tokenomy.policy.router import make_router
-from tokenomy.sim.base import Deployment, SimContext, record_of, register_deployment, usage_of
+from tokenomy.sim.base import Deployment, SimContext, register_deployment, single_record
 from tokenomy.sim.instance import SimInstance
 
 
@@ -31,19 +31,7 @@ class Colocated(Deployment):
 
     def on_finished(self, instance: SimInstance, fin: FinishedRequest) -> None:
         request = self._inflight.pop(fin.request_id)
-        usage = usage_of(request, fin, fin.output_tokens)
-        record = record_of(
-            request,
-            usage,
-            first_token_s=fin.first_token_s,
-            finish_s=fin.finish_s,
-            output_tokens=fin.output_tokens,
-            max_itl_s=fin.max_itl_s,
-            preemptions=fin.num_preemptions,
-            prefill_instance=instance.instance_id,
-            decode_instance=instance.instance_id,
-        )
-        self.ctx.done(request, record)
+        self.ctx.done(request, single_record(request, fin, instance.instance_id))
 
     def unfinished(self) -> list[Request]:
         return list(self._inflight.values())

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tokenomy.core import Request, Role
 from tokenomy.engine import FinishedRequest
 from tokenomy.policy.router import make_router
-from tokenomy.sim.base import Deployment, SimContext, record_of, register_deployment, usage_of
+from tokenomy.sim.base import Deployment, SimContext, register_deployment, split_record
 from tokenomy.sim.instance import SimInstance
 from tokenomy.sim.link import KVLink
 
@@ -94,26 +94,11 @@ class Disaggregated(Deployment):
         self._finish(state, fin, instance.instance_id)
 
     def _finish(self, state: _Prefilled, dec: FinishedRequest | None, decode_id: str) -> None:
-        p = state.prefill
-        first = p.first_token_s if state.kv_arrived_s is None else state.kv_arrived_s
-        if dec is None:
-            out, finish, itl, preempt, extra = p.output_tokens, p.finish_s, 0.0, p.num_preemptions, 0
-        else:
-            out = p.output_tokens + dec.output_tokens
-            finish = dec.finish_s
-            gap = (dec.first_token_s - first) if (dec.first_token_s is not None and first is not None) else 0.0
-            itl = max(gap, dec.max_itl_s)
-            preempt = p.num_preemptions + dec.num_preemptions
-            extra = dec.preempted_recompute_tokens
-        usage = usage_of(state.request, p, out, extra_preempted=extra)
-        record = record_of(
+        record = split_record(
             state.request,
-            usage,
-            first_token_s=first,
-            finish_s=finish,
-            output_tokens=out,
-            max_itl_s=itl,
-            preemptions=preempt,
+            state.prefill,
+            dec,
+            kv_arrived_s=state.kv_arrived_s,
             prefill_instance=state.prefill_instance,
             decode_instance=decode_id,
         )
