@@ -45,7 +45,10 @@ class DecodeRun:
     ``first_context_tokens + batch * j`` tokens.
     """
 
-    __slots__ = ("requests", "batch", "first_context_tokens", "starts", "durations_s", "flops", "num_steps", "applied")
+    __slots__ = (
+        "requests", "batch", "first_context_tokens", "starts", "durations_s", "flops", "num_steps", "applied",
+        "nc0", "next_event",
+    )
 
     def __init__(
         self, requests: list[RequestState], start_s: float, durations_s: list[float], flops: list[float], first_ctx: int
@@ -58,6 +61,8 @@ class DecodeRun:
         self.starts: list[float] = list(accumulate(durations_s, operator.add, initial=start_s))
         self.num_steps = len(durations_s)
         self.applied = 0
+        self.nc0 = [r.num_computed for r in requests]  # before step 0
+        self.next_event = 0  # no block allocation or commit happens before this step
 
     @property
     def end_s(self) -> float:
@@ -146,41 +151,70 @@ class DecodeRunner:
 
     # ---- applying ---------------------------------------------------------------------------
     def apply(self, run: DecodeRun, stop: int) -> None:
-        """Apply steps ``run.applied..stop-1``: block allocations and prefix-cache commits in the
-        order single steps make them (step by step: all allocations in batch order at scheduling,
-        then all commits at update), then the per-request counters in bulk."""
+        """Apply steps ``run.applied..stop-1`` as far as anyone outside the running requests can
+        see: block allocations and prefix-cache commits, in the order single steps make them (step
+        by step: all allocations in batch order at scheduling, then all commits at update), and
+        the engine's counters. The requests' own progress fields are settled by :meth:`settle`
+        when the run closes (only the engine reads them, and it cannot step while a run is open).
+        """
         first = run.applied
         if stop <= first:
             return
+        if run.next_event < stop:
+            self._block_events(run, first, stop)
+        n = stop - first
+        b = run.batch
+        self._sched.decode_context_tokens += b * n
+        stats = self._stats
+        stats.num_generated_tokens += b * n
+        stats.num_steps += n
+        run.applied = stop
+
+    def _block_events(self, run: DecodeRun, first: int, stop: int) -> None:
         kv, pool = self._kv, self._kv.pool
         bs = kv.block_size
-        reqs = run.requests
-        nc0 = [r.num_computed - first for r in reqs]  # num_computed before step 0 of the run
+        caching = kv.caching
         events: list[tuple[int, int, int]] = []  # (step, 0 = allocate / 1 = commit, batch index)
-        for i, r in enumerate(reqs):
-            a = len(r.blocks) * bs - nc0[i]  # next allocation step (blocks already cover earlier steps)
-            events.extend((j, 0, i) for j in range(max(a, first), stop, bs))
-            if kv.caching:
-                c = (-nc0[i] - 1) % bs  # steps after which num_computed is a multiple of the block size
-                c += (first - c + bs - 1) // bs * bs if c < first else 0
-                events.extend((j, 1, i) for j in range(c, stop, bs))
-        if events:
-            events.sort()
-            for j, kind, i in events:
-                r = reqs[i]
-                if kind == 0:
-                    r.blocks.append(pool.allocate_one())
-                else:
-                    r.num_computed = nc0[i] + j + 1
-                    kv.commit_full_blocks(r)
-        n = stop - first
+        next_event = run.num_steps
+        for i, r in enumerate(run.requests):
+            nc0 = run.nc0[i]
+            a = len(r.blocks) * bs - nc0  # next allocation step (blocks already cover earlier steps)
+            if a < stop:
+                events.extend((j, 0, i) for j in range(a, stop, bs))
+                a += (stop - a + bs - 1) // bs * bs
+            next_event = min(next_event, a)
+            if caching:
+                c = (-nc0 - 1) % bs  # steps after which num_computed is a multiple of the block size
+                if c < first:
+                    c += (first - c + bs - 1) // bs * bs
+                if c < stop:
+                    events.extend((j, 1, i) for j in range(c, stop, bs))
+                    c += (stop - c + bs - 1) // bs * bs
+                next_event = min(next_event, c)
+        run.next_event = next_event
+        events.sort()
+        reqs = run.requests
+        for j, kind, i in events:
+            r = reqs[i]
+            if kind == 0:
+                r.blocks.append(pool.allocate_one())
+            else:
+                r.num_computed = run.nc0[i] + j + 1
+                kv.commit_full_blocks(r)
+
+    @staticmethod
+    def settle(run: DecodeRun) -> None:
+        """Set the requests' progress to the end of the run's applied steps (as single steps would)."""
+        n = run.applied
+        if n == 0:
+            return
         starts = run.starts
-        end = starts[stop]
+        end = starts[n]
         # Token gaps: step j's token follows step j-1's by starts[j+1] - starts[j] (float difference).
-        shared_gap = max(map(operator.sub, starts[first + 2 : stop + 1], starts[first + 1 : stop]), default=0.0)
-        first_end = starts[first + 1]
-        for i, r in enumerate(reqs):
-            nc = nc0[i] + stop
+        shared_gap = max(map(operator.sub, starts[2 : n + 1], starts[1:n]), default=0.0)
+        first_end = starts[1]
+        for r, nc0 in zip(run.requests, run.nc0, strict=True):
+            nc = nc0 + n
             r.num_computed = nc
             r.num_tokens = nc + 1
             gap = first_end - r.last_token_s
@@ -190,12 +224,6 @@ class DecodeRunner:
                 r.max_itl_s = gap
             r.output_tokens += n
             r.last_token_s = end
-        b = run.batch
-        self._sched.decode_context_tokens += b * n
-        stats = self._stats
-        stats.num_generated_tokens += b * n
-        stats.num_steps += n
-        run.applied = stop
 
 
 def _allocations(first_alloc: list[int], k: int, bs: int) -> int:

@@ -205,7 +205,9 @@ class Engine:
 
     def advance_decode_run(self, now: float) -> int:
         """Apply the open run's steps that start at or before ``now`` (each step's effects are
-        applied when it starts, as :meth:`step` does); returns how many steps are applied in all."""
+        applied when it starts, as :meth:`step` does): every view and the KV pool are then what
+        single steps would show. The running requests' own progress is settled when the run
+        closes. Returns how many steps are applied in all."""
         run = self._run
         if run is None:
             raise ValueError("no open decode run")
@@ -222,6 +224,7 @@ class Engine:
         run = self._run
         assert run is not None
         run.num_steps = run.applied
+        self._runner.settle(run)
         self._run = None
         return run
 
