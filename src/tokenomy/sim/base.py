@@ -149,7 +149,7 @@ class Deployment(ABC):
             enable_prefix_caching=cfg.enable_prefix_caching,
         )
         engine = Engine(instance_id, engine_cfg, self.ctx.perf, role=role)
-        inst = SimInstance(engine, self.ctx.loop, self._on_step)
+        inst = SimInstance(engine, self.ctx.loop, self._on_step, on_run=self._on_decode_run)
         self.instances.append(inst)
         return inst
 
@@ -160,6 +160,11 @@ class Deployment(ABC):
             self.ctx.itl_weights.append(result.shape.decode_seqs)
         for fin in result.finished:
             self.on_finished(instance, fin)
+
+    def _on_decode_run(self, instance: SimInstance, durations_s: list[float], decode_seqs: int) -> None:
+        """A fast-forwarded run of decode-only steps: the same pooled ITL samples as step by step."""
+        self.ctx.itl_values.extend(durations_s)
+        self.ctx.itl_weights.extend([decode_seqs] * len(durations_s))
 
     @property
     def max_request_tokens(self) -> int:
