@@ -18,7 +18,7 @@ from tokenomy.core import SLO, Session, Turn
 from tokenomy.engine import Engine
 from tokenomy.perf import PerfModel
 from tokenomy.sim import SimConfig, base, simulate
-from tokenomy.sim.instance import ResultHandler, SimInstance
+from tokenomy.sim.instance import ResultHandler, RunHandler, SimInstance
 from tokenomy.sim.loop import EventLoop
 from tokenomy.sim.runner import SimResult
 from tokenomy.workload.registry import load_workload
@@ -35,14 +35,9 @@ def _run(
     ITL samples, sorted."""
     contexts: list[base.SimContext] = []
 
-    def make(engine: Engine, loop: EventLoop, on_result: ResultHandler) -> SimInstance:
+    def make(engine: Engine, loop: EventLoop, on_result: ResultHandler, on_run: RunHandler | None = None) -> SimInstance:
         ctx: base.SimContext = on_result.__self__.ctx  # type: ignore[attr-defined]
         contexts.append(ctx)
-
-        def on_run(instance: SimInstance, durations_s: list[float], decode_seqs: int) -> None:
-            ctx.itl_values.extend(durations_s)
-            ctx.itl_weights.extend([decode_seqs] * len(durations_s))
-
         return SimInstance(engine, loop, on_result, on_run=on_run if bulk else None, **kw)  # type: ignore[arg-type]
 
     with monkeypatch.context() as m:
