@@ -51,13 +51,17 @@ class Engine:
         preloaded_tokens: int = 0,
         emitted_tokens: int = 0,
         prefill_only: bool = False,
+        continuation: bool = False,
     ) -> None:
-        """Queue a request (FCFS).
+        """Queue a request (FCFS, but see ``continuation``).
 
         ``preloaded_tokens``: prompt prefix whose KV arrived from another instance (PD transfer):
         it needs blocks but no compute. ``emitted_tokens``: output tokens already produced
         elsewhere (they count toward ``max_output_tokens`` and the context). ``prefill_only``:
         finish once the prompt is computed and one token sampled (the prefill side of PD).
+        ``continuation``: the client already has this request's first token (its prefill ran
+        elsewhere), so every step it waits stalls a live stream: it is queued behind preempted
+        requests and other continuations but ahead of requests that have not started.
 
         Raises ValueError for a duplicate id, counts out of range, or a request that could never
         run here (more KV than the instance has; without chunked prefill, more tokens than a step).
@@ -92,7 +96,15 @@ class Engine:
         self._check_fits(req)
         self._next_uid += 1
         self._requests[rid] = req
-        self._sched.waiting.append(req)
+        waiting = self._sched.waiting
+        if continuation:
+            req.continuation = True
+            at = 0
+            while at < len(waiting) and (waiting[at].continuation or waiting[at].num_preemptions):
+                at += 1
+            waiting.insert(at, req)
+        else:
+            waiting.append(req)
         self._sched.pending_tokens += req.pending_tokens
 
     def _check_fits(self, req: RequestState) -> None:

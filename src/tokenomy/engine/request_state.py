@@ -43,6 +43,7 @@ class RequestState:
         "recompute_until",
         "preempted_recompute_tokens",
         "num_preemptions",
+        "continuation",
         "admit_blocked",
     )
 
@@ -85,6 +86,7 @@ class RequestState:
         self.recompute_until = 0  # tokens below this were computed once before a preemption
         self.preempted_recompute_tokens = 0
         self.num_preemptions = 0
+        self.continuation = False  # queued ahead of not-yet-started requests (Engine.add_request)
         self.admit_blocked: tuple[int, int | None, int, bool] | None = None  # see KVManager.still_blocked
 
     @property

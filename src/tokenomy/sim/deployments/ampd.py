@@ -178,7 +178,10 @@ class AMPD(Deployment):
         now = self.ctx.loop.now
         turn.kv_arrived_s = now
         req = turn.request
-        self._by_id[turn.decode_id].submit(req, now, preloaded_tokens=req.prompt_tokens, emitted_tokens=1)
+        # The client already streams this request: it goes ahead of local prefills waiting there.
+        self._by_id[turn.decode_id].submit(
+            req, now, preloaded_tokens=req.prompt_tokens, emitted_tokens=1, continuation=True
+        )
 
     def _after_decode(self, turn: _Turn, instance: SimInstance, fin: FinishedRequest) -> None:
         if self._keeper is not None:
