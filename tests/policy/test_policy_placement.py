@@ -165,3 +165,20 @@ def test_negative_history_is_rejected() -> None:
             now=0.0,
             history_cached_tokens_on_decode=-1,
         )
+
+
+def test_remote_when_the_decode_node_has_no_free_kv_for_the_request() -> None:
+    from policy_fakes import FakeView, LinearEstimator, make_request
+
+    from tokenomy.core import SLO
+    from tokenomy.policy.ampd import AdaptivePlacement, PlacementConfig
+
+    req = make_request(prompt_tokens=4300, history_tokens=4000, max_output_tokens=200)
+    placement = AdaptivePlacement(PlacementConfig(), LinearEstimator())
+    busy_prefill = FakeView("p0", num_waiting_tokens=200_000)
+    roomy = FakeView("d0", free_blocks=1000)
+    full = FakeView("d0", free_blocks=10)
+    kw = {"prefills": [busy_prefill], "slo": SLO(), "now": 0.0, "history_cached_tokens_on_decode": 4000}
+    assert placement.decide(req, decode=roomy, **kw).local  # type: ignore[arg-type]
+    decision = placement.decide(req, decode=full, **kw)  # type: ignore[arg-type]
+    assert not decision.local and "KV" in decision.reason

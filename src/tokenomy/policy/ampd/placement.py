@@ -16,6 +16,8 @@ Rule (docs/ampd.md, "Adaptive placement"), with ``itl_slack = itl_bound_factor *
 est_itl_local`` and ``ttft_slack = slo.ttft_s - est_ttft_remote`` of the best prefill node:
 
 * no prefill instance: local;
+* the decode node lacks free KV blocks for the request's uncached prompt and output now: remote
+  (a local prefill would only wait there, stalling behind memory);
 * incremental prefill (``history_tokens > 0``): local iff ``itl_slack >= 0`` and
   (``ttft_slack < 0`` or ``est_ttft_local < est_ttft_remote``); else remote;
 * first turn: remote unless ``itl_slack >= 0`` and every prefill node misses TTFT while local meets it.
@@ -132,6 +134,11 @@ class AdaptivePlacement:
                 local, None if local else best, ttft_remote, ttft_local, itl_s, ttft_slack, itl_slack, reason
             )
 
+        room_blocks = decode.free_blocks - math.ceil(
+            (request.prompt_tokens - on_decode + request.max_output_tokens) / max(1, decode.block_size_tokens)
+        )
+        if room_blocks < 0:
+            return place(False, "decode node has no free KV for the prefill now")
         if request.history_tokens > 0:
             if itl_slack < 0:
                 return place(False, "decode node has no ITL slack for the prefill")
