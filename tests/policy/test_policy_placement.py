@@ -105,13 +105,13 @@ def test_measured_queue_delay_overrides_the_estimate() -> None:
 
 
 def test_local_prefill_is_chunked_by_the_decode_budget() -> None:
-    # 5000 new tokens, budget 2048 - 32 decodes = 2016 per step: chunks 2016, 2016, 968
+    # 5000 new tokens in chunks of the 2048-token prefill budget, each step beside 32 decodes
     decode = FakeView("d", num_decoding=32)
     d = placement().decide(
         incremental(new_tokens=5000), decode=decode, prefills=[prefill("p1", 0)], slo=SLO_, now=0.0,
         history_cached_tokens_on_decode=4000,
     )  # fmt: skip
-    steps = [0.01 + n * 1e-4 + 32 * 1e-4 for n in (2016, 2016, 968)]
+    steps = [0.01 + n * 1e-4 + 32 * 1e-4 for n in (2048, 2048, 904)]
     assert d.est_itl_local_s == pytest.approx(max(steps))
     assert d.est_ttft_local_s == pytest.approx(sum(steps))
     assert not d.local  # a 0.21 s step breaks the 0.1 s ITL bound

@@ -141,11 +141,12 @@ class Deployment(ABC):
 
     def _make_instance(self, instance_id: str, role: Role, max_num_batched_tokens: int | None = None) -> SimInstance:
         cfg = self.ctx.config
+        max_num_seqs = cfg.decode_max_num_seqs if role is Role.DECODE else cfg.max_num_seqs
         engine_cfg = EngineConfig(
             num_gpu_blocks=self.ctx.perf.num_kv_blocks(cfg.block_size_tokens, cfg.gpu_memory_utilization),
             block_size_tokens=cfg.block_size_tokens,
             max_num_batched_tokens=max_num_batched_tokens or cfg.max_num_batched_tokens,
-            max_num_seqs=cfg.max_num_seqs,
+            max_num_seqs=max_num_seqs,
             enable_prefix_caching=cfg.enable_prefix_caching,
         )
         engine = Engine(instance_id, engine_cfg, self.ctx.perf, role=role)

@@ -45,7 +45,9 @@ class SimConfig:
 
     ``instances`` is used by colocated deployments; ``prefill`` and ``decode`` by
     disaggregated ones. Each instance spans ``tp`` GPUs. Engine knobs mirror vLLM's
-    (``max_num_batched_tokens``, ``max_num_seqs``, ``block_size``, ``gpu_memory_utilization``).
+    (``max_num_batched_tokens``, ``max_num_seqs``, ``block_size``, ``gpu_memory_utilization``);
+    decode-only instances run larger batches (``decode_max_num_seqs``), as PD deployments
+    configure them, since they carry no prefill.
     ``link_bytes_per_s`` is the KV-transfer bandwidth into one instance (default: the GPU's
     inter-node bandwidth times ``tp``). ``horizon_s`` cuts the run: requests not finished by
     then are recorded as unfinished (default: no cut, run until drained).
@@ -62,6 +64,7 @@ class SimConfig:
     decode_router: str = "least_loaded"
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
+    decode_max_num_seqs: int = 512
     block_size_tokens: int = 16
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
@@ -70,7 +73,8 @@ class SimConfig:
     ampd: AMPDOptions = field(default_factory=AMPDOptions)
 
     def __post_init__(self) -> None:
-        for name in ("tp", "instances", "prefill", "decode", "max_num_batched_tokens", "max_num_seqs", "block_size_tokens"):
+        for name in ("tp", "instances", "prefill", "decode", "max_num_batched_tokens", "max_num_seqs",
+                     "decode_max_num_seqs", "block_size_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.gpu_memory_utilization <= 1:

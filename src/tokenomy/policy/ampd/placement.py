@@ -8,7 +8,7 @@ Estimates (all from ``now``; the TTFTs reported add the time the request already
   + prefill of the rest of the prompt after what ``p`` then has
   + transfer back of the prompt KV the decode node lacks;
 * local TTFT = the decode node's queued prompt tokens, then this request's uncached tokens, in
-  chunks of ``local_budget_tokens - num_decoding`` tokens, each step also carrying the running
+  chunks of ``local_budget_tokens`` tokens, each step also carrying the running
   decodes; local ITL = the longest of the steps carrying this request's chunks (the ITL the
   running decodes suffer).
 
@@ -40,8 +40,9 @@ from tokenomy.policy.view import InstanceView
 class PlacementConfig:
     """Knobs of adaptive placement.
 
-    ``local_budget_tokens``: tokens per step of the decode instance (vLLM's
-    ``max_num_batched_tokens``; 2048 is vLLM's chunked-prefill default), decodes included.
+    ``local_budget_tokens``: prefill tokens one step of the decode instance may carry beside
+    its running decodes (the instance's ``max_num_batched_tokens`` is this plus its
+    ``max_num_seqs``; 2048 is vLLM's chunked-prefill default).
     ``prefill_budget_tokens``: tokens per step of prefill instances, used to turn their queued
     tokens into a wait (our choice, 8192).
     ``itl_bound_factor``: the per-step ITL bound as a multiple of the TPOT SLO (1.0: a single
@@ -186,7 +187,7 @@ class AdaptivePlacement:
 
     def _local(self, request: Request, decode: InstanceView, on_decode: int) -> tuple[float, float]:
         """(TTFT from now, longest step carrying this prefill) on the decode node."""
-        budget = max(1, self.config.local_budget_tokens - decode.num_decoding)
+        budget = self.config.local_budget_tokens
         wait = self._drain_s(decode.num_waiting_tokens, budget)
         context = min(on_decode, request.prompt_tokens - 1)
         todo = request.prompt_tokens - context

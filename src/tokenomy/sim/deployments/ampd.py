@@ -44,7 +44,7 @@ class AMPD(Deployment):
         self.prefills = [self._make_instance(f"prefill-{i}", Role.PREFILL) for i in range(cfg.prefill)]
         # Decode instances run local prefills in the small chunks the placement policy prices,
         # so that a local prefill inflates each decode step by a bounded amount.
-        local_budget = opts.placement_config.local_budget_tokens
+        local_budget = opts.placement_config.local_budget_tokens + cfg.decode_max_num_seqs
         self.decodes = [
             self._make_instance(f"decode-{i}", Role.DECODE, max_num_batched_tokens=local_budget)
             for i in range(cfg.decode)

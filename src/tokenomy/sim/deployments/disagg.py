@@ -46,7 +46,12 @@ class Disaggregated(Deployment):
     def __init__(self, ctx: SimContext) -> None:
         super().__init__(ctx)
         self.prefills = [self._make_instance(f"prefill-{i}", Role.PREFILL) for i in range(ctx.config.prefill)]
-        self.decodes = [self._make_instance(f"decode-{i}", Role.DECODE) for i in range(ctx.config.decode)]
+        # Decode steps carry one token per sequence: the budget only has to cover the batch.
+        budget = max(ctx.config.max_num_batched_tokens, ctx.config.decode_max_num_seqs)
+        self.decodes = [
+            self._make_instance(f"decode-{i}", Role.DECODE, max_num_batched_tokens=budget)
+            for i in range(ctx.config.decode)
+        ]
         self._by_id = {inst.instance_id: inst for inst in self.instances}
         self._prefill_views = [inst.engine for inst in self.prefills]
         self._decode_views = [inst.engine for inst in self.decodes]
