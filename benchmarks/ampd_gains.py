@@ -1,0 +1,78 @@
+"""AMPD's gain over the best baseline, from a `tokenomy sim compare` JSON.
+
+Reads the sweep, takes at each rate the best baseline's attainment (the maximum over every
+deployment not named ``ampd*``), keeps the rates where that lies in [30%, 70%] (the issue's
+"rates where the best baseline attains 30-70% of requests"), and prints AMPD's attainment over
+the best baseline's there, on average, plus the goodput ratio (DistServe: max rate at 90%).
+
+    python benchmarks/ampd_gains.py out/results/gaia.json --json out/results/gaia_gains.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def gains(payload: dict[str, Any], ampd: str = "ampd", low: float = 0.3, high: float = 0.7) -> dict[str, Any]:
+    rates: list[float] = payload["rates"]
+    deps: dict[str, Any] = payload["deployments"]
+    if ampd not in deps:
+        raise KeyError(f"no {ampd!r} in the sweep; deployments: {', '.join(deps)}")
+    baselines = {n: d for n, d in deps.items() if not n.startswith("ampd")}
+    if not baselines:
+        raise KeyError("the sweep has no baseline deployment")
+    rows = []
+    for i, rate in enumerate(rates):
+        best_name = max(baselines, key=lambda n: baselines[n]["slo_attainment"][i])
+        best = baselines[best_name]["slo_attainment"][i]
+        mine = deps[ampd]["slo_attainment"][i]
+        rows.append({"rate": rate, "best_baseline": best_name, "baseline_attainment": best,
+                     "ampd_attainment": mine, "ratio": mine / best if best > 0 else None})
+    band = [r for r in rows if low <= r["baseline_attainment"] <= high and r["ratio"] is not None]
+    best_goodput_name = max(baselines, key=lambda n: baselines[n]["goodput_rps"])
+    best_goodput = baselines[best_goodput_name]["goodput_rps"]
+    return {
+        "workload": payload.get("workload"),
+        "per_rate": rows,
+        "band_rates": [r["rate"] for r in band],
+        "mean_attainment_ratio_in_band": sum(r["ratio"] for r in band) / len(band) if band else None,
+        "best_baseline_goodput": {"deployment": best_goodput_name, "goodput_rps": best_goodput},
+        "ampd_goodput_rps": deps[ampd]["goodput_rps"],
+        "goodput_ratio": deps[ampd]["goodput_rps"] / best_goodput if best_goodput > 0 else None,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweep", type=Path)
+    ap.add_argument("--ampd", default="ampd", help="name of the AMPD deployment in the sweep")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    try:
+        result = gains(json.loads(args.sweep.read_text()), args.ampd)
+    except (OSError, KeyError, ValueError) as exc:
+        print(f"ampd_gains: error: {exc}", file=sys.stderr)
+        return 2
+    for r in result["per_rate"]:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        print(f"rate {r['rate']:>6g}: best baseline {r['best_baseline']:<20} {r['baseline_attainment']:6.1%}"
+              f"  ampd {r['ampd_attainment']:6.1%}  {ratio}")
+    mean = result["mean_attainment_ratio_in_band"]
+    print(f"rates with the best baseline at 30-70%: {result['band_rates']}")
+    print(f"mean attainment ratio there: {'-' if mean is None else f'{mean:.2f}x'}")
+    g = result["goodput_ratio"]
+    print(f"goodput (max rate at 90%): ampd {result['ampd_goodput_rps']:.2f}/s vs "
+          f"{result['best_baseline_goodput']['deployment']} {result['best_baseline_goodput']['goodput_rps']:.2f}/s"
+          f" = {'-' if g is None else f'{g:.2f}x'}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
