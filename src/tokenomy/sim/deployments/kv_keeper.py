@@ -53,7 +53,9 @@ class KVKeeper:
         pcie = ctx.perf.gpu.pcie_bytes_per_s * cfg.tp
         self.policy = KVRetentionPolicy(cfg.ampd.retention_config, ctx.perf, pcie_bytes_per_s=pcie)
         self._by_id = {d.instance_id: d for d in decodes}
-        self._pcie = {d.instance_id: KVLink(bytes_per_s=pcie) for d in decodes}
+        # PCIe is full duplex: copies to host and reloads from host do not queue behind each other.
+        self._to_host = {d.instance_id: KVLink(bytes_per_s=pcie) for d in decodes}
+        self._from_host = {d.instance_id: KVLink(bytes_per_s=pcie) for d in decodes}
         self._pins: dict[str, _Pin] = {}
         self._host: OrderedDict[str, _HostCopy] = OrderedDict()
         self._host_bytes = {d.instance_id: 0 for d in decodes}
@@ -87,14 +89,14 @@ class KVKeeper:
 
     def reload(self, request: Request, decode: SimInstance, now: float) -> tuple[float, int]:
         """(time the turn can start locally, prompt tokens preloaded from host) for a local turn."""
+        # The host copy stays: it is still a valid prefix, and the next offload only adds to it.
         host = self.host_tokens(request, decode.instance_id)
-        self._drop_host(request.session_id)
         on_gpu = decode.engine.cached_prefix_tokens(request.content, request.prompt_tokens)
         if host <= on_gpu:
             return now, 0
         missing = host - on_gpu
         self.reloaded_tokens += missing
-        ready = self._pcie[decode.instance_id].transfer(now, missing * self.ctx.perf.kv_bytes_per_token)
+        ready = self._from_host[decode.instance_id].transfer(now, missing * self.ctx.perf.kv_bytes_per_token)
         return ready, host
 
     # ---- end of a turn: the tool call starts -------------------------------------------------
@@ -119,10 +121,14 @@ class KVKeeper:
         self.decisions[decision.action] += 1
         if decision.action is not Retention.OFFLOAD:
             return
-        nbytes = kv_tokens * self.ctx.perf.kv_bytes_per_token
+        kv_bytes = self.ctx.perf.kv_bytes_per_token
+        nbytes = kv_tokens * kv_bytes
         if nbytes > self._host_capacity_bytes:
             return
         iid = instance.instance_id
+        # Blocks already on host from the session's previous offload are not copied again.
+        old = self._host.get(decision.session_id)
+        stored = old.kv_tokens if old is not None and old.instance_id == iid else 0
         self._drop_host(decision.session_id)
         while self._host_bytes[iid] + nbytes > self._host_capacity_bytes:
             # The policy's host TTL is a hint: copies past it go first, then the oldest.
@@ -130,7 +136,7 @@ class KVKeeper:
             expired = [sid for sid, c in mine if c.expire_s < now]
             self._drop_host(expired[0] if expired else mine[0][0])
             self.host_evictions += 1
-        self._pcie[iid].transfer(now, nbytes)
+        self._to_host[iid].transfer(now, max(0, kv_tokens - stored) * kv_bytes)
         self._host[decision.session_id] = _HostCopy(iid, kv_tokens, now + decision.ttl_s)
         self._host_bytes[iid] += nbytes
 
