@@ -5,7 +5,7 @@ deployment not named ``ampd*``), keeps the rates where that lies in [30%, 70%] (
 "rates where the best baseline attains 30-70% of requests"), and prints AMPD's attainment over
 the best baseline's there, on average, plus the goodput ratio (DistServe: max rate at 90%).
 
-    python benchmarks/ampd_gains.py out/results/gaia.json --json out/results/gaia_gains.json
+    python benchmarks/ampd_gains.py out/results/gaia.json [more sweeps ...] --json out/results/gaia_gains.json
 """
 
 from __future__ import annotations
@@ -46,14 +46,26 @@ def gains(payload: dict[str, Any], ampd: str = "ampd", low: float = 0.3, high: f
     }
 
 
+def merge(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """Deployments of several sweeps over the same rates; later files win on a name clash."""
+    merged = dict(payloads[0])
+    merged["deployments"] = {}
+    for p in payloads:
+        if p["rates"] != merged["rates"]:
+            raise ValueError(f"sweeps have different rates: {merged['rates']} vs {p['rates']}")
+        merged["deployments"].update(p["deployments"])
+    return merged
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sweep", type=Path)
+    ap.add_argument("sweep", type=Path, nargs="+", help="one or more sweeps over the same rates (merged)")
     ap.add_argument("--ampd", default="ampd", help="name of the AMPD deployment in the sweep")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     try:
-        result = gains(json.loads(args.sweep.read_text()), args.ampd)
+        payload = merge([json.loads(p.read_text()) for p in args.sweep])
+        result = gains(payload, args.ampd)
     except (OSError, KeyError, ValueError) as exc:
         print(f"ampd_gains: error: {exc}", file=sys.stderr)
         return 2
