@@ -12,7 +12,7 @@ reuses the KV of turn k's prompt *and output*.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 Segment = tuple[int, int]
 """``(stream_key, n_tokens)``: the next ``n_tokens`` tokens of content stream ``stream_key``."""
@@ -94,7 +94,6 @@ class Request:
     content: tuple[Segment, ...] = ()
     tenant: str = "default"
     priority: int = 0
-    extra: dict[str, object] = field(default_factory=dict)
 
     @classmethod
     def from_turn(cls, session: Session, index: int, arrival_s: float) -> Request:
