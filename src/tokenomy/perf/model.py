@@ -150,13 +150,24 @@ class PerfModel:
             mm = self._kv_read_s * ctx
             layer += self._attn_lat_s + (cc if cc > mm else mm)
         total = layer * self._n_layers
+        total += self._ffn_s(t)
+        n_out = shape.prefill_seqs + n_decode
+        ac, m0, m1 = self._head
+        cc = ac * n_out
+        mm = m0 + m1 * n_out
+        return total + self._head_lat_s + (cc if cc > mm else mm) + self._step_fixed_s + self._step_per_token_s * t
+
+    def _ffn_s(self, t: int) -> float:
+        """Dense-MLP and MoE layers for ``t`` tokens (they do not depend on context)."""
+        lat = self._gemm_lat_s
+        ffn = 0.0
         if self._n_dense:
             mlp = 0.0
             for ac, m0, m1 in self._dense_gemms:
                 cc = ac * t
                 mm = m0 + m1 * t
                 mlp += lat + (cc if cc > mm else mm)
-            total += mlp * self._n_dense
+            ffn += mlp * self._n_dense
         if self._n_moe:
             mlp = 0.0
             for ac, m0, m1 in self._moe_gemms:
@@ -168,12 +179,8 @@ class PerfModel:
             cc = self._expert_compute_s * routed
             mm = self._expert_fixed_s * touched + self._expert_act_s * routed
             mlp += 2 * lat + (cc if cc > mm else mm)
-            total += mlp * self._n_moe
-        n_out = shape.prefill_seqs + n_decode
-        ac, m0, m1 = self._head
-        cc = ac * n_out
-        mm = m0 + m1 * n_out
-        return total + self._head_lat_s + (cc if cc > mm else mm) + self._step_fixed_s + self._step_per_token_s * t
+            ffn += mlp * self._n_moe
+        return ffn
 
     def step_flops(self, shape: StepShape) -> float:
         """Useful model FLOPs: 2 * active params per token plus attention score/value FLOPs."""
@@ -200,25 +207,7 @@ class PerfModel:
         ctx = np.arange(num_steps, dtype=np.int64) * batch + first_context_tokens
         attn = np.maximum(self._decode_pair_s * ctx, self._kv_read_s * ctx)
         total = (layer + (self._attn_lat_s + attn)) * self._n_layers
-        if self._n_dense:
-            mlp = 0.0
-            for ac, m0, m1 in self._dense_gemms:
-                cc = ac * t
-                mm = m0 + m1 * t
-                mlp += lat + (cc if cc > mm else mm)
-            total += mlp * self._n_dense
-        if self._n_moe:
-            mlp = 0.0
-            for ac, m0, m1 in self._moe_gemms:
-                cc = ac * t
-                mm = m0 + m1 * t
-                mlp += lat + (cc if cc > mm else mm)
-            routed = t * self._k_active
-            touched = self._n_experts * (1.0 - self._miss_prob**t)
-            cc = self._expert_compute_s * routed
-            mm = self._expert_fixed_s * touched + self._expert_act_s * routed
-            mlp += 2 * lat + (cc if cc > mm else mm)
-            total += mlp * self._n_moe
+        total += self._ffn_s(t)
         ac, m0, m1 = self._head
         cc = ac * t
         mm = m0 + m1 * t
