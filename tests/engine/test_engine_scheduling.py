@@ -27,8 +27,8 @@ def _check_counters(engine: Engine) -> None:
     free = pool.free_order()
     assert len(free) == len(set(free)) == engine.free_blocks
     assert all(pool.ref_cnt[b] == 0 for b in free)
-    assert all(pool.block_key[b] == k for k, b in pool.cached.items())
-    assert sum(k is not None for k in pool.block_key) == len(pool.cached)
+    assert all(pool.key_of(b) == k for k, b in pool.cached.items())
+    assert sum(pool.key_of(b) is not None for b in range(pool.num_blocks)) == len(pool.cached)
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -7,9 +7,12 @@ merged first, so the same tokens always decompose into the same pieces. A block 
 is keyed by the key before its run of such blocks, the run's start and its own offset (see
 ``KeyChain.ensure``); a block straddling pieces hashes its parent key with its pieces.
 
-Keys are Python ``hash`` values of int tuples: deterministic across processes (ints and tuples
-of ints are not salted by PYTHONHASHSEED) and cheap. Keys are computed lazily, a block at a time,
-only when someone needs them (a lookup or a block that just filled).
+Keys are built from Python ``hash`` values of int tuples: deterministic across processes (ints
+and tuples of ints are not salted by PYTHONHASHSEED) and cheap. A run's keys are consecutive ints
+(one hash per run, not per block), which is also what keeps the pool's dict lookups local: a
+prompt's blocks land in neighbouring slots. Two runs' key ranges overlap with probability about
+(runs^2 * blocks per run) / 2^62, the same order as 64-bit hash collisions. Keys are computed
+lazily, a run at a time, only when someone needs them (a lookup or a block that just filled).
 
 A content tuple's chain is memoised process-wide (bounded LRU): it is a pure function of
 ``(content, block_size)``, and the router asks every instance about the same content, so
@@ -19,12 +22,14 @@ sharing the work is what keeps prefix-aware routing cheap.
 from __future__ import annotations
 
 from collections import OrderedDict
-from itertools import repeat
 
 from tokenomy.core import Segment
 
 ROOT_KEY = 0
 """Parent key of block 0."""
+
+_RUN_BASE_MASK = (1 << 62) - 1
+"""Run bases are 62-bit, so base + offset stays a 64-bit signed int (the pool stores keys in int64)."""
 
 _MEMO_MAX_ENTRIES = 256  # in-flight router lookups; requests keep their own chains
 
@@ -71,15 +76,15 @@ class KeyChain:
             stream, start, length = pieces[piece]
             avail = length - used
             if avail >= bs:
-                # A run: every whole block left in this piece. Its blocks are keyed by the key
-                # before the run (the anchor), the stream offset where the run starts, and their
-                # own offset: that pins the whole token prefix without chaining block to block,
-                # so the run is hashed in C. A run always extends to the end of its piece, so
-                # keys do not depend on how far callers asked.
+                # A run: every whole block left in this piece. The run's base is a hash of the
+                # key before the run (the anchor) and the stream offset where the run starts;
+                # block j of the run is keyed base + j. That pins the whole token prefix without
+                # hashing block by block, and consecutive keys sit in consecutive dict slots.
+                # A run always extends to the end of its piece, so keys do not depend on how far
+                # callers asked.
                 count = avail // bs
-                run_start = start + used
-                offsets = range(run_start, run_start + count * bs, bs)
-                keys += map(hash, zip(repeat(parent), repeat(stream), repeat(run_start), offsets))
+                base = hash((parent, stream, start + used)) & _RUN_BASE_MASK
+                keys += range(base, base + count)
                 used += count * bs
             else:
                 # A block straddling pieces: chain it on its parent and its pieces.

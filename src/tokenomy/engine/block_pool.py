@@ -6,20 +6,27 @@ Invariants:
 * a free block may still carry a key (it is *cached*): a later request with the same prefix
   takes it back (``touch``) instead of recomputing;
 * allocation takes the least recently freed block first and drops its key then (eviction);
-* ``cached[key] == block`` exactly when ``block_key[block] == key``.
+* ``cached[key] == block`` exactly when ``key_of(block) == key``.
 
-The free queue is a FIFO of block ids with lazy deletion: freeing appends, taking a cached free
-block back leaves its entry behind, and allocation skips entries that are no longer a free
-block's newest one (entry ``i`` of the FIFO is valid iff ``last_seq[block] == i``; taking a
-free block back sets its ``last_seq`` to -1). This gives vLLM's doubly-linked LRU list at list
-speed: the FIFO is a list read from a head index, so taking ``n`` blocks is one slice, and the
-consumed prefix is dropped now and then. Blocks are plain ints
-and per-block state lives in lists, so the hot paths are slices, comprehensions and tight loops
-(list stores specialise in the interpreter, ~3x faster than ``map(list.__setitem__, ...)``): this
-code runs for every prompt block, and bounds the simulator's speed.
+The free queue is a FIFO of block ids with lazy deletion, as in vLLM's free-block queue but
+flat: freeing appends at the tail, taking a cached free block back leaves its entry behind, and
+allocation skips entries that are no longer a free block's newest one (the entry at position
+``p`` is valid iff ``last_pos[block] == p``; taking a free block back sets ``last_pos`` to -1).
+When the buffer fills up, the valid entries are moved to its front (``_compact``).
+
+Per-block state lives in numpy arrays and a call's blocks are handled as one vector: a prompt
+is hundreds of blocks (a Mooncake prompt averages ~750 blocks of 16 tokens), and these four
+calls run for each of them, so this module bounds the simulator's speed. Callers pass and get
+plain ``list[int]`` block ids; the blocks of one call are distinct (a request never holds a block
+twice). The single-block paths (decode growth, one filled block) skip numpy's vector overhead.
 """
 
 from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+_IntArray = npt.NDArray[np.int64]
 
 
 class BlockPool:
@@ -29,84 +36,112 @@ class BlockPool:
         "num_blocks",
         "num_free",
         "ref_cnt",
-        "block_key",
         "cached",
+        "_key",
+        "_has_key",
         "_queue",
         "_head",
-        "_base",
-        "_last_seq",
+        "_tail",
+        "_last_pos",
+        "_positions",
     )
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.num_free = num_blocks
-        self.ref_cnt: list[int] = [0] * num_blocks
-        self.block_key: list[int | None] = [None] * num_blocks
+        self.ref_cnt: _IntArray = np.zeros(num_blocks, dtype=np.int64)
         self.cached: dict[int, int] = {}
-        self._queue: list[int] = list(range(num_blocks))  # entries before ``_head`` were popped
-        self._head = 0
-        self._base = 0  # sequence number of ``_queue[0]``: entry ``p`` has sequence ``_base + p``
-        self._last_seq: list[int] = list(range(num_blocks))  # sequence number of each block's newest entry
+        self._key: _IntArray = np.zeros(num_blocks, dtype=np.int64)  # valid where _has_key
+        self._has_key = np.zeros(num_blocks, dtype=np.bool_)
+        capacity = 4 * num_blocks + 1024  # compaction runs after about 3 * num_blocks frees
+        self._queue: _IntArray = np.zeros(capacity, dtype=np.int64)
+        self._queue[:num_blocks] = np.arange(num_blocks)
+        self._head = 0  # entries before it were consumed
+        self._tail = num_blocks  # next free slot
+        self._last_pos: _IntArray = np.arange(num_blocks, dtype=np.int64)  # position of each block's newest entry
+        self._positions: _IntArray = np.arange(capacity, dtype=np.int64)
+
+    # ---- inspection ---------------------------------------------------------------------------
+    def key_of(self, block: int) -> int | None:
+        """The key ``block`` is cached under, or None."""
+        return int(self._key[block]) if self._has_key[block] else None
 
     def free_order(self) -> list[int]:
         """Free blocks, next to be evicted first (for tests and debugging)."""
-        last_seq, head = self._last_seq, self._head
-        return [b for seq, b in enumerate(self._queue[head:], self._base + head) if last_seq[b] == seq]
+        head, tail = self._head, self._tail
+        entries = self._queue[head:tail]
+        return [int(b) for b in entries[self._last_pos[entries] == self._positions[head:tail]]]
 
+    def num_evictable(self, blocks: list[int]) -> int:
+        """How many of these cached blocks are free (taking them costs free blocks)."""
+        if not blocks:
+            return 0
+        return int(np.count_nonzero(self.ref_cnt[blocks] == 0))
+
+    # ---- allocation ---------------------------------------------------------------------------
     def allocate_one(self) -> int:
         """Take one block off the LRU front (the caller checked ``num_free >= 1``): the decode path."""
-        queue, last_seq, ref = self._queue, self._last_seq, self.ref_cnt
-        head, base = self._head, self._base
-        block = queue[head]
-        while last_seq[block] != base + head:
+        queue, last_pos = self._queue, self._last_pos
+        head = self._head
+        block = int(queue[head])
+        while last_pos[block] != head:
             head += 1
-            block = queue[head]
+            block = int(queue[head])
         self._head = head + 1
-        key = self.block_key[block]
-        if key is not None:
-            del self.cached[key]
-            self.block_key[block] = None
-        ref[block] = 1
+        if self._has_key[block]:
+            del self.cached[int(self._key[block])]
+            self._has_key[block] = False
+        self.ref_cnt[block] = 1
         self.num_free -= 1
         return block
 
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` blocks off the LRU front (the caller checked ``num_free >= n``)."""
-        queue, last_seq, ref, key_of = self._queue, self._last_seq, self.ref_cnt, self.block_key
-        head, base = self._head, self._base
-        blocks: list[int] = []
-        while len(blocks) < n:
-            want = n - len(blocks)
+        if n == 1:
+            return [self.allocate_one()]
+        if n <= 0:
+            return []
+        queue, last_pos, positions = self._queue, self._last_pos, self._positions
+        head = self._head
+        parts: list[_IntArray] = []
+        want = n
+        while want:
             batch = queue[head : head + want]
-            seqs = range(base + head, base + head + want)
+            valid = last_pos[batch] == positions[head : head + want]
             head += want
-            if [last_seq[b] for b in batch] == list(seqs):
-                blocks += batch
-            else:
-                blocks += [b for b, seq in zip(batch, seqs, strict=True) if last_seq[b] == seq]
+            if valid.all():
+                parts.append(batch)
+                break
+            batch = batch[valid]
+            parts.append(batch)
+            want -= len(batch)
         self._head = head
-        keys = [key_of[b] for b in blocks]
-        if keys.count(None) != n:
+        blocks = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        keyed = self._has_key[blocks]
+        if keyed.any():
             # Evict: these blocks' contents are about to be overwritten.
+            evicted = blocks[keyed]
             cached = self.cached
-            for b, k in zip(blocks, keys, strict=True):
-                if k is not None:
-                    del cached[k]
-                    key_of[b] = None
-        # Plain loops: list stores specialise in the interpreter and beat map(list.__setitem__).
-        for b in blocks:
-            ref[b] = 1
+            for key in self._key[evicted].tolist():
+                del cached[key]
+            self._has_key[evicted] = False
+        self.ref_cnt[blocks] = 1
         self.num_free -= n
-        return blocks
+        return blocks.tolist()
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on cached blocks (prefix hits, retention); free ones stop being free."""
-        ref, last_seq = self.ref_cnt, self._last_seq
-        for block in blocks:
-            if ref[block] == 0:
-                self.num_free -= 1
-                last_seq[block] = -1  # its queue entry becomes stale
-            ref[block] += 1
+        if not blocks:
+            return
+        ids = np.asarray(blocks, dtype=np.int64)
+        ref = self.ref_cnt
+        counts = ref[ids]
+        was_free = counts == 0
+        n_free = int(np.count_nonzero(was_free))
+        if n_free:
+            self._last_pos[ids[was_free]] = -1  # their queue entries become stale
+            self.num_free -= n_free
+        ref[ids] = counts + 1
 
     def release(self, blocks: list[int]) -> None:
         """Drop one reference on each block, in reverse order.
@@ -114,61 +149,56 @@ class BlockPool:
         Reverse order puts a request's tail blocks in the queue first, so they are evicted before
         its head blocks: the head is the prefix other requests are most likely to share.
         """
+        if not blocks:
+            return
+        ids = np.asarray(blocks[::-1], dtype=np.int64)
         ref = self.ref_cnt
-        rev = blocks[::-1]
-        counts = [ref[b] - 1 for b in rev]
-        for b, c in zip(rev, counts, strict=True):
-            ref[b] = c
-        freed = (
-            rev if counts.count(0) == len(rev) else [b for b, c in zip(rev, counts, strict=True) if c == 0]
-        )
-        queue = self._queue
-        pushed = self._base + len(queue)
-        queue += freed
-        last_seq = self._last_seq
-        for b, seq in zip(freed, range(pushed, pushed + len(freed)), strict=True):
-            last_seq[b] = seq
-        self.num_free += len(freed)
-        if len(queue) - self._head > 2 * self.num_blocks + 1024:
+        counts = ref[ids] - 1
+        ref[ids] = counts
+        freed = ids[counts == 0]
+        n = len(freed)
+        if not n:
+            return
+        if self._tail + n > len(self._queue):
             self._compact()
-        elif self._head > self.num_blocks + 1024:
-            del queue[: self._head]  # drop the consumed prefix; sequence numbers stay
-            self._base += self._head
-            self._head = 0
+        tail = self._tail
+        self._queue[tail : tail + n] = freed
+        self._last_pos[freed] = self._positions[tail : tail + n]
+        self._tail = tail + n
+        self.num_free += n
 
     def _compact(self) -> None:
-        """Drop stale entries (they pile up when cached free blocks are taken back often)."""
-        valid = self.free_order()
-        self._queue = valid
-        self._head = 0
-        self._base = 0
-        last_seq = self._last_seq
-        for seq, b in enumerate(valid):
-            last_seq[b] = seq
+        """Move the valid queue entries to the front (consumed and stale entries pile up behind)."""
+        head, tail = self._head, self._tail
+        entries = self._queue[head:tail]
+        valid = entries[self._last_pos[entries] == self._positions[head:tail]]
+        n = len(valid)
+        self._queue[:n] = valid
+        self._last_pos[valid] = self._positions[:n]
+        self._head, self._tail = 0, n
 
+    # ---- prefix cache -------------------------------------------------------------------------
     def register(self, blocks: list[int], keys: list[int]) -> None:
         """Make just-filled blocks findable under their keys.
 
         When a key is already cached (two requests computed the same prefix at once), the block
         registered first keeps it and the newcomer stays unkeyed.
         """
-        cached, key_of = self.cached, self.block_key
+        cached = self.cached
         if len(keys) == 1:
-            if keys[0] not in cached:
-                cached[keys[0]] = blocks[0]
-                key_of[blocks[0]] = keys[0]
-            return
-        if list(map(cached.get, keys)).count(None) == len(keys):
-            cached.update(zip(keys, blocks, strict=True))
-            for b, k in zip(blocks, keys, strict=True):
-                key_of[b] = k
-            return
-        for block, key in zip(blocks, keys, strict=True):
+            key = keys[0]
             if key not in cached:
+                block = blocks[0]
                 cached[key] = block
-                key_of[block] = key
-
-    def num_evictable(self, blocks: list[int]) -> int:
-        """How many of these cached blocks are free (taking them costs free blocks)."""
-        ref = self.ref_cnt
-        return [ref[block] for block in blocks].count(0)
+                self._key[block] = key
+                self._has_key[block] = True
+            return
+        if not cached.keys().isdisjoint(keys):
+            fresh = [(b, k) for b, k in zip(blocks, keys, strict=True) if k not in cached]
+            if not fresh:
+                return
+            blocks, keys = [b for b, _ in fresh], [k for _, k in fresh]
+        cached.update(zip(keys, blocks, strict=True))
+        ids = np.asarray(blocks, dtype=np.int64)
+        self._key[ids] = keys
+        self._has_key[ids] = True

@@ -6,7 +6,7 @@ from tokenomy.metrics.goodput import (
     max_rate_per_gpu_at_attainment,
 )
 from tokenomy.metrics.ledger import MeterTotals, TokenLedger
-from tokenomy.metrics.percentiles import percentile, weighted_mean, weighted_percentile
+from tokenomy.metrics.percentiles import percentile, weighted_mean, weighted_percentile, weighted_percentiles
 from tokenomy.metrics.summary import Summary, summarize
 
 __all__ = [
@@ -20,4 +20,5 @@ __all__ = [
     "summarize",
     "weighted_mean",
     "weighted_percentile",
+    "weighted_percentiles",
 ]

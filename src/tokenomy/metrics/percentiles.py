@@ -48,7 +48,15 @@ def weighted_percentile(
     ``[W_{i-1}, W_i)`` of the cumulative weight). Zero weights drop a value. Raises
     ValueError on length mismatch, negative or non-finite weights, or zero total weight.
     """
-    _check_q(q)
+    return weighted_percentiles(values, weights, (q,))[0]
+
+
+def weighted_percentiles(
+    values: Sequence[float] | npt.ArrayLike, weights: Sequence[float] | npt.ArrayLike, qs: Sequence[float]
+) -> list[float]:
+    """:func:`weighted_percentile` at each of ``qs``, sorting the samples once."""
+    for q in qs:
+        _check_q(q)
     v = _as_samples(values, "weighted_percentile values")
     w = _as_samples(weights, "weighted_percentile weights")
     if v.shape != w.shape:
@@ -58,17 +66,22 @@ def weighted_percentile(
     keep = w > 0
     if not np.any(keep):
         raise ValueError("weighted_percentile: total weight is zero")
-    order = np.argsort(v[keep], kind="stable")
-    v_sorted = v[keep][order]
-    cum = np.cumsum(w[keep][order])
-    # Position in the virtual array of repeated samples, numpy-linear style: q% of (n - 1).
-    pos = max(0.0, q / 100.0 * (float(cum[-1]) - 1.0))
-    lo, hi = math.floor(pos), math.ceil(pos)
+    if not np.all(keep):
+        v, w = v[keep], w[keep]
+    order = np.argsort(v, kind="stable")
+    v_sorted = v[order]
+    cum = np.cumsum(w[order])
     last = v_sorted.size - 1
-    # Sample k belongs to the first value whose cumulative weight exceeds k.
-    v_lo = v_sorted[min(int(np.searchsorted(cum, lo, side="right")), last)]
-    v_hi = v_sorted[min(int(np.searchsorted(cum, hi, side="right")), last)]
-    return float(v_lo + (pos - lo) * (v_hi - v_lo))
+    out: list[float] = []
+    for q in qs:
+        # Position in the virtual array of repeated samples, numpy-linear style: q% of (n - 1).
+        pos = max(0.0, q / 100.0 * (float(cum[-1]) - 1.0))
+        lo, hi = math.floor(pos), math.ceil(pos)
+        # Sample k belongs to the first value whose cumulative weight exceeds k.
+        v_lo = v_sorted[min(int(np.searchsorted(cum, lo, side="right")), last)]
+        v_hi = v_sorted[min(int(np.searchsorted(cum, hi, side="right")), last)]
+        out.append(float(v_lo + (pos - lo) * (v_hi - v_lo)))
+    return out
 
 
 def weighted_mean(values: Sequence[float] | npt.ArrayLike, weights: Sequence[float] | npt.ArrayLike) -> float:

@@ -28,8 +28,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tokenomy.core import SLO, RequestRecord, TokenUsage
-from tokenomy.metrics.percentiles import percentile, weighted_mean, weighted_percentile
+from tokenomy.metrics.percentiles import percentile, weighted_mean, weighted_percentiles
 
 _SECONDS_PER_HOUR = 3600.0
 _PER_MILLION = 1e6
@@ -114,14 +116,12 @@ def _itl(
             raise ValueError("itl_weights given without itl_values")
         p50, _, p99, mean = _pcts(tpots)
         return p50, p99, mean
-    weights = [1.0] * len(itl_values) if itl_weights is None else itl_weights
-    if len(weights) != len(itl_values):
-        raise ValueError(f"{len(itl_values)} itl_values but {len(weights)} itl_weights")
-    return (
-        weighted_percentile(itl_values, weights, 50),
-        weighted_percentile(itl_values, weights, 99),
-        weighted_mean(itl_values, weights),
-    )
+    values = np.asarray(itl_values, dtype=np.float64)  # converted once, not per statistic
+    weights = np.ones(len(values)) if itl_weights is None else np.asarray(itl_weights, dtype=np.float64)
+    if len(weights) != len(values):
+        raise ValueError(f"{len(values)} itl_values but {len(weights)} itl_weights")
+    p50, p99 = weighted_percentiles(values, weights, (50, 99))
+    return p50, p99, weighted_mean(values, weights)
 
 
 def summarize(
