@@ -2,7 +2,9 @@
 
 Replays the Mooncake conversation trace on an 8-instance colocated Llama-3.1-8B / H100
 cluster and prints (and writes as JSON) requests and output tokens simulated per wall
-second. Target from the issue: >= 250,000 output tokens per second.
+second. Target from the issue: >= 250,000 output tokens per second. The headline figures use
+the median wall time of ``--repeats`` replays (default 3); each replay's wall and CPU time is
+listed too, so a run disturbed by other work on a shared machine shows up as such.
 
     python benchmarks/sim_speed.py --trace ../shared/data/traces/mooncake/conversation_trace.jsonl --json out/sim_speed.json
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,26 +32,43 @@ def main() -> int:
     ap.add_argument("--instances", type=int, default=8)
     ap.add_argument("--limit", type=int, default=None, help="first N requests only")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--repeats", type=int, default=3,
+        help="replay this many times and report the median wall time (the machine may be shared and noisy)",
+    )
     args = ap.parse_args()
     if not args.trace.exists():
         print(f"trace not found: {args.trace} (pass --trace)", file=sys.stderr)
+        return 2
+    if args.repeats < 1:
+        print(f"--repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     # rate 0 keeps the trace's own clock (59 minutes).
     sessions = load_workload(str(args.trace), rate_per_s=0.0, duration_s=math.inf, seed=0, max_sessions=args.limit)
     load_s = time.perf_counter() - t0
     config = SimConfig(deployment="colocated", model="llama-3.1-8b", gpu="h100", instances=args.instances)
-    result = simulate(sessions, config, SLO())
+    walls: list[float] = []
+    cpus: list[float] = []
+    for _ in range(args.repeats):
+        cpu0 = time.process_time()
+        result = simulate(sessions, config, SLO())
+        cpus.append(time.process_time() - cpu0)
+        walls.append(result.wall_s)
+    wall = statistics.median(walls)
     out_tokens = result.output_tokens
     payload = {
         "requests": len(result.records),
         "output_tokens": out_tokens,
         "sim_time_s": round(result.sim_end_s, 1),
-        "wall_s": round(result.wall_s, 3),
+        "wall_s": round(wall, 3),
+        "wall_s_each": [round(w, 3) for w in walls],
+        "cpu_s_each": [round(c, 3) for c in cpus],
         "trace_load_s": round(load_s, 3),
         "events": result.events,
-        "requests_per_s": round(len(result.records) / result.wall_s, 1),
-        "output_tokens_per_s": round(out_tokens / result.wall_s, 1),
+        "requests_per_s": round(len(result.records) / wall, 1),
+        "output_tokens_per_s": round(out_tokens / wall, 1),
+        "best_output_tokens_per_s": round(out_tokens / min(walls), 1),
         "slo_attainment": result.summary.slo_attainment,
     }
     print(json.dumps(payload, indent=2))

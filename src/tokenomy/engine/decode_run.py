@@ -93,7 +93,7 @@ def sum_in_order(values: list[float], start: float) -> float:
 class DecodeRunner:
     """Plans decode runs for one engine and applies them; it shares the engine's collaborators."""
 
-    __slots__ = ("_config", "_sched", "_kv", "_stats", "_perf")
+    __slots__ = ("_config", "_sched", "_kv", "_stats", "_perf", "_run_model")
 
     def __init__(
         self, config: EngineConfig, sched: Scheduler, kv: KVManager, stats: EngineStats, perf: StepTimeModel
@@ -103,6 +103,8 @@ class DecodeRunner:
         self._kv = kv
         self._stats = stats
         self._perf = perf
+        # Checked once: isinstance against a runtime Protocol costs microseconds per call.
+        self._run_model = perf if isinstance(perf, DecodeRunModel) else None
 
     # ---- planning ---------------------------------------------------------------------------
     def plan(self, now: float, max_steps: int) -> DecodeRun | None:
@@ -139,10 +141,10 @@ class DecodeRunner:
             k = lo
             if k < 2:
                 return None
-        perf = self._perf
-        if isinstance(perf, DecodeRunModel):
-            durations, flops = perf.decode_run(len(running), ctx, k)
+        if self._run_model is not None:
+            durations, flops = self._run_model.decode_run(len(running), ctx, k)
         else:
+            perf = self._perf
             b = len(running)
             shapes = [StepShape(0, 0, 0.0, 0, b, ctx + b * j) for j in range(k)]
             durations = [perf.step_time_s(s) for s in shapes]
