@@ -37,7 +37,7 @@ def test_stale_queue_entries_are_compacted_without_changing_lru_order() -> None:
     for _ in range(3000):  # hit-and-release cycles leave one stale entry each
         pool.touch([1])
         pool.release([1])
-    assert pool._tail - pool._head <= 2 * 4 + 1024
+    assert pool._tail - pool._head < 3000 and len(pool._queue) == 4 * 4 + 1024  # reclaimed, never grown
     assert pool.free_order() == [0, 2, 3, 1]
     assert pool.allocate(4) == [0, 2, 3, 1]
 
@@ -81,3 +81,80 @@ def test_keys_match_exactly_on_the_shared_token_prefix(
     ka, kb = _keys(a, 4), _keys(b, 4)
     assert ka[:shared_blocks] == kb[:shared_blocks]
     assert all(x != y for x, y in zip(ka[shared_blocks:], kb[shared_blocks:], strict=True))
+
+
+class _ReferencePool:
+    """The pool's contract, written the obvious way (an ordered dict as the LRU free list)."""
+
+    def __init__(self, n: int) -> None:
+        self.free: dict[int, None] = dict.fromkeys(range(n))  # insertion order = eviction order
+        self.ref = [0] * n
+        self.key: list[int | None] = [None] * n
+        self.cached: dict[int, int] = {}
+
+    def allocate(self, n: int) -> list[int]:
+        blocks = list(self.free)[:n]
+        for b in blocks:
+            del self.free[b]
+            if self.key[b] is not None:
+                del self.cached[self.key[b]]
+                self.key[b] = None
+            self.ref[b] = 1
+        return blocks
+
+    def touch(self, blocks: list[int]) -> None:
+        for b in blocks:
+            self.free.pop(b, None)
+            self.ref[b] += 1
+
+    def release(self, blocks: list[int]) -> None:
+        for b in reversed(blocks):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.free[b] = None
+
+    def register(self, blocks: list[int], keys: list[int]) -> None:
+        for b, k in zip(blocks, keys, strict=True):
+            if k not in self.cached:
+                self.cached[k] = b
+                self.key[b] = k
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pool_matches_the_reference_under_random_operations(seed: int) -> None:
+    """Allocation order, evictions, hits and compaction agree with a plain LRU model, op by op."""
+    import random
+
+    rng = random.Random(seed)
+    size = rng.choice([8, 40, 300])
+    pool, ref = BlockPool(size), _ReferencePool(size)
+    held: list[list[int]] = []  # each entry: distinct blocks holding one reference each
+    next_key = 0
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.35 and pool.num_free:
+            n = rng.randint(1, min(pool.num_free, 24))
+            got = pool.allocate(n)
+            assert got == ref.allocate(n)
+            if rng.random() < 0.7:  # fill and register some, sometimes under keys already cached
+                keys = [rng.randrange(next_key + 1) if rng.random() < 0.1 else next_key + i for i in range(n)]
+                keys = list(dict.fromkeys(keys))[: len(got)]
+                next_key += n
+                pool.register(got[: len(keys)], keys)
+                ref.register(got[: len(keys)], keys)
+            held.append(got)
+        elif op < 0.6 and held:
+            blocks = held.pop(rng.randrange(len(held)))
+            pool.release(blocks)
+            ref.release(blocks)
+        elif op < 0.85 and ref.cached:
+            hits = rng.sample(sorted(ref.cached.values()), k=min(len(ref.cached), rng.randint(1, 6)))
+            assert pool.num_evictable(hits) == sum(ref.ref[b] == 0 for b in hits)
+            pool.touch(hits)
+            ref.touch(hits)
+            held.append(hits)
+        assert pool.num_free == len(ref.free)
+        assert pool.cached == ref.cached
+    assert pool.free_order() == list(ref.free)
+    assert [int(c) for c in pool.ref_cnt] == ref.ref
+    assert all(pool.key_of(b) == ref.key[b] for b in range(size))
