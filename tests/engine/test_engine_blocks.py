@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from tokenomy.engine.block_keys import KeyChain
@@ -123,8 +125,6 @@ class _ReferencePool:
 @pytest.mark.parametrize("seed", range(6))
 def test_pool_matches_the_reference_under_random_operations(seed: int) -> None:
     """Allocation order, evictions, hits and compaction agree with a plain LRU model, op by op."""
-    import random
-
     rng = random.Random(seed)
     size = rng.choice([8, 40, 300])
     pool, ref = BlockPool(size), _ReferencePool(size)
