@@ -107,14 +107,17 @@ class KeyChain:
 _memo: OrderedDict[tuple[tuple[Segment, ...], int], KeyChain] = OrderedDict()
 
 
-_last: list[object] = [None, 0, None]  # (content object, block size, chain) of the latest call
+_last: tuple[tuple[Segment, ...] | None, int, KeyChain | None] = (None, 0, None)
+"""(content object, block size, chain) of the latest call, replaced as one tuple (atomic to read)."""
 
 
 def key_chain(content: tuple[Segment, ...], block_size: int) -> KeyChain:
     """The (shared, lazily extended) key chain of ``content`` for blocks of ``block_size`` tokens."""
-    if content is _last[0] and block_size == _last[1]:
+    global _last
+    last_content, last_size, last_chain = _last
+    if content is last_content and block_size == last_size and last_chain is not None:
         # The router asks every instance about the same request in a row: skip hashing the tuple.
-        return _last[2]  # type: ignore[return-value]
+        return last_chain
     memo_key = (content, block_size)
     chain = _memo.get(memo_key)
     if chain is None:
@@ -124,7 +127,7 @@ def key_chain(content: tuple[Segment, ...], block_size: int) -> KeyChain:
             _memo.popitem(last=False)
     else:
         _memo.move_to_end(memo_key)
-    _last[:] = (content, block_size, chain)
+    _last = (content, block_size, chain)
     return chain
 
 
