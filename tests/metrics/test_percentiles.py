@@ -5,7 +5,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from tokenomy.metrics import percentile, weighted_mean, weighted_percentile
+from tokenomy.metrics import percentile, weighted_mean, weighted_percentile, weighted_percentiles
 
 
 @pytest.mark.parametrize(
@@ -37,6 +37,15 @@ def test_percentile_known_arrays(values: list[float], q: float, expected: float)
 def test_weighted_percentile_equals_repeated_samples(values: list[float], weights: list[int], q: float) -> None:
     expected = float(np.percentile(np.repeat(values, weights), q))
     assert weighted_percentile(values, weights, q) == pytest.approx(expected)
+
+
+def test_weighted_percentiles_sort_once_and_agree_with_repeated_samples() -> None:
+    values, weights = [3.0, 1.0, 2.0, 9.0, 0.5], [1, 4, 0, 2, 3]
+    qs = (0, 50, 90, 99, 100)
+    expected = [float(np.percentile(np.repeat(values, weights), q)) for q in qs]
+    assert weighted_percentiles(values, weights, qs) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="percentile q"):
+        weighted_percentiles(values, weights, (50, 101))
 
 
 def test_weighted_mean_counts_each_token() -> None:

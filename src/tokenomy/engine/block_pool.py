@@ -59,7 +59,7 @@ class BlockPool:
         self._head = 0  # entries before it were consumed
         self._tail = num_blocks  # next free slot
         self._last_pos: _IntArray = np.arange(num_blocks, dtype=np.int64)  # position of each block's newest entry
-        self._positions: _IntArray = np.arange(capacity, dtype=np.int64)
+        self._positions: _IntArray = np.arange(capacity, dtype=np.int64)  # slices of it: no arange per call
 
     # ---- inspection ---------------------------------------------------------------------------
     def key_of(self, block: int) -> int | None:
@@ -68,9 +68,13 @@ class BlockPool:
 
     def free_order(self) -> list[int]:
         """Free blocks, next to be evicted first (for tests and debugging)."""
+        return self._valid_entries().tolist()
+
+    def _valid_entries(self) -> _IntArray:
+        """The queue's live entries (free blocks, LRU first), skipping consumed and stale ones."""
         head, tail = self._head, self._tail
         entries = self._queue[head:tail]
-        return [int(b) for b in entries[self._last_pos[entries] == self._positions[head:tail]]]
+        return entries[self._last_pos[entries] == self._positions[head:tail]]
 
     def num_evictable(self, blocks: list[int]) -> int:
         """How many of these cached blocks are free (taking them costs free blocks)."""
@@ -169,9 +173,7 @@ class BlockPool:
 
     def _compact(self) -> None:
         """Move the valid queue entries to the front (consumed and stale entries pile up behind)."""
-        head, tail = self._head, self._tail
-        entries = self._queue[head:tail]
-        valid = entries[self._last_pos[entries] == self._positions[head:tail]]
+        valid = self._valid_entries()  # a copy: safe to write back over the buffer's front
         n = len(valid)
         self._queue[:n] = valid
         self._last_pos[valid] = self._positions[:n]
