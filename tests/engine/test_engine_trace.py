@@ -28,7 +28,7 @@ def _drive(engine: Engine, now: float = 0.0) -> float:
 
 
 def _kinds(events: list[TraceEvent], request: str) -> list[str]:
-    return [e["event"] for e in events if e.get("request") == request]
+    return [e["kind"] for e in events if e.get("request") == request]
 
 
 def test_a_request_life_is_queued_admit_steps_finish_with_engine_time() -> None:
@@ -38,13 +38,13 @@ def test_a_request_life_is_queued_admit_steps_finish_with_engine_time() -> None:
     end = _drive(engine, 5.0)
     events = trace.events
     assert _kinds(events, "a") == ["queued", "admit", "finish"]
-    assert [e["event"] for e in events].count("step") == 3  # prefill + sample, then two decodes
-    assert events[0] == {"t": 5.0, "event": "queued", "instance": "e0", "request": "a", "prompt_tokens": 10,
+    assert [e["kind"] for e in events].count("step") == 3  # prefill + sample, then two decodes
+    assert events[0] == {"t_s": 5.0, "kind": "queued", "instance": "e0", "request": "a", "prompt_tokens": 10,
                          "max_output_tokens": 3, "preloaded_tokens": 0, "continuation": False}
     step = events[2]
-    assert step["t"] == 5.0 and step["prefill_tokens"] == 10 and step["emitted"] == 1 and step["running"] == 1
-    assert events[-1]["event"] == "finish" and events[-1]["t"] == end and events[-1]["output_tokens"] == 3
-    times = [e["t"] for e in events]
+    assert step["t_s"] == 5.0 and step["prefill_tokens"] == 10 and step["emitted"] == 1 and step["running"] == 1
+    assert events[-1]["kind"] == "finish" and events[-1]["t_s"] == end and events[-1]["output_tokens"] == 3
+    times = [e["t_s"] for e in events]
     assert times == sorted(times)
 
 
@@ -54,12 +54,12 @@ def test_preemption_readmission_and_eviction_are_traced() -> None:
     for req in create_requests(2, prompt_tokens=20, max_output_tokens=24):
         engine.add_request(req, 0.0)
     _drive(engine)
-    preempts = [e for e in trace.events if e["event"] == "preempt"]
+    preempts = [e for e in trace.events if e["kind"] == "preempt"]
     assert preempts and preempts[0]["request"] == "r1" and preempts[0]["num_preemptions"] == 1
-    readmits = [e for e in trace.events if e["event"] == "admit" and e["readmission"]]
+    readmits = [e for e in trace.events if e["kind"] == "admit" and e["readmission"]]
     assert [e["request"] for e in readmits] == ["r1"]
     assert readmits[0]["cache_hit_tokens"] > 0  # its own blocks stayed cached until evicted
-    evicted = [e["blocks"] for e in trace.events if e["event"] == "evict"]
+    evicted = [e["blocks"] for e in trace.events if e["kind"] == "evict"]
     assert evicted and sum(evicted) == engine._kv.pool.num_evicted
 
 
@@ -69,7 +69,7 @@ def test_abort_is_traced_at_the_given_time() -> None:
     engine.add_request(Request("a", 0.0, 10, 30), 0.0)
     engine.step(0.0)
     engine.abort("a", 0.5)
-    assert trace.events[-1]["event"] == "abort" and trace.events[-1]["t"] == 0.5
+    assert trace.events[-1]["kind"] == "abort" and trace.events[-1]["t_s"] == 0.5
 
 
 def _decode_heavy(trace: object) -> Engine:
@@ -97,7 +97,7 @@ def test_decode_runs_trace_exactly_what_single_steps_trace() -> None:
             break
         now = result.end_s
     assert runs >= 2
-    assert any(e["event"] == "evict" for e in single_trace.events)
+    assert any(e["kind"] == "evict" for e in single_trace.events)
     assert run_trace.events == single_trace.events
 
 
@@ -123,10 +123,10 @@ def test_jsonl_trace_writes_one_object_per_line(tmp_path: Path) -> None:
         _drive(engine)
     lines = path.read_text().splitlines()
     events = [json.loads(line) for line in lines]
-    assert len(events) == trace.num_events and [e["event"] for e in events][:2] == ["queued", "admit"]
+    assert len(events) == trace.num_events and [e["kind"] for e in events][:2] == ["queued", "admit"]
     stream = io.StringIO()
-    JsonlTrace(stream).emit({"t": 1.5, "event": "step"})
-    assert stream.getvalue() == '{"t":1.5,"event":"step"}\n'
+    JsonlTrace(stream).emit({"t_s": 1.5, "kind": "step"})
+    assert stream.getvalue() == '{"t_s":1.5,"kind":"step"}\n'
 
 
 def test_each_engine_has_its_own_key_chains_unless_given_one() -> None:

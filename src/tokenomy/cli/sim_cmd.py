@@ -139,7 +139,7 @@ def run_sim(args: argparse.Namespace) -> int:
         for name in names:
             config = config_from_args(args, name)
             if trace is not None:  # the events that follow, up to the next "run", are this deployment's
-                trace.emit({"t": 0.0, "event": "run", "instance": "", "deployment": name})
+                trace.emit({"t_s": 0.0, "kind": "run", "instance": "", "deployment": name})
             result = run_with_progress(sessions, config, slo, args.quiet, trace)
             summaries[name] = result.summary
             payload["deployments"][name] = deployment_payload(result.summary, result)

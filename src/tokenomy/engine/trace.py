@@ -4,8 +4,9 @@ An engine given a trace reports each of these as one flat dict (schema in ``docs
 "Event trace"): ``queued`` (a request was added), ``admit`` (it got KV and started computing,
 again after a preemption), ``preempt`` (its KV was dropped to make room), ``evict`` (cached free
 blocks were overwritten), ``step`` (one iteration's batch), ``finish`` and ``abort``. Every event
-has ``t``, the time the engine was given (the simulator's virtual clock or the emulator's wall
-clock; the engine never reads a clock), ``event`` and ``instance``.
+has ``t_s``, the time the engine was given (the simulator's virtual clock or the emulator's wall
+clock; the engine never reads a clock), ``kind`` and ``instance``: the same two leading keys as
+``policy`` decision events, so one :class:`JsonlTrace` can take both (its ``emit`` is a sink).
 
 Without a trace (the default) the engine does no tracing work at all: it keeps ``None`` and tests
 it once per call. :class:`NoTrace` is the explicit no-op; :class:`JsonlTrace` writes one JSON
@@ -15,12 +16,13 @@ object per line.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol
 
-TraceEvent = dict[str, Any]
-"""One event: ``t`` (s), ``event`` (its kind), ``instance``, then the kind's fields."""
+TraceEvent = Mapping[str, Any]
+"""One event: ``t_s``, ``kind``, ``instance``, then the kind's fields."""
 
 
 class EventTrace(Protocol):

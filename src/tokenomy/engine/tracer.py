@@ -23,7 +23,7 @@ class Tracer:
 
     def queued(self, now: float, request: Request, preloaded_tokens: int, continuation: bool) -> None:
         self._emit({
-            "t": now, "event": "queued", "instance": self._instance, "request": request.request_id,
+            "t_s": now, "kind": "queued", "instance": self._instance, "request": request.request_id,
             "prompt_tokens": request.prompt_tokens, "max_output_tokens": request.max_output_tokens,
             "preloaded_tokens": preloaded_tokens, "continuation": continuation,
         })
@@ -33,12 +33,12 @@ class Tracer:
         emit, instance = self._emit, self._instance
         for req in plan.preempted:
             emit({
-                "t": now, "event": "preempt", "instance": instance, "request": req.request_id,
+                "t_s": now, "kind": "preempt", "instance": instance, "request": req.request_id,
                 "num_preemptions": req.num_preemptions, "recompute_tokens": req.recompute_until,
             })
         for req, hit_tokens in plan.admitted:
             emit({
-                "t": now, "event": "admit", "instance": instance, "request": req.request_id,
+                "t_s": now, "kind": "admit", "instance": instance, "request": req.request_id,
                 "prompt_tokens": req.prompt_tokens, "cache_hit_tokens": hit_tokens,
                 "computed_tokens": req.num_computed, "readmission": req.num_preemptions > 0,
             })
@@ -46,14 +46,14 @@ class Tracer:
 
     def evicted(self, now: float, evicted_blocks: int) -> None:
         if evicted_blocks:
-            self._emit({"t": now, "event": "evict", "instance": self._instance, "blocks": evicted_blocks})
+            self._emit({"t_s": now, "kind": "evict", "instance": self._instance, "blocks": evicted_blocks})
 
     def step(
         self, now: float, duration_s: float, shape: StepShape, emitted: int, running: int, waiting: int,
         free_blocks: int,
     ) -> None:
         self._emit({
-            "t": now, "event": "step", "instance": self._instance, "duration_s": duration_s,
+            "t_s": now, "kind": "step", "instance": self._instance, "duration_s": duration_s,
             "prefill_tokens": shape.prefill_tokens, "prefill_seqs": shape.prefill_seqs,
             "decode_seqs": shape.decode_seqs, "decode_context_tokens": shape.decode_context_tokens,
             "emitted": emitted, "running": running, "waiting": waiting, "free_blocks": free_blocks,
@@ -61,7 +61,7 @@ class Tracer:
 
     def finished(self, fin: FinishedRequest) -> None:
         self._emit({
-            "t": fin.finish_s, "event": "abort" if fin.aborted else "finish", "instance": self._instance,
+            "t_s": fin.finish_s, "kind": "abort" if fin.aborted else "finish", "instance": self._instance,
             "request": fin.request_id, "output_tokens": fin.output_tokens, "first_token_s": fin.first_token_s,
             "cache_hit_tokens": fin.cache_hit_tokens, "num_preemptions": fin.num_preemptions,
         })
