@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from pathlib import Path
 
+import pytest
 from engine_factory import FakePerf, create_requests
 
 from tokenomy.core import Request
@@ -149,3 +151,18 @@ def test_key_chain_cache_is_bounded_lru() -> None:
     assert cache.get(((1, 32),), 4) is first  # refreshed: now the most recent
     cache.get(((3, 32),), 4)  # drops (2, 32)
     assert len(cache) == 2 and cache.get(((1, 32),), 4) is first
+
+
+def test_preemption_and_a_stuck_queue_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="tokenomy.engine")
+    engine = _engine(None, num_blocks=12)
+    for req in create_requests(2, prompt_tokens=20, max_output_tokens=24):
+        engine.add_request(req, 0.0)
+    now = _drive(engine)
+    assert any("preempted 1 requests" in r.getMessage() for r in caplog.records)
+    engine.add_request(Request("a", 0.0, 8, 2), now)
+    engine.retain("a")
+    now = _drive(engine, now)
+    engine.add_request(Request("b", 0.0, 40, 4), now)  # needs 11 of the 12 blocks; "a" pins 3
+    assert engine.step(now) is None
+    assert "nothing fits" in caplog.records[-1].getMessage() and caplog.records[-1].levelno == logging.DEBUG

@@ -180,6 +180,10 @@ class Engine:
         if tracer is not None:
             tracer.scheduled(now, plan, self._kv.pool.num_evicted - evicted0)
         if not plan.decodes and not plan.prefills:
+            logger.debug(
+                "%s: nothing fits at %.6f (%d waiting, %d free blocks, %d retained)", self._instance_id, now,
+                len(self._queues.waiting), self._kv.pool.num_free, self._retention.num_blocks,
+            )
             return None
         shape = plan.shape()
         duration = self.perf.step_time_s(shape)
