@@ -113,7 +113,7 @@ class EngineDriver:
         while True:
             now = self.model_now()
             start = self._next_start
-            if start is None or start > now:
+            if start is None:
                 start = now
             elif now - start > self.max_lag_s:
                 self.lag_dropped_s += now - self.max_lag_s - start

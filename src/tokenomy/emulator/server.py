@@ -239,7 +239,7 @@ def build_app(config: EmulatorConfig) -> Starlette:
         }]})
 
     async def health(request: Request) -> Response:
-        return Response(status_code=200)
+        return Response(status_code=200 if state["emu"].healthy else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(state["emu"].metrics.render(), media_type=CONTENT_TYPE)

@@ -12,9 +12,7 @@ import logging
 import os
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from tokenomy.core import Request, Role
 from tokenomy.emulator.chat import render
@@ -25,6 +23,9 @@ from tokenomy.emulator.metrics import EmulatorMetrics
 from tokenomy.emulator.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from tokenomy.emulator.tokenizer import Tokenizer, load_tokenizer
 from tokenomy.engine import Engine, FinishedRequest
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,16 @@ class Emulator:
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.driver.run(), name="engine-driver")
+        self._task.add_done_callback(self._driver_done)
+
+    def _driver_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engine driver stopped", exc_info=task.exception())
+
+    @property
+    def healthy(self) -> bool:
+        """False once the engine driver has stopped (``/health`` then answers 503)."""
+        return self._task is not None and not self._task.done()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -217,6 +228,8 @@ class Emulator:
         return True
 
     def _notify_pulled(self, params: dict[str, Any]) -> None:
+        import httpx  # only PD decode instances need a client (and importing it is slow)
+
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=5.0)
         url = f"http://{params['remote_host']}:{params['remote_port']}{KV_RELEASE_PATH}"
