@@ -191,3 +191,20 @@ def run_up(args: argparse.Namespace) -> int:
         cluster.stop()
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def standalone(argv: list[str]) -> int:
+    """``python -m tokenomy.cli.up_cmd ARGS``: ``tokenomy up ARGS`` without loading the other commands
+    (scripts and tests that start clusters often)."""
+    parser = argparse.ArgumentParser(prog="tokenomy")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["up", *argv])
+    try:
+        return int(args.func(args) or 0)
+    except (CLIError, ValueError, KeyError, FileNotFoundError) as exc:
+        print(f"tokenomy up: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(standalone(sys.argv[1:]))
