@@ -154,3 +154,14 @@ def test_prefill_side_frees_unpulled_kv_after_the_timeout() -> None:
         assert metric(c.get("/metrics").text, "vllm:kv_cache_usage_perc") == 0
         rid = r.json()["kv_transfer_params"]["remote_request_id"]
         assert c.post("/tokenomy/kv_release", json={"remote_request_id": rid}).json() == {"released": False}
+
+
+def test_agent_chat_turn_hits_the_cache_for_the_whole_history(client: TestClient) -> None:
+    msgs = [{"role": "system", "content": "You are an agent with tools. " * 20},
+            {"role": "user", "content": "Find the answer."}]
+    first = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 40, "ignore_eos": True}).json()
+    p1, o1 = first["usage"]["prompt_tokens"], first["usage"]["completion_tokens"]
+    msgs += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+             {"role": "tool", "content": "result: 42"}]
+    second = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 5}).json()
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= (p1 + o1 - 1) // 16 * 16
