@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -77,6 +78,11 @@ def test_cluster_file_errors_name_the_file_and_key(
     bad.write_text("pools:\n  - role: decode\n    engine: {max_num_seq: 3}\n")
     assert main(["up", str(bad)]) == 2
     assert "unknown engine key(s) max_num_seq" in capsys.readouterr().err
+    base = free_port_base(1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base))
+        assert main(["up", "--instances", "1", "--port-base", str(base)]) == 2
+    assert f"port {base} on 127.0.0.1 is in use" in capsys.readouterr().err
 
 
 @pytest.mark.integration
