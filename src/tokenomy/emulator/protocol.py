@@ -60,6 +60,14 @@ class _Common(BaseModel):
     include_stop_str_in_output: bool = False
     kv_transfer_params: dict[str, Any] | None = None
     user: str | None = None
+    logprobs: bool | int | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: bool | int | None) -> bool | int | None:
+        if v is not None and v is not False:
+            raise ValueError("logprobs are not supported by the emulator")
+        return v
 
     @field_validator("n")
     @classmethod
@@ -121,6 +129,13 @@ class CompletionRequest(_Common):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported by the emulator")
+        return v
 
     @field_validator("prompt")
     @classmethod
