@@ -49,7 +49,7 @@ class _Common(BaseModel):
     model: str | None = None
     max_tokens: int | None = None
     min_tokens: int = 0
-    n: int = 1
+    n: int | None = 1
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -71,8 +71,8 @@ class _Common(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _n(cls, v: int) -> int:
-        if v != 1:
+    def _n(cls, v: int | None) -> int | None:
+        if v not in (None, 1):
             raise ValueError("the emulator supports n=1 only")
         return v
 
