@@ -1,0 +1,111 @@
+"""The OpenAI-compatible HTTP server around one :class:`Emulator` (Starlette on uvicorn).
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health``, ``GET /metrics``, ``GET /tokenomy/info`` and ``POST /tokenomy/kv_release``
+(PD: a decode instance says it pulled a request's KV). A client that disconnects, during a
+stream or while waiting for a whole answer, aborts its request: its KV is freed at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tokenomy.emulator.config import EmulatorConfig
+from tokenomy.emulator.metrics import CONTENT_TYPE
+from tokenomy.emulator.protocol import APIError
+from tokenomy.emulator.service import KV_RELEASE_PATH, Emulator
+from tokenomy.emulator.streaming import generate_handler
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def build_app(config: EmulatorConfig) -> ASGIApp:
+    """The ASGI app of one instance; the engine starts with the app's lifespan."""
+    state: dict[str, Emulator] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        emu = Emulator(config)
+        emu.start()
+        state["emu"] = emu
+        app.state.emulator = emu
+        try:
+            yield
+        finally:
+            await emu.stop()
+
+    async def models(request: Request) -> Response:
+        emu = state["emu"]
+        return JSONResponse({"object": "list", "data": [{
+            "id": emu.model_name, "object": "model", "created": 0, "owned_by": "tokenomy",
+            "root": emu.config.model, "max_model_len": emu.context_window,
+        }]})
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200 if state["emu"].healthy else 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(state["emu"].metrics.render(), media_type=CONTENT_TYPE)
+
+    async def info(request: Request) -> Response:
+        emu = state["emu"]
+        cfg = emu.config
+        return JSONResponse({
+            "instance_id": cfg.instance_id, "role": str(cfg.role), "model": cfg.model, "gpu": cfg.gpu,
+            "tp": cfg.tp, "served_model_name": emu.model_name, "max_model_len": emu.context_window,
+            "block_size": emu.engine_config.block_size_tokens, "num_gpu_blocks": emu.engine_config.num_gpu_blocks,
+            "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "tokenizer": emu.tokenizer.name, "time_scale": cfg.time_scale,
+            "lag_dropped_s": emu.driver.lag_dropped_s, "steps": emu.driver.steps,
+        })
+
+    async def kv_release(request: Request) -> Response:
+        try:
+            data = json.loads(await request.body())
+            rid = data["remote_request_id"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+            return error_response(APIError(400, "expected a JSON object with remote_request_id",
+                                           param="remote_request_id"))
+        released = state["emu"].release(str(rid))
+        return JSONResponse({"released": released})
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(APIError(404, f"Not found: {request.url.path}"))
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return error_response(APIError(405, f"Method {request.method} not allowed on {request.url.path}",
+                                       type_="MethodNotAllowed"))
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/tokenomy/info", info, methods=["GET"]),
+        Route(KV_RELEASE_PATH, kv_release, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
+
+    def emulator() -> Emulator:
+        return state["emu"]
+
+    fast = {"/v1/completions": generate_handler(emulator, chat=False),
+            "/v1/chat/completions": generate_handler(emulator, chat=True)}
+
+    async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        handler = fast.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if handler is not None:
+            await handler(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
+    return asgi
