@@ -1,0 +1,123 @@
+"""One streamed request to an OpenAI-compatible endpoint, timed on the bench's clock."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from tokenomy.bench.config import BenchConfig
+from tokenomy.bench.sse import StreamError, StreamState, parse_usage
+from tokenomy.bench.text import Prompt
+
+OK = "ok"
+
+
+class Clock(Protocol):
+    """Where the bench reads time and waits; tests pass a simulated one."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class WallClock:
+    """The real clock: monotonic seconds, asyncio sleep."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    async def sleep(self, seconds: float) -> None:
+        import asyncio
+
+        await asyncio.sleep(max(0.0, seconds))
+
+
+@dataclass
+class Outcome:
+    """What one request returned. ``status`` is ``"ok"``, an HTTP status (``"429"``), or a
+    transport failure (``"timeout"``, ``"connect_error"``, ``"read_error"``, ``"bad_stream"``,
+    ``"empty_answer"``, see docs/bench.md). Times are on the bench clock."""
+
+    status: str
+    sent_s: float
+    token_times_s: list[float] = field(default_factory=list)
+    finish_s: float | None = None
+    text: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int = 0
+    usage_reported: bool = False
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+
+def request_body(config: BenchConfig, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
+    """The JSON body: streamed, usage included, exactly ``max_tokens`` when ``ignore_eos``."""
+    body: dict[str, Any] = {
+        "model": config.model,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if config.api == "chat":
+        body["messages"] = [dict(m) for m in prompt.messages]
+    else:
+        body["prompt"] = prompt.text
+    if config.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        import json
+
+        err = json.loads(raw).get("error", {})
+        return str(err.get("message", "")) if isinstance(err, dict) else str(err)
+    except Exception:
+        return raw[:200].decode("utf-8", "replace")
+
+
+async def send(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    clock: Clock,
+) -> Outcome:
+    """POST ``body`` to ``url`` and read its event stream to the end; never raises for a failed
+    request (the failure is the Outcome's status)."""
+    sent = clock.now()
+    state = StreamState()
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                raw = await resp.aread()
+                return Outcome(str(resp.status_code), sent, finish_s=clock.now(), message=_error_message(raw))
+            async for line in resp.aiter_lines():
+                state.feed_line(line, clock.now())
+    except StreamError as exc:
+        return Outcome(exc.status, sent, state.token_times_s, clock.now(), state.text, message=str(exc))
+    except ValueError as exc:
+        return Outcome("bad_stream", sent, state.token_times_s, clock.now(), state.text, message=str(exc))
+    except httpx.TimeoutException as exc:
+        return Outcome("timeout", sent, state.token_times_s, None, state.text, message=repr(exc))
+    except httpx.ConnectError as exc:
+        return Outcome("connect_error", sent, message=repr(exc))
+    except httpx.HTTPError as exc:
+        return Outcome("read_error", sent, state.token_times_s, None, state.text, message=repr(exc))
+    finish = clock.now()
+    usage = parse_usage(state.usage)
+    out = Outcome(OK, sent, state.token_times_s, finish, state.text)
+    if not state.token_times_s:
+        out.status, out.message = "empty_answer", "the stream carried no generated text"
+    if usage is not None:
+        out.prompt_tokens, out.completion_tokens, out.cached_tokens = usage
+        out.usage_reported = True
+    return out
