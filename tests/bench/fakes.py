@@ -10,12 +10,10 @@ import json
 import re
 import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-
-import httpx
 
 BLOCK = 16
 _TOKEN = re.compile(r" ?[A-Za-z]+|\S")
@@ -138,42 +136,44 @@ def _error(status: int) -> bytes:
                                  "code": status}}).encode()
 
 
-class FakeTransport(httpx.AsyncBaseTransport):
-    """Serves a :class:`FakeEngine` in-process; the stream advances ``clock`` by TTFT before the
-    first token and by ITL before each later one, so measured latencies are exact."""
+class _FakeResponse:
+    def __init__(self, engine: FakeEngine, clock: FakeClock, body: dict[str, Any]) -> None:
+        self.engine, self.clock, self.body = engine, clock, body
+        self.status, self.words, self.usage = engine.answer(body)
 
-    def __init__(self, engine: FakeEngine, clock: FakeClock) -> None:
-        self.engine = engine
-        self.clock = clock
+    async def read(self) -> bytes:
+        return _error(self.status)
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"object": "list", "data": [{"id": "fake-model"}]})
-        body = json.loads(request.content)
-        status, words, usage = self.engine.answer(body)
-        if status != 200:
-            return httpx.Response(status, content=_error(status))
-        return httpx.Response(200, stream=_Stream(self, body, words, usage),
-                              headers={"content-type": "text/event-stream"})
-
-
-class _Stream(httpx.AsyncByteStream):
-    def __init__(self, t: FakeTransport, body: dict[str, Any], words: list[str], usage: dict[str, Any]) -> None:
-        self.t, self.body, self.words, self.usage = t, body, words, usage
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        eng, clock = self.t.engine, self.t.clock
+    async def lines(self) -> AsyncIterator[bytes]:
+        eng = self.engine
         eng.in_flight += 1
         eng.max_in_flight = max(eng.max_in_flight, eng.in_flight)
         try:
             first = True
             for is_token, event in eng.events(self.body, self.words, self.usage):
                 if is_token:
-                    await clock.sleep(eng.ttft_s if first else eng.itl_s)
+                    await self.clock.sleep(eng.ttft_s if first else eng.itl_s)
                     first = False
-                yield event.encode()
+                for line in event.encode().splitlines(keepends=True):
+                    yield line
         finally:
             eng.in_flight -= 1
+
+
+class FakeOpener:
+    """Serves a :class:`FakeEngine` in-process as the bench's opener; the stream advances
+    ``clock`` by TTFT before the first token and by ITL before each later one, so measured
+    latencies are exact."""
+
+    def __init__(self, engine: FakeEngine, clock: FakeClock) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.urls: list[str] = []
+
+    @asynccontextmanager
+    async def __call__(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> AsyncIterator[_FakeResponse]:
+        self.urls.append(url)
+        yield _FakeResponse(self.engine, self.clock, json.loads(json.dumps(body)))
 
 
 @contextmanager

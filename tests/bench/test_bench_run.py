@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tokenomy.bench import BenchReport, run_bench
 from tokenomy.core import SLO
 
 from .factories import agent_sessions, config
-from .fakes import BLOCK, FakeClock, FakeEngine, FakeTransport, tokens
+from .fakes import BLOCK, FakeClock, FakeEngine, FakeOpener, tokens
 
 
 def _run(sessions, engine: FakeEngine, **overrides) -> tuple[BenchReport, FakeClock]:  # type: ignore[no-untyped-def]
     clock = FakeClock()
-    client = httpx.AsyncClient(transport=FakeTransport(engine, clock), base_url="http://fake")
-    return run_bench(sessions, config(**overrides), clock=clock, client=client), clock
+    return run_bench(sessions, config(**overrides), clock=clock, opener=FakeOpener(engine, clock)), clock
 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])

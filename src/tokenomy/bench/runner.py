@@ -9,9 +9,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import httpx
-
-from tokenomy.bench.client import Clock, Outcome, WallClock, request_body, send
+from tokenomy.bench.client import AiohttpOpener, Clock, Opener, Outcome, WallClock, request_body, send
 from tokenomy.bench.config import BenchConfig
 from tokenomy.bench.text import PromptBuilder
 from tokenomy.core import Session, Turn
@@ -45,7 +43,7 @@ class BenchRun:
         config: BenchConfig,
         *,
         clock: Clock | None = None,
-        client: httpx.AsyncClient | None = None,
+        opener: Opener | None = None,
         on_result: ResultFn | None = None,
     ) -> None:
         if not sessions:
@@ -53,7 +51,7 @@ class BenchRun:
         self.sessions = list(sessions)
         self.config = config
         self.clock = clock or WallClock()
-        self._client = client
+        self._opener = opener
         self._on_result = on_result
         self._builder = PromptBuilder(self.sessions, seed=config.seed)
         self.results: list[TurnResult] = []
@@ -65,7 +63,7 @@ class BenchRun:
     def _expired(self) -> bool:
         return self.config.concurrency is not None and self.clock.now() - self.t0 >= self.config.duration_s
 
-    async def _session(self, client: httpx.AsyncClient, index: int, session: Session) -> None:
+    async def _session(self, opener: Opener, index: int, session: Session) -> None:
         url = self._urls[index % len(self._urls)]
         for k, turn in enumerate(session.turns):
             if k > 0:
@@ -75,7 +73,7 @@ class BenchRun:
             prompt, content = self._builder.prompt(turn)
             headers = {**self._headers, "x-session-id": session.session_id,
                        "x-request-id": f"{session.session_id}:{k}"}
-            outcome = await send(client, url, request_body(self.config, prompt, turn.output_tokens),
+            outcome = await send(opener, url, request_body(self.config, prompt, turn.output_tokens),
                                  headers, self.clock)
             result = TurnResult(session.session_id, k, turn, url, outcome)
             self.results.append(result)
@@ -85,37 +83,34 @@ class BenchRun:
                 return
             self._builder.record_answer(turn, content, outcome.text)
 
-    async def _open_loop(self, client: httpx.AsyncClient) -> None:
+    async def _open_loop(self, opener: Opener) -> None:
         async def start(i: int, s: Session) -> None:
             await self.clock.sleep(self.t0 + s.start_s - self.clock.now())
-            await self._session(client, i, s)
+            await self._session(opener, i, s)
 
         await asyncio.gather(*(start(i, s) for i, s in enumerate(self.sessions)))
 
-    async def _closed_loop(self, client: httpx.AsyncClient, concurrency: int) -> None:
+    async def _closed_loop(self, opener: Opener, concurrency: int) -> None:
         queue = deque(enumerate(self.sessions))
 
         async def worker() -> None:
             while queue and not self._expired():
                 i, s = queue.popleft()
-                await self._session(client, i, s)
+                await self._session(opener, i, s)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
     async def run(self) -> list[TurnResult]:
         """Send every turn (or until the duration runs out) and return the results."""
-        client = self._client or httpx.AsyncClient(
-            timeout=httpx.Timeout(self.config.request_timeout_s, connect=30.0),
-            limits=httpx.Limits(max_connections=self.config.max_connections,
-                                max_keepalive_connections=self.config.max_connections),
-        )
+        own = AiohttpOpener(self.config) if self._opener is None else None
+        opener: Opener = own if own is not None else self._opener  # type: ignore[assignment]
         self.t0 = self.clock.now()
         try:
             if self.config.concurrency is None:
-                await self._open_loop(client)
+                await self._open_loop(opener)
             else:
-                await self._closed_loop(client, self.config.concurrency)
+                await self._closed_loop(opener, self.config.concurrency)
         finally:
-            if self._client is None:
-                await client.aclose()
+            if own is not None:
+                await own.close()
         return self.results
