@@ -16,7 +16,8 @@ FAST = 0.001
 
 @pytest.fixture
 def client() -> Iterator[TestClient]:
-    config = EmulatorConfig(time_scale=FAST, instance_id="unit-0", port=9)
+    # KV held for a decode instance is kept a (modelled) day: tests release it themselves.
+    config = EmulatorConfig(time_scale=FAST, instance_id="unit-0", port=9, kv_release_timeout_s=86400.0)
     with TestClient(build_app(config)) as c:
         yield c
 

@@ -7,9 +7,10 @@ import json
 import pytest
 from starlette.testclient import TestClient
 
+from tokenomy.emulator import EmulatorConfig, build_app
 from tokenomy.emulator.tokenizer import WordTokenizer
 
-from .conftest import metric
+from .conftest import FAST, metric
 
 TOK = WordTokenizer()
 
@@ -139,3 +140,28 @@ def test_prefill_side_returns_kv_transfer_params_and_holds_kv_until_released(cli
     released = client.post("/tokenomy/kv_release", json={"remote_request_id": params["remote_request_id"]})
     assert released.json() == {"released": True}
     assert metric(client.get("/metrics").text, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_prefill_side_frees_unpulled_kv_after_the_timeout() -> None:
+    config = EmulatorConfig(time_scale=FAST, kv_release_timeout_s=5.0)  # 5 modelled s = 5 ms here
+    with TestClient(build_app(config)) as c:
+        r = c.post("/v1/completions", json={"prompt": "nobody pulls this " * 40, "max_tokens": 1,
+                                            "kv_transfer_params": {"do_remote_decode": True}})
+        assert r.json()["kv_transfer_params"]["do_remote_prefill"] is True
+        for _ in range(200):  # bounded: the timer fires after about 5 ms of wall time
+            if metric(c.get("/metrics").text, "vllm:kv_cache_usage_perc") == 0:
+                break
+        assert metric(c.get("/metrics").text, "vllm:kv_cache_usage_perc") == 0
+        rid = r.json()["kv_transfer_params"]["remote_request_id"]
+        assert c.post("/tokenomy/kv_release", json={"remote_request_id": rid}).json() == {"released": False}
+
+
+def test_agent_chat_turn_hits_the_cache_for_the_whole_history(client: TestClient) -> None:
+    msgs = [{"role": "system", "content": "You are an agent with tools. " * 20},
+            {"role": "user", "content": "Find the answer."}]
+    first = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 40, "ignore_eos": True}).json()
+    p1, o1 = first["usage"]["prompt_tokens"], first["usage"]["completion_tokens"]
+    msgs += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+             {"role": "tool", "content": "result: 42"}]
+    second = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 5}).json()
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= (p1 + o1 - 1) // 16 * 16

@@ -99,7 +99,7 @@ def _first_token_s(client: httpx.Client, endpoint: str, body: dict) -> tuple[flo
 
 
 def test_pd_over_http_matches_mixed_and_pays_the_transfer(url: str) -> None:
-    link_gbps = 2.0
+    link_gbps = 1.0
     mixed = url
     roles = [["--role", "prefill"], ["--role", "decode", "--link-gbps", str(link_gbps)]]
     with emulators(*roles) as (prefill, decode), httpx.Client(timeout=30) as c:

@@ -10,10 +10,13 @@ from pathlib import Path
 from tokenomy.cli.main import CLIError
 from tokenomy.core import Role
 from tokenomy.emulator.config import (
+    DEFAULT_DECODE_MAX_NUM_SEQS,
     DEFAULT_EOS_MEAN_TOKENS,
     DEFAULT_KV_RELEASE_TIMEOUT_S,
     DEFAULT_MAX_LAG_S,
+    DEFAULT_MAX_NUM_SEQS,
     EmulatorConfig,
+    default_max_num_seqs,
 )
 
 
@@ -25,7 +28,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, default=1)
     g.add_argument("--role", default="mixed", choices=[r.value for r in Role], help="mixed | prefill | decode")
     g.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-seqs", type=int, default=None,
+                   help=f"most running requests (default {DEFAULT_MAX_NUM_SEQS}; decode role "
+                        f"{DEFAULT_DECODE_MAX_NUM_SEQS}, as tokenomy sim)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument("--num-gpu-blocks", type=int, default=None, help="override the KV blocks the model gives")
@@ -53,7 +58,8 @@ def config_from_args(args: argparse.Namespace, *, port: int, instance_id: str) -
     return EmulatorConfig(
         model=args.model, gpu=args.gpu, tp=args.tp, role=Role(args.role),
         served_model_name=args.served_model_name, instance_id=instance_id,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=default_max_num_seqs(Role(args.role)) if args.max_num_seqs is None else args.max_num_seqs,
         block_size_tokens=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpu_blocks=args.num_gpu_blocks, enable_prefix_caching=not args.no_prefix_caching,
         max_model_len=args.max_model_len, tokenizer=args.tokenizer, eos_mean_tokens=args.eos_mean_tokens,

@@ -21,6 +21,15 @@ DEFAULT_KV_RELEASE_TIMEOUT_S = 30.0
 """How long a prefill-role instance keeps a finished request's KV for a decode instance to pull
 (labelled default; vLLM's NixlConnector waits minutes, ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``)."""
 
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_DECODE_MAX_NUM_SEQS = 512
+"""Decode-only instances run larger batches, as ``tokenomy sim`` configures them (``decode_max_num_seqs``)."""
+
+
+def default_max_num_seqs(role: Role) -> int:
+    return DEFAULT_DECODE_MAX_NUM_SEQS if Role(role) is Role.DECODE else DEFAULT_MAX_NUM_SEQS
+
+
 DEFAULT_MAX_LAG_S = 0.02
 """How far the wall clock may run behind the model before the model re-anchors to it (see
 docs/emulator.md, "Fidelity"): bounded catch-up after a hiccup, no unbounded drift when CPU-bound."""
