@@ -69,6 +69,7 @@ def test_errors_are_counted_by_status_and_end_their_session() -> None:
     engine = FakeEngine(fail={1: 429})
     rep, _ = _run(agent_sessions(1, turns=3), engine)
     assert rep.errors_by_status == {"429": 1}
+    assert rep.extras["error_examples"] == {"429": "fake 429"}
     assert rep.summary.requests == 2 and rep.summary.finished == 1
     assert rep.summary.slo_attainment == pytest.approx(0.5)  # the failed request is a miss
     assert len(engine.bodies) == 2  # turn 2 was never sent: its history would lack turn 1's answer

@@ -18,6 +18,10 @@ from tokenomy.bench.text import Prompt
 
 OK = "ok"
 
+KEEPALIVE_S = 4.0
+"""Seconds an idle pooled connection is kept; below uvicorn's default keep-alive of 5 s (vLLM,
+SGLang and our emulator serve with uvicorn), so agent think times never reuse a closing one."""
+
 
 class Clock(Protocol):
     """Where the bench reads time and waits; tests pass a simulated one."""
@@ -117,7 +121,9 @@ class AiohttpOpener:
 
     def __init__(self, config: BenchConfig) -> None:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=config.max_connections),
+            # Idle pooled connections are dropped after KEEPALIVE_S, before the server's own keep-alive
+            # timeout closes them: reusing a connection the server is closing fails the request.
+            connector=aiohttp.TCPConnector(limit=config.max_connections, keepalive_timeout=KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=config.request_timeout_s),
         )
 

@@ -112,9 +112,11 @@ def report(results: Sequence[TurnResult], t0: float, config: BenchConfig, wall_s
         itl_values=itl or None,
     )
     errors = Counter(r.outcome.status for r in results if not r.outcome.ok)
+    examples = {r.outcome.status: r.outcome.message[:300] for r in reversed(results) if not r.outcome.ok}
     prompt = summary.tokens.get("prompt_tokens", 0)
     extras: dict[str, Any] = {
         "cached_fraction": summary.tokens.get("cache_hit_tokens", 0) / prompt if prompt else None,
+        "error_examples": dict(sorted(examples.items())),
         "usage_missing": sum(1 for r in results if r.outcome.ok and not r.outcome.usage_reported),
         "sessions": len({r.session_id for r in results}),
         "wall_s": round(wall_s, 3),
