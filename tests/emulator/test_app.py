@@ -93,6 +93,8 @@ BAD = [
     ("missing prompt", {"max_tokens": 3}, 400, "prompt"),
     ("empty prompt", {"prompt": "", "max_tokens": 3}, 400, "prompt"),
     ("n > 1", {"prompt": "x", "n": 2}, 400, "n"),
+    ("logprobs", {"prompt": "x", "logprobs": 1}, 400, "logprobs"),
+    ("echo", {"prompt": "x", "echo": True}, 400, "echo"),
     ("stream_options without stream", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, None),
     ("min_tokens > max_tokens", {"prompt": "x", "max_tokens": 2, "min_tokens": 5}, 400, None),
     ("PD without remote fields", {"prompt": "x", "kv_transfer_params": {"do_remote_prefill": True}}, 400,

@@ -77,3 +77,10 @@ def test_block_keys_are_shared_exactly_as_far_as_full_blocks_of_ids() -> None:
     ka.ensure(3)
     kb.ensure(3)
     assert ka.keys[:2] == kb.keys[:2] and ka.keys[2] != kb.keys[2]
+
+
+def test_generated_pieces_need_no_json_escaping() -> None:
+    """The streaming path concatenates generated text into JSON without escaping it."""
+    import json
+
+    assert all(json.dumps(TOK.piece(i))[1:-1] == TOK.piece(i) for i in TOK.palette)

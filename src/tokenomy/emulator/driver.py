@@ -27,7 +27,7 @@ class RequestHandle:
     """
 
     __slots__ = ("request_id", "arrival_wall", "first_token_wall", "last_token_wall", "emitted",
-                 "finished", "prompt_tokens", "finish_reason", "_event")
+                 "finished", "prompt_tokens", "finish_reason", "_waiter", "_news")
 
     def __init__(self, request_id: str, arrival_wall: float) -> None:
         self.request_id = request_id
@@ -38,15 +38,23 @@ class RequestHandle:
         self.finished: FinishedRequest | None = None
         self.prompt_tokens = 0  # set by the server, for metrics
         self.finish_reason = "length"
-        self._event = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None
+        self._news = False
 
     async def wait(self) -> None:
         """Return once something new happened (tokens, finish) since the previous call."""
-        await self._event.wait()
-        self._event.clear()
+        if not self._news:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        self._news = False
 
     def _wake(self) -> None:
-        self._event.set()
+        self._news = True
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 TokenHook = Callable[[RequestHandle, float], None]
@@ -157,7 +165,7 @@ class EngineDriver:
                 h.first_token_wall = wall
             h.last_token_wall = wall
             h.emitted += 1
-            h._event.set()
+            h._wake()
         for fin in result.finished:
             h = handles.pop(fin.request_id, None)
             if h is None:
@@ -165,4 +173,4 @@ class EngineDriver:
             h.finished = fin
             if self._on_finish is not None:
                 self._on_finish(h, fin)
-            h._event.set()
+            h._wake()

@@ -24,11 +24,13 @@ as vLLM v1 does).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from tokenomy.engine import Engine
 
@@ -48,12 +50,43 @@ CounterSource = Callable[[], list[tuple[str, str, float]]]
 """More counters read at scrape time: (name without ``_total``, help, value)."""
 
 
-class _EngineCollector(Collector):
-    """Gauges and counters read from the engine at scrape time."""
+class FastHistogram:
+    """A Prometheus histogram kept as plain ints (observed once per streamed token, so it must be
+    cheap: ``bisect`` plus two additions, no lock; the event loop is the only writer)."""
 
-    def __init__(self, engine: Engine, labels: dict[str, str], counters: CounterSource) -> None:
+    __slots__ = ("name", "doc", "bounds", "counts", "sum")
+
+    def __init__(self, name: str, doc: str, bounds: tuple[float, ...]) -> None:
+        self.name = name
+        self.doc = doc
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last slot is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def family(self, names: list[str], values: list[str]) -> HistogramMetricFamily:
+        running = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += n
+            buckets.append((floatToGoString(bound), running))
+        h = HistogramMetricFamily(self.name, self.doc, labels=names)
+        h.add_metric(values, buckets, self.sum)
+        return h
+
+
+class _EngineCollector(Collector):
+    """Everything: gauges and counters read from the engine at scrape time, and the histograms."""
+
+    def __init__(self, engine: Engine, labels: dict[str, str], counters: CounterSource,
+                 histograms: list[FastHistogram], success: dict[str, int]) -> None:
         self._engine = engine
         self._counters = counters
+        self._histograms = histograms
+        self._success = success
         self._names = list(labels)
         self._values = list(labels.values())
 
@@ -79,6 +112,13 @@ class _EngineCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=names)
             c.add_metric(values, total)
             yield c
+        c = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                labels=[*names, "finished_reason"])
+        for reason, n in sorted(self._success.items()):
+            c.add_metric([*values, reason], n)
+        yield c
+        for h in self._histograms:
+            yield h.family(names, values)
 
 
 class EmulatorMetrics:
@@ -86,34 +126,25 @@ class EmulatorMetrics:
 
     def __init__(self, engine: Engine, model_name: str, counters: CounterSource, engine_index: str = "0") -> None:
         labels = {"model_name": model_name, "engine": engine_index}
-        names = list(labels)
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_EngineCollector(engine, labels, counters))
-        reg = self.registry
-
-        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-            return Counter(name, doc, [*names, *extra], registry=reg)
-
-        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, names, buckets=buckets, registry=reg)
-
-        self._success = counter("vllm:request_success", "Count of successfully processed requests.",
-                                ("finished_reason",))
-        self._labels = labels
-        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                         TTFT_BUCKETS_S).labels(**labels)
-        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                        ITL_BUCKETS_S).labels(**labels)
-        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                        E2E_BUCKETS_S).labels(**labels)
-        self.request_prompt_tokens = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-                                          TOKEN_BUCKETS).labels(**labels)
-        self.request_generation_tokens = hist(
-            "vllm:request_generation_tokens", "Number of generation tokens processed.", TOKEN_BUCKETS
-        ).labels(**labels)
+        self.ttft = FastHistogram("vllm:time_to_first_token_seconds",
+                                  "Histogram of time to first token in seconds.", TTFT_BUCKETS_S)
+        self.itl = FastHistogram("vllm:inter_token_latency_seconds",
+                                 "Histogram of inter-token latency in seconds.", ITL_BUCKETS_S)
+        self.e2e = FastHistogram("vllm:e2e_request_latency_seconds",
+                                 "Histogram of e2e request latency in seconds.", E2E_BUCKETS_S)
+        self.request_prompt_tokens = FastHistogram("vllm:request_prompt_tokens",
+                                                   "Number of prefill tokens processed.", TOKEN_BUCKETS)
+        self.request_generation_tokens = FastHistogram("vllm:request_generation_tokens",
+                                                       "Number of generation tokens processed.", TOKEN_BUCKETS)
+        self._success: dict[str, int] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_EngineCollector(
+            engine, labels, counters,
+            [self.ttft, self.itl, self.e2e, self.request_prompt_tokens, self.request_generation_tokens],
+            self._success))
 
     def success(self, finished_reason: str) -> None:
-        self._success.labels(**self._labels, finished_reason=finished_reason).inc()
+        self._success[finished_reason] = self._success.get(finished_reason, 0) + 1
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -49,7 +49,7 @@ class _Common(BaseModel):
     model: str | None = None
     max_tokens: int | None = None
     min_tokens: int = 0
-    n: int = 1
+    n: int | None = 1
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -60,11 +60,19 @@ class _Common(BaseModel):
     include_stop_str_in_output: bool = False
     kv_transfer_params: dict[str, Any] | None = None
     user: str | None = None
+    logprobs: bool | int | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: bool | int | None) -> bool | int | None:
+        if v is not None and v is not False:
+            raise ValueError("logprobs are not supported by the emulator")
+        return v
 
     @field_validator("n")
     @classmethod
-    def _n(cls, v: int) -> int:
-        if v != 1:
+    def _n(cls, v: int | None) -> int | None:
+        if v not in (None, 1):
             raise ValueError("the emulator supports n=1 only")
         return v
 
@@ -121,6 +129,13 @@ class CompletionRequest(_Common):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported by the emulator")
+        return v
 
     @field_validator("prompt")
     @classmethod
