@@ -1,0 +1,116 @@
+"""Drive sessions against one or more targets: open-loop session arrivals or a fixed number of
+sessions in flight, closed-loop turns within a session (send, stream the answer, wait the next
+turn's think time, send the next turn with the answer in its history)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tokenomy.bench.client import AiohttpOpener, Clock, Opener, Outcome, WallClock, request_body, send
+from tokenomy.bench.config import BenchConfig
+from tokenomy.bench.text import PromptBuilder
+from tokenomy.core import Session, Turn
+
+ResultFn = Callable[["TurnResult"], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """One sent turn: which session and turn, what the workload asked for, what came back."""
+
+    session_id: str
+    index: int
+    turn: Turn
+    target: str
+    outcome: Outcome
+
+
+class BenchRun:
+    """One run of ``sessions`` against ``config.targets``.
+
+    Session i is pinned to target ``i mod len(targets)`` (its history lives in that target's
+    prefix cache). A session ends early when one of its turns fails: without the answer the next
+    turn's history cannot be sent. ``run`` returns the results in completion order and the clock
+    time the run started at.
+    """
+
+    def __init__(
+        self,
+        sessions: Sequence[Session],
+        config: BenchConfig,
+        *,
+        clock: Clock | None = None,
+        opener: Opener | None = None,
+        on_result: ResultFn | None = None,
+    ) -> None:
+        if not sessions:
+            raise ValueError("the workload produced no sessions")
+        self.sessions = list(sessions)
+        self.config = config
+        self.clock = clock or WallClock()
+        self._opener = opener
+        self._on_result = on_result
+        self._builder = PromptBuilder(self.sessions, seed=config.seed)
+        self.results: list[TurnResult] = []
+        self.t0 = 0.0
+        path = "/v1/chat/completions" if config.api == "chat" else "/v1/completions"
+        self._urls = [t + path for t in config.targets]
+        self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+
+    def _expired(self) -> bool:
+        return self.config.concurrency is not None and self.clock.now() - self.t0 >= self.config.duration_s
+
+    async def _session(self, opener: Opener, index: int, session: Session) -> None:
+        url = self._urls[index % len(self._urls)]
+        for k, turn in enumerate(session.turns):
+            if k > 0:
+                await self.clock.sleep(turn.think_time_s)
+            if self._expired():
+                return
+            prompt, content = self._builder.prompt(turn)
+            headers = {**self._headers, "x-session-id": session.session_id,
+                       "x-request-id": f"{session.session_id}:{k}"}
+            outcome = await send(opener, url, request_body(self.config, prompt, turn.output_tokens),
+                                 headers, self.clock)
+            result = TurnResult(session.session_id, k, turn, url, outcome)
+            self.results.append(result)
+            if self._on_result is not None:
+                self._on_result(result)
+            if not outcome.ok:
+                return
+            self._builder.record_answer(turn, content, outcome.text)
+
+    async def _open_loop(self, opener: Opener) -> None:
+        async def start(i: int, s: Session) -> None:
+            await self.clock.sleep(self.t0 + s.start_s - self.clock.now())
+            await self._session(opener, i, s)
+
+        await asyncio.gather(*(start(i, s) for i, s in enumerate(self.sessions)))
+
+    async def _closed_loop(self, opener: Opener, concurrency: int) -> None:
+        queue = deque(enumerate(self.sessions))
+
+        async def worker() -> None:
+            while queue and not self._expired():
+                i, s = queue.popleft()
+                await self._session(opener, i, s)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    async def run(self) -> list[TurnResult]:
+        """Send every turn (or until the duration runs out) and return the results."""
+        own = AiohttpOpener(self.config) if self._opener is None else None
+        opener: Opener = own if own is not None else self._opener  # type: ignore[assignment]
+        self.t0 = self.clock.now()
+        try:
+            if self.config.concurrency is None:
+                await self._open_loop(opener)
+            else:
+                await self._closed_loop(opener, self.config.concurrency)
+        finally:
+            if own is not None:
+                await own.close()
+        return self.results

@@ -1,0 +1,70 @@
+"""The bench against the real emulator process (`tokenomy emulate`) on loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tokenomy.cli.main import main
+from tokenomy.workload import write_sessions
+
+from .factories import agent_sessions
+
+
+@pytest.fixture
+def emulator_url() -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # A fast modelled clock (a hundredth of the wall time) keeps the test short.
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.emulator", "--port", str(port),
+                             "--time-scale", "0.01", "--log-level", "warning"], stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, "the emulator exited"
+            try:
+                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the emulator did not become healthy"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("api", ["--chat", "--completions"])
+def test_bench_against_the_emulator_sees_its_prefix_cache(emulator_url: str, api: str, tmp_path: Path) -> None:
+    trace, out = tmp_path / "w.jsonl", tmp_path / "b.json"
+    sessions = agent_sessions(3, turns=3, sys_tokens=64, new=40, out=16, think_s=0.01, gap_s=0.0)
+    write_sessions(trace, sessions)
+    rc = main(["bench", "--target", emulator_url, "--workload", str(trace), "--concurrency", "3", api,
+               "--json", str(out), "--quiet"])
+    assert rc == 0
+    d = json.loads(out.read_text())["deployments"]["bench"]
+    assert d["finished"] == d["requests"] == 9 and d["errors_by_status"] == {}
+    assert d["output_tokens_received"] == d["output_tokens_workload"] == 9 * 16
+    # Completions: the emulator counts exactly the workload's tokens; chat adds its template's markers.
+    err = d["prompt_tokens_mean_abs_rel_error"]
+    assert err == 0.0 if api == "--completions" else 0.0 < err < 0.15
+    # Later turns re-send prompt + answer: at least their full blocks come from the cache.
+    assert d["tokens"]["cache_hit_tokens"] >= sum(
+        (t.prompt_tokens - t.new_tokens) // 16 * 16 - 16 for s in sessions for t in s.turns[1:])
+    assert d["ttft_p50_s"] is not None and d["tpot_p50_s"] is not None
