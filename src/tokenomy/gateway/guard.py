@@ -70,3 +70,12 @@ class Guard(Protocol):
     async def settle(self, admission: Admission, usage: SettledUsage) -> None: ...
 
     async def release(self, admission: Admission, reason: str) -> None: ...
+
+
+class UsageScope(Protocol):
+    """Who may read which usage (``GET /v1/usage``); a Guard implements it too."""
+
+    async def usage_scope(self, api_key: str | None) -> tuple[str, ...]:
+        """The tenant path (node ids, root first) whose subtree ``api_key`` may read; ``()`` is
+        everything (the admin key). Raises GatewayError 401 for a missing, unknown or revoked key."""
+        ...
