@@ -1,0 +1,146 @@
+"""Alerts: a log line each, and a webhook JSON POST that never blocks the request path.
+
+``Alerter.emit`` logs and puts the alert on a bounded queue; one background task posts queued
+alerts to ``webhook_url`` in order. A full queue drops the alert (counted in ``dropped``) rather
+than slow a request; a failed POST is logged and not retried (alerts are advisory; the ledger is
+the record). Body: ``{"kind", "subject", "message", "at_s", "data"}``.
+
+Kinds: ``budget_threshold`` (a node's spend crossed 50/80/100% of its period budget),
+``breaker_trip`` and ``spend_rate`` (a key spending faster than ``spend_rate_usd_per_hour``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger("tokenomy.gateway.alerts")
+
+
+class AlertsConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    webhook_url: str | None = Field(default=None, pattern=r"^https?://")
+    queue_size: int = Field(default=1000, ge=1)
+    timeout_s: float = Field(default=2.0, gt=0)
+    budget_thresholds: tuple[float, ...] = (0.5, 0.8, 1.0)
+    spend_rate_usd_per_hour: float | None = Field(default=None, gt=0)
+    spend_rate_window_s: float = Field(default=300.0, gt=0)
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    kind: str
+    subject: str
+    message: str
+    at_s: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+Poster = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+async def _httpx_post(url: str, body: dict[str, Any], timeout_s: float) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        (await client.post(url, json=body)).raise_for_status()
+
+
+class Alerter:
+    """Logs every alert; posts them to the webhook from one background task."""
+
+    def __init__(self, config: AlertsConfig, post: Poster | None = None) -> None:
+        self.config = config
+        self._post: Poster = post or (lambda url, body: _httpx_post(url, body, config.timeout_s))
+        self._queue: asyncio.Queue[Alert] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0
+        self.dropped = 0
+        self.failed = 0
+        self.recent: deque[Alert] = deque(maxlen=100)
+
+    def emit(self, alert: Alert) -> None:
+        """Never blocks, never raises."""
+        log.warning("alert %s %s: %s", alert.kind, alert.subject, alert.message)
+        self.recent.append(alert)
+        if self.config.webhook_url is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.dropped += 1  # no event loop (a CLI call): the log line is all
+            return
+        if self._queue is None:
+            self._queue = asyncio.Queue(self.config.queue_size)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._worker(self._queue, self.config.webhook_url))
+        try:
+            self._queue.put_nowait(alert)
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    async def _worker(self, queue: asyncio.Queue[Alert], url: str) -> None:
+        while True:
+            alert = await queue.get()
+            try:
+                await self._post(url, asdict(alert))
+                self.sent += 1
+            except Exception as exc:  # a webhook failure must never reach a request
+                self.failed += 1
+                log.error("alert webhook %s failed: %s", url, exc)
+            finally:
+                queue.task_done()
+
+    async def drain(self) -> None:
+        """Wait until every queued alert was posted (for shutdown and tests)."""
+        if self._queue is not None and self._task is not None and not self._task.done():
+            await self._queue.join()
+
+    async def close(self) -> None:
+        await self.drain()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+class SpendRateMonitor:
+    """Spend per key in a sliding window; an alert when its hourly rate passes the threshold.
+
+    One alert per key per window: after alerting, the key is quiet until its rate falls back
+    under the threshold.
+    """
+
+    def __init__(self, usd_per_hour: float | None, window_s: float) -> None:
+        self.usd_per_hour = usd_per_hour
+        self.window_s = window_s
+        self._events: dict[str, deque[tuple[float, float]]] = {}
+        self._totals: dict[str, float] = {}
+        self._alerting: set[str] = set()
+
+    def add(self, key_id: str, usd: float, now_s: float) -> float | None:
+        """Record spend; the key's hourly rate when it newly crosses the threshold, else None."""
+        if self.usd_per_hour is None:
+            return None
+        events = self._events.setdefault(key_id, deque())
+        events.append((now_s, usd))
+        total = self._totals.get(key_id, 0.0) + usd
+        while events and events[0][0] <= now_s - self.window_s:
+            total -= events.popleft()[1]
+        self._totals[key_id] = total
+        rate = total * 3600.0 / self.window_s
+        if rate <= self.usd_per_hour:
+            self._alerting.discard(key_id)
+            return None
+        if key_id in self._alerting:
+            return None
+        self._alerting.add(key_id)
+        return rate

@@ -1,0 +1,168 @@
+"""Budgets: atomic worst-case reservations, settle/release, the 200-request race, crash recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+
+import pytest
+from ops_factory import FakeClock, add_key, make_guard, request
+
+from tokenomy.gateway.budget import period_key
+from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.guard import SettledUsage
+from tokenomy.gateway.reservations import Hold
+from tokenomy.gateway.reservations_sql import SqlReservations
+from tokenomy.gateway.tenancy import BudgetTier, NodeLimits
+from tokenomy.gateway.tenancy_store import sqlite_engine
+
+# prompt 100 at $1/M + max_tokens 100 at $2/M
+WORST_USD = 100e-6 + 200e-6
+
+
+def usage(output_tokens: int, prompt: int = 100) -> SettledUsage:
+    return SettledUsage(prompt, output_tokens, 0, (prompt * 1.0 + output_tokens * 2.0) / 1e6)
+
+
+def spent(guard, node_id: str) -> tuple[float, float]:
+    return guard.budgets.store.usage((node_id, period_key("month", guard.clock())))
+
+
+@pytest.mark.parametrize("reservations", ["memory", "sql"])
+def test_budget_race_200_concurrent_requests_never_overspend(tmp_path, reservations):
+    """200 tasks on a key whose budget fits ~50 worst cases: spend <= budget, every request served or
+    refused with budget_exceeded, and the recorded spend equals the sum of settled usage."""
+    budget = 50 * WORST_USD
+    guard = make_guard(tmp_path, reservations=reservations)
+    raw, key_id = add_key(guard, key=NodeLimits(budget_usd=budget))
+    rng = random.Random(7)
+    outputs = [rng.randint(1, 100) for _ in range(200)]
+    served: list[float] = []
+    refused: list[str] = []
+
+    async def one(i: int) -> None:
+        try:
+            adm = await guard.admit(request(raw, f"r{i}"))
+        except GatewayError as err:
+            refused.append(err.code or "")
+            return
+        for _ in range(rng.randint(0, 5)):  # the backend answers after a few loop turns
+            await asyncio.sleep(0)
+        u = usage(outputs[i])
+        served.append(u.cost_usd)
+        await guard.settle(adm, u)
+
+    async def main() -> None:
+        await asyncio.gather(*(one(i) for i in range(200)))
+
+    asyncio.run(main())
+    assert len(served) + len(refused) == 200
+    assert set(refused) == {"budget_exceeded"}
+    assert 50 <= len(served) < 200
+    total, held = spent(guard, key_id)
+    assert sum(served) <= budget + 1e-12
+    assert total == pytest.approx(sum(served), abs=1e-12)
+    assert held == pytest.approx(0.0, abs=1e-12)
+
+
+def test_team_budget_caps_the_sum_of_its_keys(tmp_path):
+    guard = make_guard(tmp_path)
+    raw_a, key_a = add_key(guard, team=NodeLimits(budget_usd=3 * WORST_USD))
+    team = guard.store.tree.get(key_a).parent_id
+    _, raw_b = guard.store.create_key(team, "b")
+    admitted = []
+    for i, raw in enumerate([raw_a, raw_b, raw_a, raw_b]):
+        try:
+            admitted.append(asyncio.run(guard.admit(request(raw, f"r{i}"))))
+        except GatewayError as err:
+            assert err.code == "budget_exceeded" and err.headers["retry-after"] == "1"
+    assert len(admitted) == 3
+
+
+def test_settle_charges_actual_cost_release_returns_the_hold_both_idempotent(tmp_path):
+    guard = make_guard(tmp_path)
+    raw, key_id = add_key(guard, key=NodeLimits(budget_usd=1.0))
+    a = asyncio.run(guard.admit(request(raw, "a")))
+    b = asyncio.run(guard.admit(request(raw, "b")))
+    assert spent(guard, key_id) == pytest.approx((0.0, 2 * WORST_USD))
+    for _ in range(2):
+        asyncio.run(guard.settle(a, usage(10)))
+        asyncio.run(guard.release(b, "upstream failed"))
+    asyncio.run(guard.release(a, "late"))  # settled already: nothing to release
+    assert spent(guard, key_id) == pytest.approx((120e-6, 0.0))
+
+
+def test_refusal_for_spent_budget_says_when_to_retry(tmp_path):
+    guard = make_guard(tmp_path)
+    raw, _ = add_key(guard, key=NodeLimits(budget_usd=WORST_USD, budget_period="day"))
+    asyncio.run(guard.settle(asyncio.run(guard.admit(request(raw, "a"))), usage(100)))
+    with pytest.raises(GatewayError) as err:
+        asyncio.run(guard.admit(request(raw, "b")))
+    e = err.value
+    assert (e.status, e.type, e.code) == (429, "insufficient_quota", "budget_exceeded")
+    assert e.headers["x-should-retry"] == "false" and 0 < int(e.headers["retry-after"]) <= 86400
+
+
+def test_a_new_period_starts_from_zero(tmp_path):
+    clock = FakeClock()
+    guard = make_guard(tmp_path, clock)
+    raw, _ = add_key(guard, key=NodeLimits(budget_usd=WORST_USD, budget_period="day"))
+    asyncio.run(guard.settle(asyncio.run(guard.admit(request(raw, "a"))), usage(100)))
+    clock.advance(86400.0)
+    asyncio.run(guard.admit(request(raw, "b")))
+
+
+def test_threshold_alerts_fire_once_at_50_80_100_percent(tmp_path):
+    guard = make_guard(tmp_path)
+    raw, key_id = add_key(guard, key=NodeLimits(budget_usd=10 * WORST_USD))
+    for i in range(12):
+        with contextlib.suppress(GatewayError):
+            asyncio.run(guard.settle(asyncio.run(guard.admit(request(raw, f"r{i}"))), usage(100)))
+    got = [(a.subject, a.data["threshold"]) for a in guard.alerter.recent if a.kind == "budget_threshold"]
+    assert got == [(key_id, 0.5), (key_id, 0.8), (key_id, 1.0)]
+
+
+def test_budget_tiers_lower_priority_as_spend_grows(tmp_path):
+    guard = make_guard(tmp_path)
+    tiers = (BudgetTier(at_fraction=0.5, priority=2),)
+    raw, _ = add_key(guard, key=NodeLimits(budget_usd=4 * WORST_USD, priority=9, budget_tiers=tiers))
+    first = asyncio.run(guard.admit(request(raw, "a")))
+    assert first.priority == 9
+    asyncio.run(guard.settle(first, usage(100)))
+    asyncio.run(guard.settle(asyncio.run(guard.admit(request(raw, "b"))), usage(100)))
+    assert asyncio.run(guard.admit(request(raw, "c"))).priority == 2
+
+
+def test_holds_of_a_crashed_process_are_settled_from_the_ledger_or_released(tmp_path):
+    """No reservation is left held after a restart: the new process reconciles the old holds."""
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    crashed = SqlReservations(sqlite_engine(url), owner="old")
+    charges = (("key_1", "2026-11"),)
+    budgets = {charges[0]: 1.0}
+    assert crashed.reserve(Hold("done", charges, 0.3, 1e12), budgets) is None
+    assert crashed.reserve(Hold("lost", charges, 0.3, 1e12), budgets) is None
+    assert crashed.usage(charges[0]) == pytest.approx((0.0, 0.6))
+    # ... SIGKILL: the process is gone; its holds stay in the file. A new process starts:
+    fresh = SqlReservations(sqlite_engine(url), owner="new")
+    ledger = {"done": 0.1}
+    assert fresh.reconcile(0.0, ledger.get) == {"settled": 1, "released": 1}
+    assert fresh.holds() == []
+    assert fresh.usage(charges[0]) == pytest.approx((0.1, 0.0))
+
+
+def test_build_guard_reconciles_at_start_up(tmp_path):
+    guard = make_guard(tmp_path)
+    raw, key_id = add_key(guard, key=NodeLimits(budget_usd=1.0))
+    asyncio.run(guard.admit(request(raw, "held")))
+    assert spent(guard, key_id)[1] > 0
+    restarted = make_guard(tmp_path)  # same database, a new owner: the old hold is orphaned
+    assert restarted.budgets.store.holds() == []
+    assert spent(restarted, key_id) == (0.0, 0.0)
+
+
+def test_expired_holds_are_reclaimed(tmp_path):
+    store = SqlReservations(sqlite_engine(f"sqlite:///{tmp_path / 'x.db'}"))
+    store.reserve(Hold("r", (("k", "p"),), 0.5, expires_at_s=100.0), {})
+    assert store.reconcile(99.0, lambda _r: None) == {"settled": 0, "released": 0}
+    assert store.reconcile(100.0, lambda _r: None) == {"settled": 0, "released": 1}
