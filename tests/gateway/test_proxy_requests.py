@@ -106,7 +106,7 @@ def test_models_health_metrics_openapi(rig: Rig) -> None:
     assert rig.http.get("/health").json()["backends"] == {"b1": True}
     rig.http.post("/v1/chat/completions", json=chat(max_tokens=2))
     text = rig.http.get("/metrics").text
-    assert 'tokenomy_gateway_tokens_total{model="%s",token_class="output"} 2.0' % MODEL in text
+    assert f'tokenomy_gateway_tokens_total{{model="{MODEL}",token_class="output"}} 2.0' in text
     assert "tokenomy_gateway_added_latency_seconds_count 1.0" in text
     assert "/v1/chat/completions" in rig.http.get("/openapi.json").json()["paths"]
 

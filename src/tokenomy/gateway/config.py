@@ -143,11 +143,23 @@ def _one_line(exc: ValidationError) -> str:
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> GatewayConfig:
-    """Validate a mapping; ValueError with one line naming the source and the bad field."""
+    """Validate a mapping; ValueError with one line naming the source and the bad field.
+
+    The ``ops`` section is checked against token operations' schema when that module exists.
+    """
     try:
-        return GatewayConfig.model_validate(data)
+        config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
         raise ValueError(f"{source}: {_one_line(exc)}") from None
+    try:
+        from tokenomy.gateway.ops import OpsConfig
+    except ImportError:
+        return config
+    try:
+        OpsConfig.model_validate(dict(config.ops))
+    except ValidationError as exc:
+        raise ValueError(f"{source}: ops.{_one_line(exc)}") from None
+    return config
 
 
 def load_config(path: str | Path | None) -> GatewayConfig:

@@ -52,6 +52,20 @@ def totals(events: list[UsageEvent]) -> dict[str, Any]:
     return out
 
 
+_GROUP_FIELD = {"tenant": "tenant_path", "key": "key_id", "model": "model", "session": "session_id",
+                "backend": "backend"}
+
+
+def group_usage(events: list[UsageEvent], by: str) -> dict[str, dict[str, Any]]:
+    """Totals per value of ``by`` (tenant, key, model, session, backend), largest cost first."""
+    attr = _GROUP_FIELD[by]
+    buckets: dict[str, list[UsageEvent]] = {}
+    for e in events:
+        buckets.setdefault(str(getattr(e, attr)), []).append(e)
+    groups = {k: totals(v) for k, v in buckets.items()}
+    return dict(sorted(groups.items(), key=lambda kv: (-kv[1]["cost_usd"], kv[0])))
+
+
 def to_csv(events: list[UsageEvent]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
