@@ -64,11 +64,11 @@ def test_a_stream_is_cut_the_moment_it_crosses_the_velocity_cap(tmp_path):
     raw, _ = add_key(guard)
     adm = run(guard.admit(request(raw, "r1", session="s", prompt=100, max_tokens=2000)))
     delivered = 0
-    while guard.on_tokens(adm, 10):  # the request path calls this per chunk
+    while guard.on_tokens(adm, 10):  # per chunk; a chunk answered False is not forwarded
         delivered += 10
         assert delivered < 2000, "never cut"
-    assert delivered + 100 <= 1000 < delivered + 100 + 10  # cut on the chunk that crossed the cap
-    run(guard.settle(adm, SettledUsage(100, delivered + 10, 0, 0.001)))
+    assert delivered + 100 <= 1000 < delivered + 100 + 10  # cut at the chunk that would cross the cap
+    run(guard.settle(adm, SettledUsage(100, delivered, 0, 0.001)))
     with pytest.raises(GatewayError) as err:
         run(guard.admit(request(raw, "r2", session="s")))
     assert err.value.code == "breaker_velocity"
@@ -81,9 +81,9 @@ def test_session_budget_caps_the_output_and_cuts_the_stream(tmp_path):
     adm = run(guard.admit(request(raw, "r1", session="s", prompt=100, max_tokens=4000)))
     assert adm.output_token_cap == 500
     n = 0
-    while guard.on_tokens(adm, 1):
+    while guard.on_tokens(adm, 1):  # the request path forwards a chunk only when this says True
         n += 1
-    assert n + 1 == 500  # the 500th token is the last one delivered
+    assert n == 500  # exactly the session's budget delivered; the 501st token cut
     run(guard.settle(adm, SettledUsage(100, 500, 0, 0.0011)))
     with pytest.raises(GatewayError) as err:
         run(guard.admit(request(raw, "r2", session="s")))

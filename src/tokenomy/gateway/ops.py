@@ -116,6 +116,9 @@ class OpsGuard:
         return admission
 
     def on_tokens(self, admission: Admission, new_output_tokens: int) -> bool:
+        """Count a chunk of ``new_output_tokens``; False when it would cross a hard cap (the session
+        budget's ``output_token_cap`` or a velocity cap): the request path drops that chunk and
+        cuts the stream, so at most ``output_token_cap`` tokens are delivered."""
         flight = self._flights.get(admission.request_id)
         if flight is None:
             return True
@@ -125,7 +128,7 @@ class OpsGuard:
         if not ok:
             self.metrics.stream_cuts.labels("breaker_velocity").inc()
         cap = admission.output_token_cap
-        if cap is not None and flight.output_tokens >= cap:
+        if cap is not None and flight.output_tokens > cap:
             if flight.session_id is not None:
                 self.breakers.budget_crossed(admission.key_id, flight.session_id, now)
             self.metrics.stream_cuts.labels("breaker_session_budget").inc()
@@ -309,6 +312,16 @@ def build_guard(config: GatewayConfigLike, *, engine: Engine | None = None, db_u
         reservations = InProcessReservations()
     return OpsGuard(ops, store, reservations, config.price, clock=clock,
                     metrics=OpsMetrics(registry) if registry is not None else None, alerter=alerter)
+
+
+def open_tenant_store(config: GatewayConfigLike, db_url: str | None = None) -> TenantStore:
+    """The tenant store ``build_guard`` would use, for the CLI (no reconciliation, no seeding)."""
+    ops = config.ops if isinstance(config.ops, OpsConfig) else OpsConfig.model_validate(dict(config.ops))
+    url = ops.db_url or db_url
+    if url is None:
+        raise ValueError("ops.db_url: no database for tenants")
+    engine = sqlite_engine(url)
+    return TenantStore(engine, server_secret=_secret(ops, engine))
 
 
 def _secret(ops: OpsConfig, engine: Engine) -> bytes:
