@@ -166,3 +166,10 @@ def test_expired_holds_are_reclaimed(tmp_path):
     store.reserve(Hold("r", (("k", "p"),), 0.5, expires_at_s=100.0), {})
     assert store.reconcile(99.0, lambda _r: None) == {"settled": 0, "released": 0}
     assert store.reconcile(100.0, lambda _r: None) == {"settled": 0, "released": 1}
+
+
+def test_prompt_reserve_factor_scales_the_prompt_part_of_the_hold(tmp_path):
+    guard = make_guard(tmp_path, prompt_reserve_factor=4.0)
+    raw, _ = add_key(guard)
+    adm = asyncio.run(guard.admit(request(raw, "r", prompt=100, max_tokens=100)))
+    assert adm.reserved_cost_usd == pytest.approx((400 * 1.0 + 100 * 2.0) / 1e6)

@@ -48,6 +48,10 @@ class OpsConfig(BaseModel):
     db_url: str | None = Field(default=None, description="SQLAlchemy URL; None: the ledger's database")
     reservations: Literal["sql", "memory"] = "sql"
     hold_ttl_s: float = Field(default=3600.0, gt=0, description="a hold older than this is reconciled")
+    prompt_reserve_factor: float = Field(
+        default=1.0, ge=1.0, le=8.0,
+        description="reserve this many times the request path's prompt estimate (~4 characters a token); "
+                    "4.0 bounds any ASCII prompt, so spend can never pass a budget")
     tenants: tuple[TenantSeed, ...] = ()
     breaker: BreakerConfig = BreakerConfig()
     admission: AdmissionConfig = AdmissionConfig()
@@ -158,6 +162,10 @@ class OpsGuard:
         self.limits.correct_tokens(flight.grant, 0, self.clock())
         self._finish(admission.key_id, flight, 0.0)
 
+    async def aclose(self) -> None:
+        """Post the alerts still queued and stop the webhook task (gateway shutdown)."""
+        await self.alerter.close()
+
     async def usage_scope(self, api_key: str | None) -> tuple[str, ...]:
         """The tenant path whose subtree ``api_key`` may read: a key reads only its own usage;
         the admin key reads everything (``()``). 401 for a missing, unknown or revoked key."""
@@ -196,7 +204,8 @@ class OpsGuard:
                                type="permission_error", code="model_not_allowed", param="model")
         now = self.clock()
         price = self.price_of(request.model)
-        worst = worst_case_cost_usd(price, request.prompt_tokens_estimate, request.max_tokens)
+        prompt_bound = math.ceil(request.prompt_tokens_estimate * self.config.prompt_reserve_factor)
+        worst = worst_case_cost_usd(price, prompt_bound, request.max_tokens)
         session_left = self.breakers.session_budget_left_usd(node.id, request.session_id)
         self.breakers.admit_check(node.id, request.session_id, request.prompt_fingerprint, now)
         grant = self.limits.acquire([(n.id, n.limits) for n in path],
@@ -212,7 +221,7 @@ class OpsGuard:
                                   request.prompt_tokens_estimate, worst, now)
         cap = None
         if session_left is not None:
-            prompt_usd = request.prompt_tokens_estimate * price.input_per_mtok / 1e6
+            prompt_usd = prompt_bound * price.input_per_mtok / 1e6
             per_token = price.output_per_mtok / 1e6
             cap = max(0, math.floor((session_left - prompt_usd) / per_token)) if per_token > 0 else None
         tier = self.budgets.tier_priority(path, now)
