@@ -43,6 +43,7 @@ def worst_case_cost_usd(price: PriceLike, prompt_tokens: int, max_tokens: int) -
 
 
 def period_key(period: str, now_s: float) -> str:
+    """``2026-12-01`` (day) or ``2026-12`` (month) of ``now_s``, UTC."""
     t = time.gmtime(now_s)
     return f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}" if period == "day" else f"{t.tm_year:04d}-{t.tm_mon:02d}"
 
@@ -76,10 +77,15 @@ class Budgets:
         self.hold_ttl_s = hold_ttl_s
         self._exhausted: set[Charge] = set()
         self.crossings: list[Crossing] = []  # drained by the owner (alerts)
+        self._day = -1
+        self._periods: dict[str, str] = {}
 
-    @staticmethod
-    def charges(path: Sequence[Node], now_s: float) -> tuple[Charge, ...]:
-        return tuple((n.id, period_key(n.limits.budget_period, now_s)) for n in path)
+    def charges(self, path: Sequence[Node], now_s: float) -> tuple[Charge, ...]:
+        day = int(now_s // 86400)
+        if day != self._day:  # period keys change only at UTC midnight
+            self._day = day
+            self._periods = {p: period_key(p, now_s) for p in ("day", "month")}
+        return tuple((n.id, self._periods[n.limits.budget_period]) for n in path)
 
     def reserve(self, request_id: str, path: Sequence[Node], amount_usd: float, now_s: float) -> Hold:
         """Hold ``amount_usd`` on every node of ``path`` or raise 429 ``budget_exceeded``.

@@ -46,7 +46,9 @@ class OpsConfig(BaseModel):
                                       description="HMAC secret for key digests; None: kept in the database")
     admin_key: str | None = Field(default=None, min_length=16, description="bearer key of /admin; None: off")
     db_url: str | None = Field(default=None, description="SQLAlchemy URL; None: the ledger's database")
-    reservations: Literal["sql", "memory"] = "sql"
+    reservations: Literal["sql", "memory"] = Field(
+        default="sql", description="sql: holds and spend in the database, recovered after a crash; memory: "
+                                   "in-process only, spend starts at zero on every start (tests, benchmarks)")
     hold_ttl_s: float = Field(default=3600.0, gt=0, description="a hold older than this is reconciled")
     prompt_reserve_factor: float = Field(
         default=1.0, ge=1.0, le=8.0,
@@ -95,6 +97,7 @@ class OpsGuard:
         self.alerter = alerter or Alerter(config.alerts)
         self.spend_rate = SpendRateMonitor(config.alerts.spend_rate_usd_per_hour, config.alerts.spend_rate_window_s)
         self._flights: dict[str, _Flight] = {}
+        self._pool_gauges: dict[str, tuple[Any, Any]] = {}
 
     # --- the Guard contract --------------------------------------------------------------------
 
@@ -268,8 +271,12 @@ class OpsGuard:
     def _observe_pool(self, model_or_pool: str, is_pool: bool = False) -> None:
         pool = model_or_pool if is_pool else self.admission.pool_of(model_or_pool)
         sig = self.admission.signals(pool)
-        self.metrics.queue_depth.labels(pool).set(sig.queue_depth)
-        self.metrics.pool_in_flight.labels(pool).set(sig.in_flight)
+        gauges = self._pool_gauges.get(pool)
+        if gauges is None:
+            gauges = self._pool_gauges[pool] = (self.metrics.queue_depth.labels(pool),
+                                                self.metrics.pool_in_flight.labels(pool))
+        gauges[0].set(sig.queue_depth)
+        gauges[1].set(sig.in_flight)
 
     def _refused(self, err: GatewayError) -> None:
         self.metrics.refusals.labels(err.code or str(err.status)).inc()

@@ -62,8 +62,8 @@ class Reservations(Protocol):
 class InProcessReservations:
     """``Reservations`` in memory: exact within one process (callers never await inside a call).
 
-    ``spent`` can be seeded from the ledger at start-up (``seed_spent``); holds die with the
-    process, so nothing stays reserved after a crash.
+    Holds die with the process, and so does spend unless the owner seeds it (``seed_spent``), so
+    a restart forgets what was spent: for tests and benchmarks, not for enforcing budgets.
     """
 
     def __init__(self) -> None:

@@ -15,7 +15,6 @@ whose request reached the ledger is settled at the ledger's cost, any other is r
 from __future__ import annotations
 
 import json
-import math
 import secrets
 from collections.abc import Callable, Mapping
 
@@ -53,10 +52,12 @@ class SqlReservations:
         self.owner = owner or secrets.token_hex(8)
         METADATA.create_all(engine)
         self._db = direct_connection(engine)
+        self._cache: dict[Charge, tuple[float, float]] = {}  # last (spent, reserved) this process saw
 
     def reserve(self, hold: Hold, budgets_usd: Mapping[Charge, float]) -> Refusal | None:
         db = self._db
         amount = hold.amount_usd
+        seen: dict[Charge, tuple[float, float]] = {}
         db.execute("BEGIN IMMEDIATE")
         try:
             cur = db.execute("INSERT OR IGNORE INTO tk_holds (request_id, charges_json, amount_usd, owner, "
@@ -65,27 +66,37 @@ class SqlReservations:
             if cur.rowcount == 0:  # this request already holds its reservation
                 db.execute("COMMIT")
                 return None
+            free = [c for c in hold.charges if c not in budgets_usd]
             for charge in hold.charges:
                 budget = budgets_usd.get(charge)
                 if budget is None:
-                    budget = math.inf
-                elif amount > budget + _EPS:  # does not fit even an untouched budget
-                    db.execute("ROLLBACK")
-                    return Refusal(charge, budget, *self._usage(charge))
-                cur = db.execute(
-                    "INSERT INTO tk_budget_usage (node_id, period, spent_usd, reserved_usd) VALUES (?, ?, 0, ?) "
-                    "ON CONFLICT (node_id, period) DO UPDATE SET reserved_usd = reserved_usd + excluded.reserved_usd "
-                    "WHERE spent_usd + reserved_usd + excluded.reserved_usd <= ?",
-                    (charge[0], charge[1], amount, budget + _EPS if budget != math.inf else 1e300))
-                if cur.rowcount != 1:
-                    spent, reserved = self._usage(charge)
+                    continue
+                row = None
+                if amount <= budget + _EPS:  # else it does not fit even an untouched budget
+                    row = db.execute(
+                        "INSERT INTO tk_budget_usage (node_id, period, spent_usd, reserved_usd) VALUES (?, ?, 0, ?) "
+                        "ON CONFLICT (node_id, period) DO UPDATE SET reserved_usd = reserved_usd + "
+                        "excluded.reserved_usd WHERE spent_usd + reserved_usd + excluded.reserved_usd <= ? "
+                        "RETURNING spent_usd, reserved_usd", (charge[0], charge[1], amount, budget + _EPS)).fetchone()
+                if row is None:
+                    spent, reserved = self._read(charge)
                     db.execute("ROLLBACK")
                     return Refusal(charge, budget, spent, reserved)
+                seen[charge] = (float(row[0]), float(row[1]))
+            if free:  # nodes without a budget: counted in one statement, never refused
+                values = ", ".join("(?, ?, 0, ?)" for _ in free)
+                params = [x for c in free for x in (c[0], c[1], amount)]
+                for node_id, period, spent, reserved in db.execute(
+                        f"INSERT INTO tk_budget_usage (node_id, period, spent_usd, reserved_usd) VALUES {values} "
+                        "ON CONFLICT (node_id, period) DO UPDATE SET reserved_usd = reserved_usd + "
+                        "excluded.reserved_usd RETURNING node_id, period, spent_usd, reserved_usd", params).fetchall():
+                    seen[(node_id, period)] = (float(spent), float(reserved))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        self._cache.update(seen)
         return None
 
     def _finish(self, request_id: str, actual_usd: float | None) -> Hold | None:
@@ -98,15 +109,18 @@ class SqlReservations:
                 db.execute("COMMIT")
                 return None
             hold = _hold(row)
-            for node_id, period in hold.charges:
-                db.execute("UPDATE tk_budget_usage SET reserved_usd = max(0.0, reserved_usd - ?), "
-                           "spent_usd = spent_usd + ? WHERE node_id = ? AND period = ?",
-                           (hold.amount_usd, actual_usd or 0.0, node_id, period))
+            keys = ", ".join("(?, ?)" for _ in hold.charges)
+            rows = db.execute(
+                "UPDATE tk_budget_usage SET reserved_usd = max(0.0, reserved_usd - ?), spent_usd = spent_usd + ? "
+                f"WHERE (node_id, period) IN (VALUES {keys}) RETURNING node_id, period, spent_usd, reserved_usd",
+                [hold.amount_usd, actual_usd or 0.0, *(x for c in hold.charges for x in c)]).fetchall()
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        for node_id, period, spent, reserved in rows:
+            self._cache[(node_id, period)] = (float(spent), float(reserved))
         return hold
 
     def settle(self, request_id: str, actual_usd: float) -> Hold | None:
@@ -115,13 +129,18 @@ class SqlReservations:
     def release(self, request_id: str) -> Hold | None:
         return self._finish(request_id, None)
 
-    def _usage(self, charge: Charge) -> tuple[float, float]:
+    def _read(self, charge: Charge) -> tuple[float, float]:
         row = self._db.execute("SELECT spent_usd, reserved_usd FROM tk_budget_usage WHERE node_id = ? AND period = ?",
                                charge).fetchone()
         return (0.0, 0.0) if row is None else (float(row[0]), float(row[1]))
 
     def usage(self, charge: Charge) -> tuple[float, float]:
-        return self._usage(charge)
+        """From this process's last write to that row (exact with one gateway process; another
+        process's changes show once this one writes the row again), else read."""
+        cached = self._cache.get(charge)
+        if cached is None:
+            cached = self._cache[charge] = self._read(charge)
+        return cached
 
     def holds(self) -> list[Hold]:
         rows = self._db.execute("SELECT request_id, charges_json, amount_usd, expires_at_s FROM tk_holds").fetchall()

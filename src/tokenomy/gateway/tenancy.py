@@ -87,6 +87,9 @@ class TenantTree:
 
     def __init__(self, nodes: list[Node] | None = None) -> None:
         self._nodes: dict[str, Node] = {}
+        # memoised per tree (the request path asks for the same keys again and again)
+        self._paths: dict[str, tuple[str, ...]] = {}
+        self._effective: dict[str, EffectiveLimits] = {}
         for node in nodes or []:
             self._nodes[node.id] = node
 
@@ -107,12 +110,16 @@ class TenantTree:
 
     def path(self, node_id: str) -> tuple[str, ...]:
         """Node ids from the root (org) down to ``node_id``."""
+        cached = self._paths.get(node_id)
+        if cached is not None:
+            return cached
         out: list[str] = []
         cur: str | None = node_id
         while cur is not None:
             out.append(cur)
             cur = self.get(cur).parent_id
-        return tuple(reversed(out))
+        path = self._paths[node_id] = tuple(reversed(out))
+        return path
 
     def subtree(self, node_id: str) -> set[str]:
         """``node_id`` and every node below it."""
@@ -126,6 +133,9 @@ class TenantTree:
         return out
 
     def effective(self, node_id: str) -> EffectiveLimits:
+        cached = self._effective.get(node_id)
+        if cached is not None:
+            return cached
         path = [self.get(i) for i in self.path(node_id)]
 
         def least(attr: str) -> int | None:
@@ -138,8 +148,9 @@ class TenantTree:
                 own = frozenset(n.limits.allowed_models)
                 models = own if models is None else models & own
         priority = least("priority")
-        return EffectiveLimits(least("rpm"), least("tpm"), least("max_concurrent"),
-                               0 if priority is None else priority, models)
+        eff = self._effective[node_id] = EffectiveLimits(least("rpm"), least("tpm"), least("max_concurrent"),
+                                                         0 if priority is None else priority, models)
+        return eff
 
     def check_child(self, kind: NodeKind, parent_id: str | None, limits: NodeLimits) -> None:
         """Raise ValueError when a node of ``kind`` under ``parent_id`` would get more than its parent."""
@@ -172,13 +183,17 @@ class TenantTree:
         node = self.get(node_id)
         self.check_child(node.kind, node.parent_id, limits)
         trial = TenantTree(self.nodes())
-        trial._nodes[node_id] = replace(node, limits=limits)
+        trial.put(replace(node, limits=limits))
         for desc_id in self.subtree(node_id) - {node_id}:
             desc = self._nodes[desc_id]
             trial.check_child(desc.kind, desc.parent_id, desc.limits)
 
     def put(self, node: Node) -> None:
         self._nodes[node.id] = node
+        self._paths.clear()
+        self._effective.clear()
 
     def remove(self, node_id: str) -> None:
         self._nodes.pop(node_id, None)
+        self._paths.clear()
+        self._effective.clear()
