@@ -173,3 +173,21 @@ def test_prompt_reserve_factor_scales_the_prompt_part_of_the_hold(tmp_path):
     raw, _ = add_key(guard)
     adm = asyncio.run(guard.admit(request(raw, "r", prompt=100, max_tokens=100)))
     assert adm.reserved_cost_usd == pytest.approx((400 * 1.0 + 100 * 2.0) / 1e6)
+
+
+def test_a_request_never_settled_is_released_after_the_hold_ttl(tmp_path):
+    clock = FakeClock()
+    guard = make_guard(tmp_path, clock, hold_ttl_s=600)
+    raw, key_id = add_key(guard, key=NodeLimits(budget_usd=WORST_USD, max_concurrent=1))
+    asyncio.run(guard.admit(request(raw, "leaked")))  # the request path loses it
+    clock.advance(599.0)
+    with pytest.raises(GatewayError):
+        asyncio.run(guard.admit(request(raw, "b")))
+    clock.advance(60.0)  # past the TTL, and the once-a-minute sweep is due
+    asyncio.run(guard.admit(request(raw, "b")))  # the sweep returned the budget and the slot
+    assert spent(guard, key_id) == pytest.approx((0.0, WORST_USD))
+
+
+def test_a_bad_ops_section_is_one_line_naming_the_field(tmp_path):
+    with pytest.raises(ValueError, match=r"^ops\.breaker\.repeat_limit: "):
+        make_guard(tmp_path, breaker={"repeat_limit": 0})

@@ -43,7 +43,7 @@ def limits_from(args: argparse.Namespace) -> Any:
 
 def open_store(args: argparse.Namespace) -> Any:
     from tokenomy.gateway.config import load_config
-    from tokenomy.gateway.ops import open_tenant_store
+    from tokenomy.gateway.ops_config import open_tenant_store
 
     config = load_config(args.config)
     return open_tenant_store(config, config.ledger.url)

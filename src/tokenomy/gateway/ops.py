@@ -14,63 +14,38 @@ check with its charge.
 from __future__ import annotations
 
 import hmac
+import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.engine import Engine
 
-from tokenomy.gateway.admission import AdmissionConfig, AdmissionSignals, PriorityAdmission, Ticket
-from tokenomy.gateway.alerts import Alert, Alerter, AlertsConfig, SpendRateMonitor
-from tokenomy.gateway.breaker import BreakerConfig, Breakers
+from tokenomy.gateway.admission import AdmissionSignals, PriorityAdmission, Ticket
+from tokenomy.gateway.alerts import Alert, Alerter, SpendRateMonitor
+from tokenomy.gateway.breaker import Breakers
 from tokenomy.gateway.budget import Budgets, PriceLike, worst_case_cost_usd
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.guard import Admission, AdmitRequest, SettledUsage
 from tokenomy.gateway.limits import InProcessRateLimits, RateGrant
+from tokenomy.gateway.ops_config import GatewayConfigLike, OpsConfig, ops_config, secret_of
 from tokenomy.gateway.ops_metrics import OpsMetrics
 from tokenomy.gateway.reservations import InProcessReservations, Reservations
 from tokenomy.gateway.reservations_sql import SqlReservations
 from tokenomy.gateway.tenancy import Node
-from tokenomy.gateway.tenancy_seed import TenantSeed, apply_seeds
+from tokenomy.gateway.tenancy_seed import apply_seeds
 from tokenomy.gateway.tenancy_store import TenantStore, sqlite_engine
 
+__all__ = ["OpsConfig", "OpsGuard", "build_guard", "ops_config"]
 
-class OpsConfig(BaseModel):
-    """The gateway config's ``ops`` section. See docs/gateway-ops.md."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    server_secret: str | None = Field(default=None, min_length=16,
-                                      description="HMAC secret for key digests; None: kept in the database")
-    admin_key: str | None = Field(default=None, min_length=16, description="bearer key of /admin; None: off")
-    db_url: str | None = Field(default=None, description="SQLAlchemy URL; None: the ledger's database")
-    reservations: Literal["sql", "memory"] = Field(
-        default="sql", description="sql: holds and spend in the database, recovered after a crash; memory: "
-                                   "in-process only, spend starts at zero on every start (tests, benchmarks)")
-    hold_ttl_s: float = Field(default=3600.0, gt=0, description="a hold older than this is reconciled")
-    prompt_reserve_factor: float = Field(
-        default=1.0, ge=1.0, le=8.0,
-        description="reserve this many times the request path's prompt estimate (~4 characters a token); "
-                    "4.0 bounds any ASCII prompt, so spend can never pass a budget")
-    tenants: tuple[TenantSeed, ...] = ()
-    breaker: BreakerConfig = BreakerConfig()
-    admission: AdmissionConfig = AdmissionConfig()
-    alerts: AlertsConfig = AlertsConfig()
-
-
-class GatewayConfigLike(Protocol):
-    """The parts of the gateway's config token operations read."""
-
-    @property
-    def ops(self) -> Mapping[str, Any]: ...
-
-    def price(self, model: str) -> PriceLike: ...
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class _Flight:
+    started_s: float
     path: tuple[Node, ...]
     session_id: str | None
     worst_usd: float
@@ -98,10 +73,12 @@ class OpsGuard:
         self.spend_rate = SpendRateMonitor(config.alerts.spend_rate_usd_per_hour, config.alerts.spend_rate_window_s)
         self._flights: dict[str, _Flight] = {}
         self._pool_gauges: dict[str, tuple[Any, Any]] = {}
+        self._next_sweep_s = -math.inf
 
     # --- the Guard contract --------------------------------------------------------------------
 
     async def admit(self, request: AdmitRequest) -> Admission:
+        self._sweep()
         try:
             admission, flight = self._admit_now(request)
         except GatewayError as err:
@@ -184,7 +161,9 @@ class OpsGuard:
 
     def is_admin(self, api_key: str | None) -> bool:
         admin = self.config.admin_key
-        return bool(admin and api_key) and hmac.compare_digest(str(api_key).encode(), admin.encode())  # type: ignore[union-attr]
+        if not admin or not api_key:
+            return False
+        return hmac.compare_digest(api_key.encode(), admin.encode())
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -233,9 +212,26 @@ class OpsGuard:
                               priority=priority, reserved_cost_usd=worst,
                               reserved_tokens=request.prompt_tokens_estimate + request.max_tokens,
                               output_token_cap=cap, headers=dict(grant.headers))
-        flight = _Flight(path, request.session_id, worst, grant, None)
+        flight = _Flight(now, path, request.session_id, worst, grant, None)
         self._flights[request.request_id] = flight
         return admission, flight
+
+    def _sweep(self) -> None:
+        """Release requests the request path never settled nor released within ``hold_ttl_s``
+        (a bug there must not hold budget, concurrency and queue slots forever). At most once a
+        minute; a normal request never gets near the TTL."""
+        now = self.clock()
+        if now < self._next_sweep_s:
+            return
+        self._next_sweep_s = now + 60.0
+        stale = [(rid, f) for rid, f in self._flights.items() if f.started_s + self.config.hold_ttl_s <= now]
+        for rid, flight in stale:
+            log.error("request %s was neither settled nor released in %.0f s: releasing its holds",
+                      rid, self.config.hold_ttl_s)
+            self._flights.pop(rid, None)
+            self.budgets.release(rid)
+            self.limits.correct_tokens(flight.grant, 0, now)
+            self._finish(flight.path[-1].id, flight, 0.0)
 
     def _undo(self, request_id: str, flight: _Flight) -> None:
         self._flights.pop(request_id, None)
@@ -311,13 +307,13 @@ def build_guard(config: GatewayConfigLike, *, engine: Engine | None = None, db_u
     a previous process are reconciled at once: settled at the cost ``ledger_cost_usd(request_id)``
     reports, released when it reports None (or when no lookup is given).
     """
-    ops = config.ops if isinstance(config.ops, OpsConfig) else OpsConfig.model_validate(dict(config.ops))
+    ops = ops_config(config)
     if engine is None:
         url = ops.db_url or db_url
         if url is None:
             raise ValueError("ops.db_url: no database for tenants (and no ledger URL to share)")
         engine = sqlite_engine(url)
-    store = TenantStore(engine, server_secret=_secret(ops, engine))
+    store = TenantStore(engine, server_secret=secret_of(ops, engine))
     apply_seeds(store, ops.tenants)
     reservations: Reservations
     if ops.reservations == "sql":
@@ -330,17 +326,3 @@ def build_guard(config: GatewayConfigLike, *, engine: Engine | None = None, db_u
                     metrics=OpsMetrics(registry) if registry is not None else None, alerter=alerter)
 
 
-def open_tenant_store(config: GatewayConfigLike, db_url: str | None = None) -> TenantStore:
-    """The tenant store ``build_guard`` would use, for the CLI (no reconciliation, no seeding)."""
-    ops = config.ops if isinstance(config.ops, OpsConfig) else OpsConfig.model_validate(dict(config.ops))
-    url = ops.db_url or db_url
-    if url is None:
-        raise ValueError("ops.db_url: no database for tenants")
-    engine = sqlite_engine(url)
-    return TenantStore(engine, server_secret=_secret(ops, engine))
-
-
-def _secret(ops: OpsConfig, engine: Engine) -> bytes:
-    from tokenomy.gateway.tenancy_store import stored_secret
-
-    return ops.server_secret.encode() if ops.server_secret else stored_secret(engine)
