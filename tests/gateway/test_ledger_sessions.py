@@ -38,9 +38,10 @@ def _event(rid: str, ts: float = 1.0, tenant: str = "org/team/key", session: str
                       10, 10, 0, 0, 5, 0, 10, 1e-6, 0.0, 3e-6, 4e-6, 0.0, None, None, 0.01)
 
 
-def test_group_commit_makes_every_event_durable_exactly_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writer", ["inline", "thread"])
+def test_group_commit_makes_every_event_durable_exactly_once(tmp_path: Path, writer: str) -> None:
     url = f"sqlite:///{tmp_path}/l.db"
-    ledger = SqlLedger(url, max_batch=16)
+    ledger = SqlLedger(url, max_batch=16, writer=writer)
 
     async def main() -> None:
         await asyncio.gather(*(ledger.record(_event(f"r{i % 150}")) for i in range(300)))
@@ -67,8 +68,9 @@ def test_query_filters_by_subtree_not_by_string_prefix(tmp_path: Path) -> None:
         ledger.close()
 
 
-def test_a_failed_commit_fails_the_waiting_request(tmp_path: Path) -> None:
-    ledger = SqlLedger(f"sqlite:///{tmp_path}/l.db")
+@pytest.mark.parametrize("writer", ["inline", "thread"])
+def test_a_failed_commit_fails_the_waiting_request(tmp_path: Path, writer: str) -> None:
+    ledger = SqlLedger(f"sqlite:///{tmp_path}/l.db", writer=writer)
     with ledger.engine.begin() as conn:
         conn.exec_driver_sql("DROP TABLE usage_events")
 

@@ -30,6 +30,7 @@ from tokenomy.gateway.ledger import Ledger, SqlLedger
 from tokenomy.gateway.openapi import spec
 from tokenomy.gateway.prom import CONTENT_TYPE, GatewayMetrics
 from tokenomy.gateway.proxy import Proxy
+from tokenomy.gateway.upstream import UpstreamPool
 from tokenomy.gateway.usage_api import usage_endpoint
 from tokenomy.policy.router import make_router
 
@@ -42,6 +43,7 @@ def _error_response(err: GatewayError) -> JSONResponse:
 
 async def _on_gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
+    request.app.state.metrics.errors.labels(exc.code or exc.type).inc()
     return _error_response(exc)
 
 
@@ -91,20 +93,17 @@ def build_app(
     metrics = GatewayMetrics()
     own_ledger = ledger is None
     the_ledger: Ledger = ledger if ledger is not None else SqlLedger(
-        config.ledger.url, config.ledger.synchronous, config.ledger.max_batch
+        config.ledger.url, config.ledger.synchronous, config.ledger.max_batch, config.ledger.writer
     )
     if guard is None:
         guard, admin = build_guard(config, metrics, the_ledger)
-    limits = httpx.Limits(
-        max_connections=config.server.max_connections_per_backend * len(config.backends),
-        max_keepalive_connections=config.server.max_connections_per_backend * len(config.backends),
-        keepalive_expiry=30.0,
-    )
-    timeout = httpx.Timeout(config.server.upstream_timeout_s, connect=5.0, pool=config.server.upstream_timeout_s)
-    client = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+    # httpx only for health checks and scrapes; the hot path uses UpstreamPool
+    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=2 * len(config.backends)), trust_env=False)
     pool = BackendPool(config.backends, config.health, client)
     router = make_router(config.router.name, **config.router.options)
-    proxy = Proxy(config, pool, router, the_ledger, guard, metrics)
+    upstream = UpstreamPool(connect_timeout_s=5.0, read_timeout_s=config.server.upstream_timeout_s,
+                            max_idle_per_host=config.server.max_connections_per_backend)
+    proxy = Proxy(config, pool, router, the_ledger, guard, metrics, upstream)
     openapi = spec(config.models())
 
     async def chat(request: Request) -> Response:
@@ -149,6 +148,7 @@ def build_app(
                 with contextlib.suppress(Exception):
                     await task
             await client.aclose()
+            await upstream.aclose()
             if own_ledger:
                 the_ledger.close()
 

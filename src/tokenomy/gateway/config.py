@@ -86,7 +86,8 @@ class LedgerConfig(_Strict):
 
     url: str = "sqlite:///tokenomy-ledger.db"
     synchronous: str = Field(default="NORMAL", pattern=r"^(NORMAL|FULL)$")
-    max_batch: int = Field(default=256, ge=1)
+    max_batch: int = Field(default=256, ge=1)  # the thread writer's largest group
+    writer: str = Field(default="auto", pattern=r"^(auto|inline|thread)$")  # auto: inline for SQLite
 
 
 class ServerConfig(_Strict):

@@ -4,10 +4,18 @@
 same semantics with ``INSERT ... ON CONFLICT (request_id) DO NOTHING``. :class:`SqlLedger` is the
 embedded default (SQLAlchemy Core; SQLite in WAL mode).
 
-Latency: a single writer thread owns all writes and commits in groups. ``record`` enqueues the
-event and awaits the commit of the group that holds it, so an event is acknowledged only once it
-is durable, yet concurrent requests share one commit (group commit) instead of paying one each.
-A failed commit fails every request in its group; nothing is dropped silently.
+Latency: writes are group-committed. ``record`` queues the event and awaits the commit of the
+group that holds it, so an event is acknowledged only once it is durable, yet concurrent requests
+share one commit instead of paying one each. A failed commit fails every request in its group;
+nothing is dropped silently. Two writers keep that contract:
+
+* ``inline`` (SQLite's default): the group is every event recorded in one turn of the event loop,
+  committed by a callback on the loop itself through one raw DBAPI connection. A WAL commit at
+  ``synchronous=NORMAL`` is a write(2) without fsync (~0.1 ms), cheaper than waking a thread
+  and trading the GIL with it (measured: 0.5 ms idle, several ms under load).
+* ``thread``: one writer thread owns a connection and commits whatever has queued while the
+  previous commit ran. For ``synchronous=FULL`` (an fsync a commit) and for network databases,
+  where a commit must not stall the loop.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import queue
 import threading
 from collections.abc import Sequence
@@ -116,7 +125,8 @@ usage_events = sa.Table(
 
 
 def make_engine(url: str, synchronous: str = "NORMAL") -> sa.Engine:
-    engine = sa.create_engine(url)
+    is_sqlite = url.startswith("sqlite")
+    engine = sa.create_engine(url, connect_args={"check_same_thread": False} if is_sqlite else {})
     if engine.dialect.name == "sqlite":
 
         @sa.event.listens_for(engine, "connect")
@@ -133,10 +143,16 @@ def make_engine(url: str, synchronous: str = "NORMAL") -> sa.Engine:
 _Item = tuple[UsageEvent, asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 
 
-class SqlLedger:
-    """SQLAlchemy ledger with one writer thread and group commit (see the module docstring)."""
+_ROW = operator.attrgetter(*_FIELDS)
+_SQLITE_INSERT = (
+    f"INSERT OR IGNORE INTO usage_events ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
+)
 
-    def __init__(self, url: str, synchronous: str = "NORMAL", max_batch: int = 256) -> None:
+
+class SqlLedger:
+    """SQLAlchemy ledger with group commit (see the module docstring for the two writers)."""
+
+    def __init__(self, url: str, synchronous: str = "NORMAL", max_batch: int = 256, writer: str = "auto") -> None:
         self.engine = make_engine(url, synchronous)
         _metadata.create_all(self.engine)
         self.max_batch = max_batch
@@ -144,19 +160,62 @@ class SqlLedger:
         ins: Any = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(dialect)
         if ins is None:
             raise ValueError(f"ledger: unsupported database {dialect!r} (sqlite or postgresql)")
+        if writer == "auto":
+            writer = "inline" if dialect == "sqlite" else "thread"
+        if writer not in ("inline", "thread") or (writer == "inline" and dialect != "sqlite"):
+            raise ValueError(f"ledger.writer: {writer!r} is not available for {dialect}")
+        self.writer = writer
         self._insert = ins(usage_events).on_conflict_do_nothing(index_elements=["request_id"])
-        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
         self._closed = False
-        self._writer.start()
+        self._pending: list[tuple[UsageEvent, asyncio.Future[None]]] = []
+        self._flush_scheduled = False
+        self._raw: Any = None  # the inline writer's DBAPI connection
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        if writer == "thread":
+            self._writer = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
+            self._writer.start()
 
     async def record(self, event: UsageEvent) -> None:
         if self._closed:
             raise RuntimeError("ledger is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        self._queue.put((event, loop, fut))
+        if self._writer is not None:
+            self._queue.put((event, loop, fut))
+        else:
+            self._pending.append((event, fut))
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                loop.call_soon(self._flush_inline)
         await fut
+
+    def _flush_inline(self) -> None:
+        """Commit every event recorded since the last flush, in one transaction, then wake their waiters."""
+        self._flush_scheduled = False
+        batch, self._pending = self._pending, []
+        error: BaseException | None = None
+        try:
+            if self._raw is None:
+                self._raw = self.engine.raw_connection()
+            cur = self._raw.cursor()
+            if len(batch) == 1:
+                cur.execute(_SQLITE_INSERT, _ROW(batch[0][0]))
+            else:
+                cur.executemany(_SQLITE_INSERT, [_ROW(ev) for ev, _ in batch])
+            self._raw.commit()
+        except Exception as exc:
+            log.exception("ledger: commit of %d events failed", len(batch))
+            error = exc
+            with contextlib.suppress(Exception):
+                self._raw.rollback()
+        for _, fut in batch:
+            if fut.done():
+                continue
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(RuntimeError(f"ledger write failed: {error}"))
 
     def record_sync(self, events: Sequence[UsageEvent]) -> None:
         """Write ``events`` now, from a thread that is not the writer (tests, imports)."""
@@ -251,6 +310,9 @@ class SqlLedger:
         if self._closed:
             return
         self._closed = True
-        self._queue.put(None)
-        self._writer.join(timeout=10)
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join(timeout=10)
+        if self._raw is not None:
+            self._raw.close()
         self.engine.dispose()

@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -42,12 +41,18 @@ from tokenomy.gateway.metering import (
 from tokenomy.gateway.parse import ParsedRequest, parse_request, read_json
 from tokenomy.gateway.prom import GatewayMetrics
 from tokenomy.gateway.streaming import stream_response
+from tokenomy.gateway.upstream import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeout,
+)
 from tokenomy.policy.router import Router
 
 log = logging.getLogger(__name__)
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.PoolTimeout)
 
 
 @dataclass(slots=True)
@@ -85,8 +90,10 @@ class Proxy:
         ledger: Ledger,
         guard: Guard,
         metrics: GatewayMetrics,
+        upstream: UpstreamPool,
     ) -> None:
         self.config = config
+        self.upstream = upstream
         self.pool = pool
         self.router = router
         self.ledger = ledger
@@ -172,37 +179,42 @@ class Proxy:
             backend.dispatched(req.request_id, req.prompt_tokens_estimate)
             up0 = time.perf_counter()
             try:
-                upstream = self.pool.client.build_request(
-                    "POST", backend.url + _PATHS[req.endpoint], content=payload, headers=headers
-                )
-                resp = await self.pool.client.send(upstream, stream=req.stream)
-            except _RETRYABLE as exc:
+                resp = await self.upstream.request("POST", backend.url + _PATHS[req.endpoint], payload, headers)
+            except UpstreamConnectError as exc:
                 backend.finished(req.request_id, None, 0)
                 self.metrics.upstream_failures.labels(backend.instance_id).inc()
-                self.pool.mark_down(backend, time.monotonic(), type(exc).__name__)
+                self.pool.mark_down(backend, time.monotonic(), str(exc))
                 continue
-            except httpx.HTTPError as exc:
+            except UpstreamError as exc:
                 backend.finished(req.request_id, None, 0)
-                raise GatewayError(504 if isinstance(exc, httpx.TimeoutException) else 502,
-                                   f"backend {backend.instance_id}: {type(exc).__name__}", "server_error",
-                                   "upstream_error") from None
-            flight.upstream_s = time.perf_counter() - up0
+                raise GatewayError(504 if isinstance(exc, UpstreamTimeout) else 502,
+                                   f"backend {backend.instance_id}: {exc}", "server_error", "upstream_error") from None
             if resp.status_code != 200:
                 return await self._pass_error(flight, resp)
             if req.stream:
+                flight.upstream_s = time.perf_counter() - up0
                 return stream_response(self, flight, resp)
+            try:
+                await resp.read()
+            except UpstreamError as exc:
+                backend.finished(req.request_id, None, 0)
+                raise GatewayError(502, f"backend {backend.instance_id}: {exc}", "server_error",
+                                   "upstream_error") from None
+            flight.upstream_s = time.perf_counter() - up0
             return await self._complete(flight, resp)
         raise GatewayError(502, f"no backend for {req.model!r} could be reached", "server_error", "upstream_unreachable")
 
-    async def _pass_error(self, flight: Flight, resp: httpx.Response) -> Response:
+    async def _pass_error(self, flight: Flight, resp: UpstreamResponse) -> Response:
         """A backend's own refusal (e.g. 400 context too long) reaches the client as it was."""
         try:
-            await resp.aread()
+            await resp.read()
+        except UpstreamError:
+            resp.content = b""
         finally:
             await resp.aclose()
             flight.backend.finished(flight.req.request_id, None, 0)
         status = resp.status_code if resp.status_code < 500 else 502
-        self.metrics.requests.labels(flight.req.model, str(status)).inc()
+        self.metrics.count_request(flight.req.model, status)
         content = resp.content
         try:
             parsed = json.loads(content)
@@ -215,7 +227,7 @@ class Proxy:
         await self.release(flight.ticket, f"upstream {resp.status_code}")
         return Response(content, status, media_type="application/json", headers={"x-request-id": flight.req.request_id})
 
-    async def _complete(self, flight: Flight, resp: httpx.Response) -> Response:
+    async def _complete(self, flight: Flight, resp: UpstreamResponse) -> Response:
         req = flight.req
         try:
             data = json.loads(resp.content)
@@ -274,7 +286,7 @@ class Proxy:
             self.metrics.errors.labels("ledger_write_failed").inc()
             raise GatewayError(500, "usage could not be recorded", "server_error", "ledger_write_failed") from None
         await self.guard.settle(adm, settled)
-        self.metrics.requests.labels(req.model, str(status)).inc()
+        self.metrics.count_request(req.model, status)
         self.metrics.observe_event(ev)
         return ev
 

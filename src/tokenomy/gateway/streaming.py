@@ -15,11 +15,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from starlette.responses import StreamingResponse
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.metering import usage_numbers
+from tokenomy.gateway.upstream import UpstreamError, UpstreamResponse
 
 if TYPE_CHECKING:
     from tokenomy.gateway.proxy import Flight, Proxy
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 DONE = b"data: [DONE]\n\n"
 
 
-def stream_response(proxy: Proxy, flight: Flight, resp: httpx.Response) -> StreamingResponse:
+def stream_response(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> StreamingResponse:
     headers = {"x-request-id": flight.req.request_id, "cache-control": "no-cache", **flight.admission.headers}
     return StreamingResponse(_relay(proxy, flight, resp), media_type="text/event-stream", headers=headers)
 
@@ -60,7 +60,7 @@ def _events(buf: bytearray) -> list[bytes]:
         del buf[: i + 2]
 
 
-async def _relay(proxy: Proxy, flight: Flight, resp: httpx.Response) -> AsyncIterator[bytes]:
+async def _relay(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> AsyncIterator[bytes]:
     req = flight.req
     usage: Any = None
     usage_event: bytes | None = None
@@ -110,9 +110,9 @@ async def _relay(proxy: Proxy, flight: Flight, resp: httpx.Response) -> AsyncIte
                             return
                         flight.delivered_tokens += n
                     yield event
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             await _upstream_failed(proxy, flight, resp, exc)
-            yield _error_event(GatewayError(502, f"backend stream broke: {type(exc).__name__}", "server_error",
+            yield _error_event(GatewayError(502, f"backend stream broke: {exc}", "server_error",
                                             "upstream_error"))
             yield DONE
             return
@@ -139,7 +139,7 @@ def _cut_error() -> GatewayError:
     )
 
 
-async def _cut(proxy: Proxy, flight: Flight, resp: httpx.Response) -> None:
+async def _cut(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> None:
     await resp.aclose()
     req = flight.req
     flight.backend.finished(req.request_id, None, 0)
@@ -149,7 +149,7 @@ async def _cut(proxy: Proxy, flight: Flight, resp: httpx.Response) -> None:
     )
 
 
-async def _upstream_failed(proxy: Proxy, flight: Flight, resp: httpx.Response, exc: Exception) -> None:
+async def _upstream_failed(proxy: Proxy, flight: Flight, resp: UpstreamResponse, exc: Exception) -> None:
     await resp.aclose()
     req = flight.req
     flight.backend.finished(req.request_id, None, 0)
@@ -161,9 +161,9 @@ async def _upstream_failed(proxy: Proxy, flight: Flight, resp: httpx.Response, e
         await proxy.release(flight.ticket, f"upstream {type(exc).__name__}")
 
 
-async def _abandoned(proxy: Proxy, flight: Flight, resp: httpx.Response) -> None:
+async def _abandoned(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> None:
     """The client disconnected: stop the backend, meter what it was sent, or release."""
-    with contextlib.suppress(httpx.HTTPError, asyncio.CancelledError):
+    with contextlib.suppress(UpstreamError, asyncio.CancelledError):
         await resp.aclose()
     req = flight.req
     flight.backend.finished(req.request_id, None, 0)
