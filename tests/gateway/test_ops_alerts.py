@@ -92,3 +92,28 @@ def test_spend_rate_anomaly_alerts_once_until_the_rate_falls():
     assert mon.add("k", 0.10, 20.0) is None  # still fast: no second alert
     assert mon.add("k", 0.0, 200.0) is None  # the window emptied: quiet again
     assert mon.add("k", 0.2, 201.0) is not None
+
+
+def test_guard_emits_spend_rate_alerts_and_counts_refusals_and_trips(tmp_path):
+    from ops_factory import add_key, make_guard, request
+    from prometheus_client import generate_latest
+
+    from tokenomy.gateway.errors import GatewayError
+    from tokenomy.gateway.guard import SettledUsage
+
+    guard = make_guard(tmp_path, alerts={"spend_rate_usd_per_hour": 1.0, "spend_rate_window_s": 60},
+                       breaker={"repeat_limit": 2})
+    raw, key_id = add_key(guard)
+    adm = asyncio.run(guard.admit(request(raw, "r1", session="s", fingerprint="same")))
+    asyncio.run(guard.settle(adm, SettledUsage(100, 10, 0, 0.05)))  # $0.05 a minute = $3/h
+    with pytest.raises(GatewayError):
+        asyncio.run(guard.admit(request(raw, "r2", session="s", fingerprint="same")))
+    with pytest.raises(GatewayError):
+        asyncio.run(guard.admit(request(None, "r3")))
+    kinds = [a.kind for a in guard.alerter.recent]
+    assert kinds == ["spend_rate", "breaker_trip"]
+    text = generate_latest(guard.metrics.registry).decode()
+    assert 'tokenomy_gateway_breaker_trips_total{code="breaker_repetition",scope="session"} 1.0' in text
+    assert 'tokenomy_gateway_ops_refusals_total{code="breaker_repetition"} 1.0' in text
+    assert 'tokenomy_gateway_ops_refusals_total{code="missing_api_key"} 1.0' in text
+    assert 'tokenomy_gateway_alerts_total{kind="spend_rate"} 1.0' in text

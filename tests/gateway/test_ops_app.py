@@ -45,7 +45,8 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
                     "tenants": [
                         {"org": "acme", "teams": [{"name": "ml", "keys": [
                             {"name": "a", "key": keys["a"], "limits": {"budget_usd": 50 * WORST_USD}}]}]},
-                        {"org": "other", "teams": [{"name": "x", "keys": [{"name": "b", "key": keys["b"]}]}]},
+                        {"org": "other", "teams": [{"name": "x", "keys": [
+                            {"name": "b", "key": keys["b"], "limits": {"rpm": 1000, "tpm": 10**6}}]}]},
                     ]},
         })
         ledger = SqlLedger(cfg.ledger.url)
@@ -100,7 +101,11 @@ def test_bad_and_revoked_keys_and_usage_isolation(rig: Rig) -> None:
         for name in ("a", "b"):
             r = http.post("/v1/chat/completions", json=chat_body(),
                           headers={"authorization": f"Bearer {rig.keys[name]}"})
-            assert r.status_code == 200 and "x-ratelimit-limit-requests" not in r.headers
+            assert r.status_code == 200
+            assert ("x-ratelimit-limit-requests" in r.headers) == (name == "b")  # only b sets limits
+        assert r.headers["x-ratelimit-limit-requests"] == "1000"
+        assert r.headers["x-ratelimit-remaining-requests"] == "999"
+        assert r.headers["x-ratelimit-limit-tokens"] == str(10**6)
         usage_a = http.get("/v1/usage", headers={"authorization": f"Bearer {rig.keys['a']}"})
         assert usage_a.status_code == 200
         guard = rig.app.state.guard

@@ -191,3 +191,26 @@ def test_a_request_never_settled_is_released_after_the_hold_ttl(tmp_path):
 def test_a_bad_ops_section_is_one_line_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"^ops\.breaker\.repeat_limit: "):
         make_guard(tmp_path, breaker={"repeat_limit": 0})
+
+
+def test_two_processes_reserving_against_one_budget_never_overspend(tmp_path):
+    """Two stores on one SQLite file (as two gateway processes would be), racing from two threads."""
+    import threading
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    stores = [SqlReservations(sqlite_engine(url), owner=f"p{i}") for i in range(2)]
+    charge = ("key_x", "2026-11")
+    granted: list[int] = [0, 0]
+
+    def worker(i: int) -> None:
+        for j in range(60):
+            if stores[i].reserve(Hold(f"p{i}-{j}", (charge,), 1.0, 1e12), {charge: 50.0}) is None:
+                granted[i] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sum(granted) == 50
+    assert stores[0]._read(charge) == (0.0, 50.0)
