@@ -90,8 +90,9 @@ class Budgets:
     def reserve(self, request_id: str, path: Sequence[Node], amount_usd: float, now_s: float) -> Hold:
         """Hold ``amount_usd`` on every node of ``path`` or raise 429 ``budget_exceeded``.
 
-        A refusal caused only by spend waits for the next period (``x-should-retry: false``);
-        one caused by holds of requests in flight may fit again in a moment (``retry-after: 1``).
+        A request that would fit once the requests in flight finish may fit again in a moment
+        (``retry-after: 1``); one that spend alone shuts out waits for the next period
+        (``retry-after`` to its start, ``x-should-retry: false``).
         """
         charges = self.charges(path, now_s)
         budgets = {c: n.limits.budget_usd for c, n in zip(charges, path, strict=True)
@@ -106,7 +107,7 @@ class Budgets:
             self.crossings.append(Crossing(node.id, refusal.charge[1], 1.0, refusal.spent_usd, refusal.budget_usd))
         left = max(0.0, refusal.budget_usd - refusal.spent_usd - refusal.reserved_usd)
         period = node.limits.budget_period
-        if refusal.reserved_usd > 0:
+        if refusal.reserved_usd > 0 and refusal.spent_usd + amount_usd <= refusal.budget_usd:
             why, headers = f" (${refusal.reserved_usd:.6f} is held by requests in flight)", {"retry-after": "1"}
         else:
             wait = max(1, math.ceil(seconds_to_period_end(period, now_s)))
