@@ -39,6 +39,7 @@ class FakeUpstream:
     default_output: int = 8
     block_tokens: int = 4
     token_delay_s: float = 0.0
+    response_delay_s: float = 0.0  # before a non-streamed answer
     fail_status: int | None = None
     seen: list[list[str]] = field(default_factory=list)  # prompt + answer tokens of each finished request
     usages: list[dict[str, Any]] = field(default_factory=list)  # every usage object it reported
@@ -80,6 +81,8 @@ class FakeUpstream:
                      "prompt_tokens_details": {"cached_tokens": cached}}
             self.usages.append(usage)
             if not body.get("stream"):
+                if self.response_delay_s:
+                    await asyncio.sleep(self.response_delay_s)
                 self.seen.append(prompt + (["assistant:"] if chat else []) + words)
                 text = " ".join(words)
                 choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
