@@ -1,0 +1,210 @@
+"""``tokenomy up [cluster.yaml]``: a local emulated cluster, one process per instance.
+
+Prints each instance's URL once every ``/health`` answers (``--json`` writes the list for
+scripts), and stops every instance on Ctrl-C or SIGTERM. Children also get SIGTERM if this
+process dies (Linux parent-death signal), so none is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tokenomy.cli.main import CLIError
+from tokenomy.emulator.cluster import DEFAULT_CLUSTER, ClusterSpec, Instance, Pool, expand, load_cluster
+
+_PR_SET_PDEATHSIG = 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="start a local emulated cluster (default: 4 mixed Llama-3.1-8B/H100 instances)")
+    p.add_argument("cluster", nargs="?", type=Path, default=None, help="cluster YAML (see docs/emulator.md)")
+    p.add_argument("--instances", type=int, default=None, help="mixed instances (no cluster file)")
+    p.add_argument("--prefill", type=int, default=None, help="prefill instances (no cluster file)")
+    p.add_argument("--decode", type=int, default=None, help="decode instances (no cluster file)")
+    p.add_argument("--model", default=None, help="overrides the file's model")
+    p.add_argument("--gpu", default=None, help="overrides the file's GPU")
+    p.add_argument("--tp", type=int, default=None)
+    p.add_argument("--host", default=None)
+    p.add_argument("--port-base", type=int, default=None, help="instance i listens on port-base + i (default 8100)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--time-scale", type=float, default=None, help="wall seconds per modelled second")
+    p.add_argument("--json", default=None, help="write the instance list here once all are ready ('-': stdout)")
+    p.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for every /health")
+    p.set_defaults(func=run_up)
+
+
+def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
+    shape = args.instances is not None or args.prefill is not None or args.decode is not None
+    if args.cluster is not None:
+        if shape:
+            raise CLIError("--instances/--prefill/--decode cannot be combined with a cluster file")
+        spec = load_cluster(args.cluster)
+    elif shape:
+        pools = [Pool.model_validate({"role": role, "count": n}) for role, n in
+                 (("mixed", args.instances), ("prefill", args.prefill), ("decode", args.decode)) if n]
+        if not pools or any(n is not None and n < 0 for n in (args.instances, args.prefill, args.decode)):
+            raise CLIError("--instances/--prefill/--decode must leave at least one instance and none negative")
+        spec = ClusterSpec(pools=pools)
+    else:
+        spec = DEFAULT_CLUSTER
+    update: dict[str, Any] = {k: v for k, v in
+                              (("model", args.model), ("gpu", args.gpu), ("tp", args.tp), ("host", args.host))
+                              if v is not None}
+    engine = dict(spec.engine)
+    for key in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "time_scale"):
+        if getattr(args, key) is not None:
+            engine[key] = getattr(args, key)
+    return spec.model_copy(update={**update, "engine": engine})
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A pre-exec hook that makes the child get SIGTERM when this process dies (Linux only)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: Ctrl-C and SIGTERM still stop children
+        return None
+
+    def hook() -> None:  # runs in the child between fork and exec
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return hook
+
+
+class Cluster:
+    """The running instance processes."""
+
+    def __init__(self, instances: list[Instance]) -> None:
+        self.instances = instances
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        hook = _parent_death_signal()
+        for inst in self.instances:
+            cmd = [sys.executable, "-m", "tokenomy.emulator", *inst.argv()]
+            self.procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=hook))
+
+    def dead(self) -> list[tuple[Instance, int]]:
+        return [(i, p.returncode) for i, p in zip(self.instances, self.procs, strict=True) if p.poll() is not None]
+
+    def wait_ready(self, timeout_s: float, stop: threading.Event) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        pending = list(self.instances)
+        with httpx.Client(timeout=1.0) as client:
+            while pending:
+                if stop.is_set():
+                    raise CLIError("interrupted while starting")
+                for inst, rc in self.dead():
+                    raise CLIError(f"instance {inst.instance_id} (port {inst.port}) exited with status {rc}")
+                still = []
+                for inst in pending:
+                    try:
+                        ok = client.get(inst.url + "/health").status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    if not ok:
+                        still.append(inst)
+                pending = still
+                if pending:
+                    if time.monotonic() > deadline:
+                        raise CLIError(f"--ready-timeout: {len(pending)} instance(s) not healthy after {timeout_s:g}s")
+                    stop.wait(0.2)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in self.procs:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def listing(instances: list[Instance]) -> dict[str, Any]:
+    return {"instances": [{"id": i.instance_id, "role": i.role, "url": i.url, "host": i.host, "port": i.port,
+                           "model": i.model, "gpu": i.gpu, "tp": i.tp} for i in instances]}
+
+
+def run_up(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    instances = expand(spec, args.port_base)
+    for inst in instances:
+        if not _port_free(inst.host, inst.port):
+            raise CLIError(f"port {inst.port} on {inst.host} is in use (choose another --port-base)")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    cluster = Cluster(instances)
+    try:
+        cluster.start()
+        cluster.wait_ready(args.ready_timeout, stop)
+        for inst in instances:
+            print(f"{inst.role:8s} {inst.instance_id:12s} {inst.url}  ({inst.model} on {inst.gpu} x{inst.tp})",
+                  flush=True)
+        payload = json.dumps(listing(instances))
+        if args.json == "-":
+            print(payload, flush=True)
+        elif args.json:
+            tmp = Path(args.json + ".tmp")
+            tmp.write_text(payload)
+            tmp.replace(args.json)  # appears whole: scripts may poll for the file
+        print(f"tokenomy up: {len(instances)} instance(s) ready; Ctrl-C to stop", file=sys.stderr, flush=True)
+        while not stop.wait(0.5):
+            dead = cluster.dead()
+            if dead:
+                inst, rc = dead[0]
+                print(f"tokenomy up: instance {inst.instance_id} exited with status {rc}; stopping",
+                      file=sys.stderr, flush=True)
+                return 1
+        return 0
+    finally:
+        cluster.stop()
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def standalone(argv: list[str]) -> int:
+    """``python -m tokenomy.cli.up_cmd ARGS``: ``tokenomy up ARGS`` without loading the other commands
+    (scripts and tests that start clusters often)."""
+    parser = argparse.ArgumentParser(prog="tokenomy")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["up", *argv])
+    try:
+        return int(args.func(args) or 0)
+    except (CLIError, ValueError, KeyError, FileNotFoundError) as exc:
+        print(f"tokenomy up: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(standalone(sys.argv[1:]))

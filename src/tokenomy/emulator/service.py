@@ -1,0 +1,267 @@
+"""One emulated instance without HTTP: tokenize, plan the answer, run it on the engine, PD hand-off.
+
+The HTTP layer (:mod:`tokenomy.emulator.server`) parses and formats; everything an answer's
+content and timing depend on happens here, on the event loop that owns the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tokenomy.core import Request, Role
+from tokenomy.emulator.chat import render
+from tokenomy.emulator.config import EmulatorConfig
+from tokenomy.emulator.driver import EngineDriver, RequestHandle
+from tokenomy.emulator.generation import OutputPlan, content_of, plan_output
+from tokenomy.emulator.metrics import EmulatorMetrics
+from tokenomy.emulator.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from tokenomy.emulator.tokenizer import Tokenizer, load_tokenizer
+from tokenomy.engine import Engine, FinishedRequest
+
+if TYPE_CHECKING:
+    import httpx
+
+log = logging.getLogger(__name__)
+
+KV_RELEASE_PATH = "/tokenomy/kv_release"
+"""Where a decode instance tells the prefill instance that it pulled a request's KV."""
+
+
+@dataclass(slots=True)
+class Job:
+    """A validated request, ready to run: prompt ids, the planned answer, PD parameters."""
+
+    request_id: str
+    prompt_ids: list[int]
+    plan: OutputPlan
+    remote_decode: bool = False
+    remote_prefill: dict[str, Any] | None = None
+    cached_tokens: int = 0
+    transfer_s: float = 0.0
+    kv_transfer_params: dict[str, Any] | None = field(default=None)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+
+class Emulator:
+    """Owns the engine, its driver and metrics; create inside the running event loop."""
+
+    def __init__(self, config: EmulatorConfig, tokenizer: Tokenizer | None = None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer or load_tokenizer(config.tokenizer)
+        self.perf = config.perf_model()
+        self.engine_config = config.engine_config(self.perf)
+        self.engine = Engine(config.instance_id, self.engine_config, self.perf, config.role)
+        self.context_window = config.context_window(self.engine_config)
+        self.model_name = config.model_name
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.metrics = EmulatorMetrics(self.engine, self.model_name, self._counters)
+        self.driver = EngineDriver(
+            self.engine, time_scale=config.time_scale, max_lag_s=config.max_lag_s,
+            on_token=self._on_token, on_finish=self._on_finish,
+        )
+        self._ids = itertools.count()
+        self._prefix = f"{config.instance_id}-{os.getpid()}-"
+        self._held: dict[str, asyncio.TimerHandle] = {}  # prefill side: KV kept for a decode instance
+        self._http: httpx.AsyncClient | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.driver.run(), name="engine-driver")
+        self._task.add_done_callback(self._driver_done)
+
+    def _driver_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engine driver stopped", exc_info=task.exception())
+
+    @property
+    def healthy(self) -> bool:
+        """False once the engine driver has stopped (``/health`` then answers 503)."""
+        return self._task is not None and not self._task.done()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._task
+        for timer in self._held.values():
+            timer.cancel()
+        if self._http is not None:
+            await self._http.aclose()
+
+    def _counters(self) -> list[tuple[str, str, float]]:
+        return [
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens_total),
+            ("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens_total),
+        ]
+
+    # ---- preparing a request --------------------------------------------------------------
+    def prepare(self, body: CompletionRequest | ChatCompletionRequest) -> Job:
+        """Validate against this instance and plan the answer; raises :class:`APIError`."""
+        if body.model is not None and body.model != self.model_name:
+            raise APIError(404, f"The model `{body.model}` does not exist.", param="model", type_="NotFoundError")
+        if isinstance(body, ChatCompletionRequest):
+            prompt_ids = self.tokenizer.encode(render(body.messages, body.add_generation_prompt))
+        elif isinstance(body.prompt, str):
+            prompt_ids = self.tokenizer.encode(body.prompt)
+        else:
+            prompt_ids = list(body.prompt)  # type: ignore[arg-type]
+        n_prompt = len(prompt_ids)
+        if n_prompt == 0:
+            raise APIError(400, "The prompt is empty after tokenization.", param="prompt")
+        window = self.context_window
+        max_tokens = body.max_tokens
+        if max_tokens is None:
+            max_tokens = window - n_prompt
+            if max_tokens < 1:
+                raise APIError(400, f"This model's maximum context length is {window} tokens. However, your "
+                                    f"request has {n_prompt} input tokens. Please reduce the length of the input.",
+                               param="messages" if isinstance(body, ChatCompletionRequest) else "prompt")
+        elif n_prompt + max_tokens > window:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {window} tokens. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                param="max_tokens",
+            )
+        remote_decode, remote_prefill = self._pd_params(body.kv_transfer_params)
+        if remote_decode:
+            max_tokens = 1  # the prefill side samples one token (the proxy sends max_tokens=1 anyway)
+        plan = plan_output(
+            self.tokenizer, prompt_ids, max_tokens=max_tokens, min_tokens=min(body.min_tokens, max_tokens),
+            ignore_eos=body.ignore_eos, eos_mean_tokens=self.config.eos_mean_tokens, seed=body.seed,
+            stop=body.stop_strings(), include_stop_str_in_output=body.include_stop_str_in_output,
+        )
+        if not plan.token_ids:  # a stop string inside the first token: vLLM still computes one token
+            plan = OutputPlan(plan_output(self.tokenizer, prompt_ids, max_tokens=1, ignore_eos=True,
+                                          seed=body.seed).token_ids, [""], "stop")
+        return Job(f"{self._prefix}{next(self._ids)}", prompt_ids, plan, remote_decode, remote_prefill)
+
+    @staticmethod
+    def _pd_params(params: dict[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
+        if not params:
+            return False, None
+        if params.get("do_remote_decode") and params.get("do_remote_prefill"):
+            raise APIError(400, "kv_transfer_params: do_remote_decode and do_remote_prefill are exclusive",
+                           param="kv_transfer_params")
+        if params.get("do_remote_prefill"):
+            missing = [k for k in ("remote_request_id", "remote_host", "remote_port") if params.get(k) in (None, "")]
+            if missing:
+                raise APIError(400, f"kv_transfer_params.do_remote_prefill needs {', '.join(missing)}",
+                               param="kv_transfer_params")
+            return False, params
+        return bool(params.get("do_remote_decode")), None
+
+    # ---- running it -----------------------------------------------------------------------
+    async def start_job(self, job: Job, arrival_wall: float) -> RequestHandle:
+        """Put the job on the engine (after the modelled KV pull for a remote prefill)."""
+        ids = job.prompt_ids + job.plan.token_ids
+        content = content_of(ids, self.engine_config.block_size_tokens)
+        n_prompt = job.prompt_tokens
+        request = Request(job.request_id, 0.0, n_prompt, len(job.plan.token_ids), content=content)
+        kwargs: dict[str, Any] = {}
+        if job.remote_prefill is not None:
+            preloaded = n_prompt - 1  # the last prompt token is recomputed to sample the first output token
+            cached = self.engine.cached_prefix_tokens(content, n_prompt)
+            job.transfer_s = self.perf.kv_transfer_time_s(max(0, preloaded - cached), self.config.link_bytes_per_s)
+            await asyncio.sleep(job.transfer_s * self.config.time_scale)
+            self._notify_pulled(job.remote_prefill)
+            kwargs["preloaded_tokens"] = preloaded
+        elif job.remote_decode:
+            kwargs["prefill_only"] = True
+        try:
+            handle = self.driver.submit(request, **kwargs)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="prompt") from None
+        handle.arrival_wall = arrival_wall
+        handle.last_token_wall = arrival_wall
+        handle.prompt_tokens = n_prompt
+        handle.finish_reason = job.plan.finish_reason
+        if job.remote_decode:
+            self.engine.retain(job.request_id)
+        return handle
+
+    def abort(self, handle: RequestHandle) -> None:
+        """The client went away: free the request's KV now (no-op if it already finished)."""
+        if handle.finished is None:
+            self.driver.abort(handle.request_id)
+
+    def finish_job(self, job: Job, handle: RequestHandle) -> None:
+        """After the answer is complete: a prefill-side request keeps its KV for the decode side."""
+        fin = handle.finished
+        assert fin is not None
+        job.cached_tokens = fin.cache_hit_tokens
+        if job.remote_decode and not fin.aborted:
+            bs = self.engine_config.block_size_tokens
+            loop = asyncio.get_running_loop()
+            self._held[job.request_id] = loop.call_later(
+                self.config.kv_release_timeout_s * self.config.time_scale, self.release, job.request_id)
+            job.kv_transfer_params = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_block_ids": list(range(-(-job.prompt_tokens // bs))),
+                "remote_engine_id": self.config.instance_id,
+                "remote_request_id": job.request_id,
+                "remote_host": self.config.host,
+                "remote_port": self.config.port,
+                "tp_size": self.config.tp,
+            }
+
+    def release(self, request_id: str) -> bool:
+        """Unpin KV held for a decode instance (it pulled it, or the timeout passed)."""
+        timer = self._held.pop(request_id, None)
+        if timer is None:
+            return False
+        timer.cancel()
+        self.engine.release(request_id)
+        return True
+
+    def _notify_pulled(self, params: dict[str, Any]) -> None:
+        import httpx  # only PD decode instances need a client (and importing it is slow)
+
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=5.0)
+        url = f"http://{params['remote_host']}:{params['remote_port']}{KV_RELEASE_PATH}"
+        payload = {"remote_request_id": params["remote_request_id"]}
+        client = self._http
+
+        async def send() -> None:
+            try:
+                await client.post(url, json=payload)
+            except httpx.HTTPError as exc:  # the prefill side frees on its timeout instead
+                log.warning("KV release notification to %s failed: %s", url, exc)
+
+        asyncio.get_running_loop().create_task(send())
+
+    # ---- metrics hooks (called by the driver) ---------------------------------------------
+    def _on_token(self, h: RequestHandle, wall: float) -> None:
+        scale = self.config.time_scale
+        m = self.metrics
+        if h.first_token_wall is None:
+            m.ttft.observe((wall - h.arrival_wall) / scale)
+            self.prompt_tokens_total += h.prompt_tokens
+        else:
+            m.itl.observe((wall - h.last_token_wall) / scale)
+        self.generation_tokens_total += 1
+
+    def _on_finish(self, h: RequestHandle, fin: FinishedRequest) -> None:
+        m = self.metrics
+        m.e2e.observe((h.last_token_wall - h.arrival_wall) / self.config.time_scale)
+        m.request_prompt_tokens.observe(h.prompt_tokens)
+        m.request_generation_tokens.observe(fin.output_tokens)
+        m.success(h.finish_reason)
+
+    @property
+    def role(self) -> Role:
+        return self.config.role

@@ -1,0 +1,167 @@
+"""The HTTP API in-process: formats, usage, prefix caching seen from outside, bad input, PD params."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from starlette.testclient import TestClient
+
+from tokenomy.emulator import EmulatorConfig, build_app
+from tokenomy.emulator.tokenizer import WordTokenizer
+
+from .conftest import FAST, metric
+
+TOK = WordTokenizer()
+
+
+def sse_events(text: str) -> list[dict | str]:
+    out: list[dict | str] = []
+    for block in text.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_completion_usage_and_text(client: TestClient) -> None:
+    r = client.post("/v1/completions", json={"prompt": "Hello there, emulator.", "max_tokens": 25,
+                                             "ignore_eos": True})
+    assert r.status_code == 200
+    body = r.json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 25 == len(TOK.encode(choice["text"]))
+    assert body["usage"]["prompt_tokens"] == len(TOK.encode("Hello there, emulator."))
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+def test_streamed_chat_equals_whole_answer(client: TestClient) -> None:
+    req = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 12, "ignore_eos": True}
+    whole = client.post("/v1/chat/completions", json=req).json()
+    r = client.post("/v1/chat/completions", json={**req, "stream": True, "stream_options": {"include_usage": True}})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    usage = events[-2]
+    assert isinstance(usage, dict) and usage["choices"] == [] and usage["usage"]["completion_tokens"] == 12
+    chunks = [e for e in events[:-2] if isinstance(e, dict)]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == whole["choices"][0]["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_second_turn_hits_the_prefix_cache(client: TestClient) -> None:
+    """Turn 2 repeats turn 1's prompt + answer: all their full blocks are cached hits."""
+    prompt = "You are a helpful agent. " + "Tool output: alpha beta gamma delta. " * 30
+    first = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 37, "ignore_eos": True}).json()
+    hits_before = metric(client.get("/metrics").text, "vllm:prefix_cache_hits_total")
+    p1, o1 = first["usage"]["prompt_tokens"], first["usage"]["completion_tokens"]
+    turn2 = prompt + first["choices"][0]["text"] + "\nObservation: done. Next step?"
+    second = client.post("/v1/completions", json={"prompt": turn2, "max_tokens": 5, "ignore_eos": True}).json()
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # The last sampled token's KV is never computed (as in vLLM), so the bound is on p1 + o1 - 1.
+    assert cached >= (p1 + o1 - 1) // 16 * 16
+    assert cached > p1
+    hits_after = metric(client.get("/metrics").text, "vllm:prefix_cache_hits_total")
+    assert hits_after - hits_before == cached
+
+
+def test_metrics_have_vllm_names_and_model_label(client: TestClient) -> None:
+    client.post("/v1/completions", json={"prompt": "count me", "max_tokens": 4, "ignore_eos": True})
+    text = client.get("/metrics").text
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket"):
+        assert f'{name}{{' in text, name
+    assert 'model_name="llama-3.1-8b"' in text
+    assert metric(text, "vllm:generation_tokens_total") == 4
+    assert metric(text, "vllm:time_to_first_token_seconds_count") == 1
+    assert metric(text, "vllm:inter_token_latency_seconds_count") == 3
+
+
+BAD = [
+    ("invalid json", b"{not json", 400, None),
+    ("not an object", b"[1, 2]", 400, None),
+    ("unknown model", {"model": "gpt-9", "prompt": "x"}, 404, "model"),
+    ("negative max_tokens", {"prompt": "x", "max_tokens": -3}, 400, "max_tokens"),
+    ("zero max_tokens", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ("max_tokens not an int", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+    ("over the context window", {"prompt": "x", "max_tokens": 40000}, 400, "max_tokens"),
+    ("missing prompt", {"max_tokens": 3}, 400, "prompt"),
+    ("empty prompt", {"prompt": "", "max_tokens": 3}, 400, "prompt"),
+    ("n > 1", {"prompt": "x", "n": 2}, 400, "n"),
+    ("stream_options without stream", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, None),
+    ("min_tokens > max_tokens", {"prompt": "x", "max_tokens": 2, "min_tokens": 5}, 400, None),
+    ("PD without remote fields", {"prompt": "x", "kv_transfer_params": {"do_remote_prefill": True}}, 400,
+     "kv_transfer_params"),
+]
+
+
+@pytest.mark.parametrize(("case", "payload", "status", "param"), BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_openai_error_and_server_keeps_serving(
+    client: TestClient, case: str, payload: object, status: int, param: str | None
+) -> None:
+    if isinstance(payload, bytes):
+        r = client.post("/v1/completions", content=payload, headers={"content-type": "application/json"})
+    else:
+        r = client.post("/v1/completions", json=payload)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status and err["message"]
+    assert err["param"] == param
+    ok = client.post("/v1/completions", json={"prompt": "still there?", "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_bad_chat_messages_and_unknown_fields(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages")
+    r = client.post("/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400
+    # vLLM ignores fields it does not know (it logs them); so does the emulator.
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                  "max_tokens": 2, "frobnicate": True})
+    assert r.status_code == 200
+    assert client.get("/v1/nothing").json()["error"]["code"] == 404
+
+
+def test_prefill_side_returns_kv_transfer_params_and_holds_kv_until_released(client: TestClient) -> None:
+    r = client.post("/v1/completions", json={"prompt": "prefill me " * 40, "max_tokens": 1,
+                                             "kv_transfer_params": {"do_remote_decode": True}})
+    body = r.json()
+    params = body["kv_transfer_params"]
+    assert body["usage"]["completion_tokens"] == 1
+    assert params["do_remote_prefill"] is True and params["remote_engine_id"] == "unit-0"
+    assert len(params["remote_block_ids"]) == -(-body["usage"]["prompt_tokens"] // 16)
+    assert metric(client.get("/metrics").text, "vllm:kv_cache_usage_perc") > 0  # pinned for the decode side
+    released = client.post("/tokenomy/kv_release", json={"remote_request_id": params["remote_request_id"]})
+    assert released.json() == {"released": True}
+    assert metric(client.get("/metrics").text, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_prefill_side_frees_unpulled_kv_after_the_timeout() -> None:
+    config = EmulatorConfig(time_scale=FAST, kv_release_timeout_s=5.0)  # 5 modelled s = 5 ms here
+    with TestClient(build_app(config)) as c:
+        r = c.post("/v1/completions", json={"prompt": "nobody pulls this " * 40, "max_tokens": 1,
+                                            "kv_transfer_params": {"do_remote_decode": True}})
+        assert r.json()["kv_transfer_params"]["do_remote_prefill"] is True
+        for _ in range(200):  # bounded: the timer fires after about 5 ms of wall time
+            if metric(c.get("/metrics").text, "vllm:kv_cache_usage_perc") == 0:
+                break
+        assert metric(c.get("/metrics").text, "vllm:kv_cache_usage_perc") == 0
+        rid = r.json()["kv_transfer_params"]["remote_request_id"]
+        assert c.post("/tokenomy/kv_release", json={"remote_request_id": rid}).json() == {"released": False}
+
+
+def test_agent_chat_turn_hits_the_cache_for_the_whole_history(client: TestClient) -> None:
+    msgs = [{"role": "system", "content": "You are an agent with tools. " * 20},
+            {"role": "user", "content": "Find the answer."}]
+    first = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 40, "ignore_eos": True}).json()
+    p1, o1 = first["usage"]["prompt_tokens"], first["usage"]["completion_tokens"]
+    msgs += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+             {"role": "tool", "content": "result: 42"}]
+    second = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 5}).json()
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= (p1 + o1 - 1) // 16 * 16

@@ -1,0 +1,118 @@
+"""``tokenomy up``: a cluster file, 8 instances on this machine, clean stop without orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tokenomy.cli import main as cli_main
+from tokenomy.emulator.cluster import DEFAULT_CLUSTER, expand, load_cluster
+
+from .servers import free_port_base
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+def _start_up(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], dict]:
+    out = tmp_path / "cluster.json"
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.up_cmd", *args, "--json", str(out)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 90
+    while not out.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"tokenomy up did not become ready (status {proc.poll()})")
+        time.sleep(0.2)
+    return proc, json.loads(out.read_text())
+
+
+def test_default_cluster_is_four_mixed_llama_on_h100() -> None:
+    insts = expand(DEFAULT_CLUSTER, 9000)
+    assert [(i.role, i.model, i.gpu, i.port) for i in insts] == [("mixed", "llama-3.1-8b", "h100", 9000 + k)
+                                                                 for k in range(4)]
+
+
+def test_cluster_file_errors_name_the_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_main, "COMMAND_MODULES", ("up_cmd",))  # the real parser, without the others
+    main = cli_main.main
+    bad = tmp_path / "c.yaml"
+    bad.write_text("pools:\n  - role: both\n")
+    with pytest.raises(ValueError, match=r"c.yaml: pools.0.role"):
+        load_cluster(bad)
+    assert main(["up", str(bad)]) == 2
+    assert "c.yaml: pools.0.role" in capsys.readouterr().err
+    assert main(["up", str(tmp_path / "missing.yaml")]) == 2
+    bad.write_text("pools:\n  - role: decode\n    engine: {max_num_seq: 3}\n")
+    assert main(["up", str(bad)]) == 2
+    assert "unknown engine key(s) max_num_seq" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_eight_instances_serve_and_stop_cleanly_on_sigterm(tmp_path: Path) -> None:
+    base = free_port_base(8)
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text(f"port_base: {base}\nengine: {{max_num_seqs: 128}}\n"
+                   "pools:\n  - {role: mixed, count: 4}\n  - {role: prefill, count: 2}\n  - {role: decode, count: 2}\n")
+    proc, listing = _start_up(tmp_path, str(cfg))
+    try:
+        urls = [i["url"] for i in listing["instances"]]
+        assert [i["role"] for i in listing["instances"]] == ["mixed"] * 4 + ["prefill"] * 2 + ["decode"] * 2
+        children = _children(proc.pid)
+        assert len(children) == 8
+
+        def ask(url: str) -> int:
+            r = httpx.post(url + "/v1/completions", json={"prompt": "hello " * 200, "max_tokens": 64,
+                                                          "ignore_eos": True}, timeout=30)
+            return r.json()["usage"]["completion_tokens"]
+
+        with ThreadPoolExecutor(16) as pool:  # moderate load: two concurrent streams per instance
+            assert list(pool.map(ask, urls * 2)) == [64] * 16
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        assert _wait_gone(children) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.integration
+def test_instances_die_with_a_killed_up(tmp_path: Path) -> None:
+    proc, listing = _start_up(tmp_path, "--instances", "2", "--port-base", str(free_port_base(2)))
+    children = _children(proc.pid)
+    assert len(children) == 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert _wait_gone(children) == []
