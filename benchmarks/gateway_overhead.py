@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+MODEL = "llama-3.1-8b"  # the default config's model (what `tokenomy up` serves)
 API_KEY = "tk-" + "b" * 43  # a fixed benchmark key (tk- + 43 urlsafe characters, as `tokenomy keys` makes)
 
 _COMPLETION = json.dumps({

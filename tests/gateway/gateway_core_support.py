@@ -24,7 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+from tokenomy.gateway.config import DEFAULT_MODEL
+
+MODEL = DEFAULT_MODEL
 
 
 def free_port() -> int:

@@ -1,9 +1,9 @@
 """The gateway's configuration: one pydantic model, loaded from YAML, validated before anything starts.
 
 ``GatewayConfig()`` with no arguments is the documented default: it fronts ``tokenomy up``'s default
-cluster (4 mixed emulator instances on http://127.0.0.1:8001-8004 serving
-``meta-llama/Llama-3.1-8B-Instruct``), routes with ``session_affinity`` and writes its ledger to
-``tokenomy-ledger.db`` (SQLite, WAL) in the working directory.
+cluster (4 mixed emulator instances on http://127.0.0.1:8100-8103 serving ``llama-3.1-8b``),
+routes with ``session_affinity`` and writes its ledger to ``tokenomy-ledger.db`` (SQLite, WAL) in
+the working directory.
 
 Token operations (tenancy, limits, budgets, breakers, admission, alerts) keep their own section,
 ``ops``; its schema belongs to :mod:`tokenomy.gateway.ops` when that module exists, and is passed
@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+DEFAULT_MODEL = "llama-3.1-8b"  # what `tokenomy up` serves by default
 
 
 class _Strict(BaseModel):
@@ -106,7 +106,7 @@ class GatewayConfig(_Strict):
 
     server: ServerConfig = ServerConfig()
     backends: tuple[BackendConfig, ...] = tuple(
-        BackendConfig(id=f"emu-{i}", url=f"http://127.0.0.1:{8000 + i}") for i in range(1, 5)
+        BackendConfig(id=f"emu-{i}", url=f"http://127.0.0.1:{8100 + i}") for i in range(4)
     )
     router: RouterConfig = RouterConfig()
     health: HealthConfig = HealthConfig()
