@@ -61,7 +61,7 @@ def run_usage(args: argparse.Namespace) -> int:
     cols = ("requests", "input_tokens", "incremental_prefill_tokens", "history_tokens", "output_tokens",
             "cached_tokens", "recomputed_tokens", "cost_usd", "cache_savings_usd")
     heads = ("requests", "input", "incr. prefill", "history", "output", "cached", "recomputed", "cost $", "saved $")
-    table.add_column(args.by)
+    table.add_column(args.by, no_wrap=True, min_width=max([len(n) for n in groups] + [6]))
     for h in heads:
         table.add_column(h, justify="right")
     for name, row in groups.items():
