@@ -57,12 +57,14 @@ def test_sigkill_mid_load_leaves_no_reservation_held(tmp_path: Path) -> None:
         done: list[str] = []
 
         def client(i: int) -> None:
+            # streams: half finish in ~0.1 s, half take ~4 s, so the kill finds some in flight
             body = {"model": MODEL, "messages": [{"role": "user", "content": f"q{i}"}],
-                    "max_tokens": 5 + 10 * (i % 4)}
+                    "max_tokens": 5 if i % 2 == 0 else 200, "stream": True}
             try:
-                r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30,
-                               headers={"authorization": f"Bearer {key}", "x-request-id": f"req-{i}"})
-                if r.status_code == 200:
+                with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30,
+                                  headers={"authorization": f"Bearer {key}", "x-request-id": f"req-{i}"}) as r:
+                    text = "".join(r.iter_text())
+                if r.status_code == 200 and "[DONE]" in text and "error" not in text:
                     done.append(f"req-{i}")
             except httpx.HTTPError:
                 pass  # the gateway died under this request
