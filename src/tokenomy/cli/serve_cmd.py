@@ -30,6 +30,7 @@ def run_serve(args: argparse.Namespace) -> int:
         server = server.model_copy(update=updates)
         config = config.model_copy(update={"server": server})
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check otherwise
     app = build_app(config)
     backends = ", ".join(f"{b.id}={b.url}" for b in config.backends)
     print(f"tokenomy gateway on http://{server.host}:{server.port} -> {backends} (router {config.router.name})",

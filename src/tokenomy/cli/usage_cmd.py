@@ -63,10 +63,10 @@ def run_usage(args: argparse.Namespace) -> int:
     heads = ("requests", "input", "incr. prefill", "history", "output", "cached", "recomputed", "cost $", "saved $")
     table.add_column(args.by, no_wrap=True, min_width=max([len(n) for n in groups] + [6]))
     for h in heads:
-        table.add_column(h, justify="right")
+        table.add_column(h, justify="right", no_wrap=True)
     for name, row in groups.items():
-        table.add_row(name or "(none)", *(f"{row[c]:.4f}" if c.endswith("usd") else str(row[c]) for c in cols))
-    Console().print(table)
+        table.add_row(name or "(none)", *(f"{row[c]:.6f}" if c.endswith("usd") else str(row[c]) for c in cols))
+    Console(width=max(Console().width, 140)).print(table)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"by": args.by, "groups": groups}, indent=2))
