@@ -7,7 +7,9 @@ configured (never full). Measured for both reservation stores side by side in on
 
     python benchmarks/guard_overhead.py --requests 3000 --json out/guard_overhead.json
 
-Writes ``{"memory": {"p50_us", "p99_us", "mean_us"}, "sql": {...}}`` (admit + settle per request).
+Writes ``{"memory": {"p50_us", "p99_us", "mean_us", "cpu_mean_us"}, "sql": {...}}`` (admit + settle
+per request; ``cpu_mean_us`` is this process's CPU time per request, steadier than wall time on a
+shared machine).
 """
 
 from __future__ import annotations
@@ -76,18 +78,23 @@ def main() -> None:
         guards = {name: build_guard(_Config(_ops(key, name)), db_url=f"sqlite:///{Path(tmp) / name}.db")
                   for name in ("memory", "sql")}
         samples: dict[str, list[float]] = {name: [] for name in guards}
+        cpu_s: dict[str, float] = dict.fromkeys(guards, 0.0)
         for guard in guards.values():
             asyncio.run(_run(guard, key, 200))  # warm up
         for _ in range(args.rounds):
             for name, guard in guards.items():
+                c0 = time.process_time()
                 samples[name] += asyncio.run(_run(guard, key, args.requests // args.rounds))
+                cpu_s[name] += time.process_time() - c0
     result = {}
     for name, xs in samples.items():
         xs.sort()
         result[name] = {"p50_us": round(xs[len(xs) // 2], 1), "p99_us": round(xs[int(len(xs) * 0.99)], 1),
-                        "mean_us": round(statistics.fmean(xs), 1), "requests": len(xs)}
-        print(f"{name:6s} admit+settle: p50 {result[name]['p50_us']:8.1f} us  p99 {result[name]['p99_us']:8.1f} us"
-              f"  mean {result[name]['mean_us']:8.1f} us  ({len(xs)} requests)")
+                        "mean_us": round(statistics.fmean(xs), 1), "requests": len(xs),
+                        "cpu_mean_us": round(cpu_s[name] / len(xs) * 1e6, 1)}
+        r = result[name]
+        print(f"{name:6s} admit+settle: p50 {r['p50_us']:8.1f} us  p99 {r['p99_us']:8.1f} us  mean {r['mean_us']:8.1f} us"
+              f"  CPU {r['cpu_mean_us']:7.1f} us/request  ({len(xs)} requests)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
