@@ -87,11 +87,27 @@ def test_a_failing_webhook_is_counted_not_raised():
 def test_spend_rate_anomaly_alerts_once_until_the_rate_falls():
     mon = SpendRateMonitor(usd_per_hour=10.0, window_s=60.0)  # $10/h = $0.1667 per minute
     assert mon.add("k", 0.10, 0.0) is None
-    rate = mon.add("k", 0.10, 10.0)
-    assert rate == pytest.approx(12.0)
+    rate, reason = mon.add("k", 0.10, 10.0)
+    assert rate == pytest.approx(12.0) and "threshold" in reason
     assert mon.add("k", 0.10, 20.0) is None  # still fast: no second alert
     assert mon.add("k", 0.0, 200.0) is None  # the window emptied: quiet again
     assert mon.add("k", 0.2, 201.0) is not None
+
+
+def test_relative_anomaly_against_the_keys_own_baseline():
+    """A key steady at $1/h for an hour, then at $12/h: flagged as 12x its baseline (warm-up first)."""
+    mon = SpendRateMonitor(None, window_s=300.0, factor=5.0, baseline_s=3600.0, min_usd_per_hour=0.5)
+    t = 0.0
+    while t < 7200.0:  # $1/h: $1/60 every minute
+        assert mon.add("k", 1 / 60, t) is None
+        t += 60.0
+    got = None
+    for i in range(10):  # $12/h: $0.2 every minute
+        got = got or mon.add("k", 0.2, t + 60.0 * i)
+    assert got is not None
+    rate, reason = got
+    assert rate > 5.0 and "baseline" in reason
+    assert SpendRateMonitor(None, 300.0, factor=5.0, baseline_s=3600.0).add("new", 5.0, 0.0) is None  # warm-up
 
 
 def test_guard_emits_spend_rate_alerts_and_counts_refusals_and_trips(tmp_path):

@@ -6,7 +6,8 @@ than slow a request; a failed POST is logged and not retried (alerts are advisor
 the record). Body: ``{"kind", "subject", "message", "at_s", "data"}``.
 
 Kinds: ``budget_threshold`` (a node's spend crossed 50/80/100% of its period budget),
-``breaker_trip`` and ``spend_rate`` (a key spending faster than ``spend_rate_usd_per_hour``).
+``breaker_trip`` and ``spend_rate`` (a key spending faster than ``spend_rate_usd_per_hour``, or
+``spend_rate_factor`` times its own baseline).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -30,8 +32,12 @@ class AlertsConfig(BaseModel):
     queue_size: int = Field(default=1000, ge=1)
     timeout_s: float = Field(default=2.0, gt=0)
     budget_thresholds: tuple[float, ...] = (0.5, 0.8, 1.0)
-    spend_rate_usd_per_hour: float | None = Field(default=None, gt=0)
+    spend_rate_usd_per_hour: float | None = Field(default=None, gt=0, description="absolute alert threshold")
     spend_rate_window_s: float = Field(default=300.0, gt=0)
+    spend_rate_factor: float | None = Field(default=None, gt=1, description="alert when the window's rate "
+                                            "passes this multiple of the key's own baseline")
+    spend_baseline_s: float = Field(default=6 * 3600.0, gt=0, description="baseline time constant (and warm-up)")
+    spend_rate_min_usd_per_hour: float = Field(default=0.1, ge=0, description="no relative alert below this rate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,22 +119,29 @@ class Alerter:
 
 
 class SpendRateMonitor:
-    """Spend per key in a sliding window; an alert when its hourly rate passes the threshold.
+    """Spend per key in a sliding window, against an absolute threshold and against the key's own
+    baseline (an exponentially weighted rate with time constant ``baseline_s``).
 
-    One alert per key per window: after alerting, the key is quiet until its rate falls back
-    under the threshold.
+    ``add`` returns ``(rate_usd_per_hour, reason)`` when a key newly becomes anomalous: its window
+    rate passes ``usd_per_hour``, or — once the key has been seen for ``baseline_s`` — passes
+    ``factor`` times its baseline (and ``min_usd_per_hour``). One alert per episode: the key is
+    quiet until its rate falls back under the thresholds.
     """
 
-    def __init__(self, usd_per_hour: float | None, window_s: float) -> None:
+    def __init__(self, usd_per_hour: float | None, window_s: float, factor: float | None = None,
+                 baseline_s: float = 6 * 3600.0, min_usd_per_hour: float = 0.0) -> None:
         self.usd_per_hour = usd_per_hour
         self.window_s = window_s
+        self.factor = factor
+        self.baseline_s = baseline_s
+        self.min_usd_per_hour = min_usd_per_hour
         self._events: dict[str, deque[tuple[float, float]]] = {}
         self._totals: dict[str, float] = {}
+        self._baseline: dict[str, tuple[float, float, float]] = {}  # key -> (rate $/h, at_s, first_s)
         self._alerting: set[str] = set()
 
-    def add(self, key_id: str, usd: float, now_s: float) -> float | None:
-        """Record spend; the key's hourly rate when it newly crosses the threshold, else None."""
-        if self.usd_per_hour is None:
+    def add(self, key_id: str, usd: float, now_s: float) -> tuple[float, str] | None:
+        if self.usd_per_hour is None and self.factor is None:
             return None
         events = self._events.setdefault(key_id, deque())
         events.append((now_s, usd))
@@ -137,10 +150,19 @@ class SpendRateMonitor:
             total -= events.popleft()[1]
         self._totals[key_id] = total
         rate = total * 3600.0 / self.window_s
-        if rate <= self.usd_per_hour:
+        base, at_s, first_s = self._baseline.get(key_id, (0.0, now_s, now_s))
+        reason = None
+        if self.usd_per_hour is not None and rate > self.usd_per_hour:
+            reason = f"above the ${self.usd_per_hour:.2f}/h threshold"
+        elif (self.factor is not None and now_s - first_s >= self.baseline_s
+              and rate > max(self.factor * base, self.min_usd_per_hour)):
+            reason = f"{rate / base:.1f}x its baseline of ${base:.2f}/h" if base > 0 else "from a zero baseline"
+        decay = math.exp(-(now_s - at_s) / self.baseline_s)
+        self._baseline[key_id] = (base * decay + usd * 3600.0 / self.baseline_s, now_s, first_s)
+        if reason is None:
             self._alerting.discard(key_id)
             return None
         if key_id in self._alerting:
             return None
         self._alerting.add(key_id)
-        return rate
+        return rate, reason

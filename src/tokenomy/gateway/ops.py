@@ -70,7 +70,9 @@ class OpsGuard:
         self.admission = PriorityAdmission(config.admission)
         self.metrics = metrics or OpsMetrics()
         self.alerter = alerter or Alerter(config.alerts)
-        self.spend_rate = SpendRateMonitor(config.alerts.spend_rate_usd_per_hour, config.alerts.spend_rate_window_s)
+        a = config.alerts
+        self.spend_rate = SpendRateMonitor(a.spend_rate_usd_per_hour, a.spend_rate_window_s, a.spend_rate_factor,
+                                           a.spend_baseline_s, a.spend_rate_min_usd_per_hour)
         self._flights: dict[str, _Flight] = {}
         self._pool_gauges: dict[str, tuple[Any, Any]] = {}
         self._next_sweep_s = -math.inf
@@ -128,10 +130,11 @@ class OpsGuard:
         self.budgets.settle(admission.request_id, usage.cost_usd, flight.path)
         self.limits.correct_tokens(flight.grant, usage.prompt_tokens + usage.output_tokens, now)
         self._finish(admission.key_id, flight, usage.cost_usd)
-        rate = self.spend_rate.add(admission.key_id, usage.cost_usd, now)
-        if rate is not None:
-            self._alert("spend_rate", admission.key_id, f"spending ${rate:.2f}/h (threshold "
-                        f"${self.config.alerts.spend_rate_usd_per_hour:.2f}/h)", now, {"usd_per_hour": rate})
+        anomaly = self.spend_rate.add(admission.key_id, usage.cost_usd, now)
+        if anomaly is not None:
+            rate, reason = anomaly
+            self._alert("spend_rate", admission.key_id, f"spending ${rate:.2f}/h, {reason}", now,
+                        {"usd_per_hour": rate, "reason": reason})
         self._drain_events()
 
     async def release(self, admission: Admission, reason: str) -> None:
