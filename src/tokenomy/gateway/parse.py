@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from tokenomy.gateway.metering import estimate_tokens
 SESSION_HEADER = "x-session-id"
 REQUEST_ID_HEADER = "x-request-id"
 _MAX_ID_CHARS = 128
+_KEY_MASK = (1 << 62) - 1
 
 
 @dataclass(slots=True)
@@ -47,12 +48,18 @@ async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
         raise _bad(f"request body is larger than {max_body_bytes} bytes", code="body_too_large", status=413)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:  # the ASGI messages themselves: Request.stream() costs an async generator a request
+        message = await request.receive()
+        if message["type"] != "http.request":
+            raise _bad("the client went away before sending its body", code="client_disconnected", status=400)
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_body_bytes:
             raise _bad(f"request body is larger than {max_body_bytes} bytes", code="body_too_large", status=413)
         chunks.append(chunk)
-    raw = b"".join(chunks)
+        if not message.get("more_body", False):
+            break
+    raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     if not raw:
         raise _bad("request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -146,11 +153,8 @@ def parse_request(request: Request, body: dict[str, Any], endpoint: str, known_m
         max_tokens = mct if mct is not None else max_tokens
         chars = _check_messages(body.get("messages"))
         msgs = body["messages"]
-        tail = json.dumps(
-            [{k: m.get(k) for k in ("role", "content", "name")} | {"calls": _calls(m)} for m in msgs[-2:]],
-            sort_keys=True,
-        )
-        head = json.dumps(msgs[0].get("content"), sort_keys=True)[:512]
+        tail = repr([(m.get("role"), m.get("content"), m.get("name"), _calls(m)) for m in msgs[-2:]])
+        head = repr(msgs[0].get("content"))[:512]
     else:
         chars, tail = _check_prompt(body.get("prompt"))
         p = body["prompt"]
@@ -159,7 +163,7 @@ def parse_request(request: Request, body: dict[str, Any], endpoint: str, known_m
         raise GatewayError(404, f"the model {model!r} does not exist", "invalid_request_error", "model_not_found", "model")
     rid = request.headers.get(REQUEST_ID_HEADER) or ""
     if not rid or len(rid) > _MAX_ID_CHARS:
-        rid = f"req-{uuid.uuid4().hex}"
+        rid = "req-" + os.urandom(16).hex()
     sid = _session_id(request, body)
     key_text = f"s:{sid}" if sid else f"p:{head}"
     return ParsedRequest(
@@ -173,7 +177,7 @@ def parse_request(request: Request, body: dict[str, Any], endpoint: str, known_m
         session_id=sid,
         request_id=rid,
         fingerprint=_digest(tail),
-        stream_key=int(_digest(key_text)[:15], 16),
+        stream_key=hash(key_text) & _KEY_MASK,  # in-process only: Python's salted hash is fine
     )
 
 
