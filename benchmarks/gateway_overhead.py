@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(d)
         cfg = _config(tmp, up_ports, gw_port, args.reservations)
         upstream = subprocess.Popen([sys.executable, __file__, "--upstream", ",".join(map(str, up_ports))])
-        gateway = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.main", "serve", "--config", str(cfg),
+        gateway = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg),
                                     "--log-level", "warning"], cwd=tmp, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             for p in up_ports:

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 
 def _start(cfg: Path, port: int, cwd: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.main", "serve", "--config", str(cfg),
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg),
                              "--log-level", "warning"], cwd=cwd, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
