@@ -214,3 +214,40 @@ def test_two_processes_reserving_against_one_budget_never_overspend(tmp_path):
         t.join(60)
     assert sum(granted) == 50
     assert stores[0]._read(charge) == (0.0, 50.0)
+
+
+def _event(rid: str, key_id: str, cost: float, ts_s: float):
+    from tokenomy.gateway.ledger import UsageEvent
+
+    return UsageEvent(request_id=rid, ts_s=ts_s, tenant_path="", key_id=key_id, model="m", backend="b",
+                      endpoint="chat", stream=False, status=200, outcome="ok", session_id="", turn=0,
+                      prompt_tokens=1, input_tokens=1, incremental_prefill_tokens=0, history_tokens=0,
+                      output_tokens=1, cached_tokens=0, recomputed_tokens=1, cost_recomputed_usd=cost,
+                      cost_cached_usd=0.0, cost_output_usd=0.0, cost_usd=cost, cache_savings_usd=0.0,
+                      ttft_s=None, tpot_s=None, e2e_s=0.1)
+
+
+def test_memory_store_rebuilds_spend_from_the_ledger_at_start_up(tmp_path):
+    """In-process reservations after a restart: spend is what the ledger holds, nothing is held."""
+    from tokenomy.gateway.ledger import SqlLedger
+
+    clock = FakeClock()
+    guard = make_guard(tmp_path, clock, reservations="memory")
+    raw, key_id = add_key(guard, team=NodeLimits(budget_usd=1.0),
+                          key=NodeLimits(budget_usd=3 * WORST_USD, budget_period="day"))
+    ledger = SqlLedger(f"sqlite:///{tmp_path / 'ops.db'}")
+    try:
+        ledger.record_sync([_event("old", key_id, 5.0, clock.t - 40 * 86400),  # another month
+                            _event("yesterday", key_id, 1e-4, clock.t - 86400),
+                            _event("today", key_id, 2e-4, clock.t - 60)])
+    finally:
+        ledger.close()
+    restarted = make_guard(tmp_path, clock, reservations="memory")
+    team_id = restarted.store.tree.get(key_id).parent_id
+    store = restarted.budgets.store
+    assert store.usage((key_id, period_key("day", clock.t))) == pytest.approx((2e-4, 0.0))
+    assert store.usage((team_id, period_key("month", clock.t))) == pytest.approx((3e-4, 0.0))
+    asyncio.run(restarted.admit(request(raw, "a")))  # today 2e-4, + 3e-4 held
+    asyncio.run(restarted.admit(request(raw, "b")))  # 8e-4 of the key's 9e-4 a day
+    with pytest.raises(GatewayError):
+        asyncio.run(restarted.admit(request(raw, "c")))

@@ -27,6 +27,7 @@ from tokenomy.gateway.admission import AdmissionSignals, PriorityAdmission, Tick
 from tokenomy.gateway.alerts import Alert, Alerter, SpendRateMonitor
 from tokenomy.gateway.breaker import Breakers
 from tokenomy.gateway.budget import Budgets, PriceLike, worst_case_cost_usd
+from tokenomy.gateway.budget_seed import seed_from_ledger
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.guard import Admission, AdmitRequest, SettledUsage
 from tokenomy.gateway.limits import InProcessRateLimits, RateGrant
@@ -324,7 +325,10 @@ def build_guard(config: GatewayConfigLike, *, engine: Engine | None = None, db_u
         sql.reconcile(clock(), ledger_cost_usd or (lambda _rid: None))
         reservations = sql
     else:
-        reservations = InProcessReservations()
+        memory = InProcessReservations()
+        ledger_url = db_url or ops.db_url
+        seed_from_ledger(memory, store.tree, sqlite_engine(ledger_url) if ledger_url else engine, clock())
+        reservations = memory
     return OpsGuard(ops, store, reservations, config.price, clock=clock,
                     metrics=OpsMetrics(registry) if registry is not None else None, alerter=alerter)
 

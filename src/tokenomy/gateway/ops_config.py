@@ -29,8 +29,9 @@ class OpsConfig(BaseModel):
     admin_key: str | None = Field(default=None, min_length=16, description="bearer key of /admin; None: off")
     db_url: str | None = Field(default=None, description="SQLAlchemy URL; None: the ledger's database")
     reservations: Literal["sql", "memory"] = Field(
-        default="sql", description="sql: holds and spend in the database, recovered after a crash; memory: "
-                                   "in-process only, spend starts at zero on every start (tests, benchmarks)")
+        default="sql", description="sql: holds and spend in the database, reconciled after a crash, shared "
+                                   "by processes on one file; memory: in process, spend rebuilt from the "
+                                   "ledger at start-up (one process; fewer statements per request)")
     hold_ttl_s: float = Field(default=3600.0, gt=0, description="a hold older than this is reconciled")
     prompt_reserve_factor: float = Field(
         default=1.0, ge=1.0, le=8.0,

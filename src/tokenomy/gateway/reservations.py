@@ -62,8 +62,8 @@ class Reservations(Protocol):
 class InProcessReservations:
     """``Reservations`` in memory: exact within one process (callers never await inside a call).
 
-    Holds die with the process, and so does spend unless the owner seeds it (``seed_spent``), so
-    a restart forgets what was spent: for tests and benchmarks, not for enforcing budgets.
+    Holds die with the process; spend is seeded at start-up from the ledger
+    (``budget_seed.seed_from_ledger``), so a restart neither holds nor forgets anything.
     """
 
     def __init__(self) -> None:
