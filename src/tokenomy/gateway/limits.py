@@ -82,6 +82,19 @@ class RateLimits(Protocol):
     def in_flight(self, node_id: str) -> int: ...
 
 
+def _headers(buckets: Sequence[tuple[TokenBucket, int, str]]) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-*`` for the tightest bucket of each kind (``requests``, ``tokens``)."""
+    out: dict[str, str] = {}
+    for kind in (RPM, TPM):
+        mine = [(b.level, cap, b) for b, cap, k in buckets if k == kind]
+        if mine:
+            level, cap, bucket = min(mine, key=lambda x: x[0])
+            out[f"x-ratelimit-limit-{kind}"] = str(cap)
+            out[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(level)))
+            out[f"x-ratelimit-reset-{kind}"] = openai_duration(bucket.reset_s())
+    return out
+
+
 class InProcessRateLimits:
     """``RateLimits`` in one process's memory (one gateway replica)."""
 
@@ -101,7 +114,7 @@ class InProcessRateLimits:
 
     def acquire(self, path: Sequence[tuple[str, NodeLimits]], tokens: int, now_s: float) -> RateGrant:
         """Charge one request and ``tokens`` on every node of ``path`` or raise a 429 GatewayError."""
-        charges: list[tuple[TokenBucket, float, str, str]] = []
+        charges: list[tuple[TokenBucket, float, int, str]] = []
         for node_id, lim in path:
             if lim.max_concurrent is not None and self._in_flight.get(node_id, 0) >= lim.max_concurrent:
                 raise GatewayError(429, f"too many concurrent requests for {node_id} "
@@ -122,32 +135,21 @@ class InProcessRateLimits:
                                        code="rate_limit_rpm" if kind == RPM else "rate_limit_tpm",
                                        headers={"retry-after": str(max(1, math.ceil(wait))),
                                                 **self._headers(path, now_s)})
-                charges.append((bucket, amount, node_id, kind))
+                charges.append((bucket, amount, cap, kind))
         for bucket, amount, _, _ in charges:
             bucket.level -= amount
         node_ids = tuple(node_id for node_id, _ in path)
         for node_id in node_ids:
             self._in_flight[node_id] = self._in_flight.get(node_id, 0) + 1
-        return RateGrant(node_ids, tokens, self._headers(path, now_s))
+        return RateGrant(node_ids, tokens, _headers([(b, cap, kind) for b, _, cap, kind in charges]))
 
     def _headers(self, path: Sequence[tuple[str, NodeLimits]], now_s: float) -> dict[str, str]:
-        """OpenAI's ``x-ratelimit-*`` for the tightest node along the path, per kind."""
-        out: dict[str, str] = {}
-        for kind in (RPM, TPM):
-            tightest: tuple[float, int, TokenBucket] | None = None
-            for node_id, lim in path:
-                cap = lim.rpm if kind == RPM else lim.tpm
-                if cap is None:
-                    continue
-                bucket = self._bucket(node_id, kind, cap, now_s)
-                if tightest is None or bucket.level < tightest[0]:
-                    tightest = (bucket.level, cap, bucket)
-            if tightest is not None:
-                level, cap, bucket = tightest
-                out[f"x-ratelimit-limit-{kind}"] = str(cap)
-                out[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(level)))
-                out[f"x-ratelimit-reset-{kind}"] = openai_duration(bucket.reset_s())
-        return out
+        buckets = []
+        for node_id, lim in path:
+            for kind, cap in ((RPM, lim.rpm), (TPM, lim.tpm)):
+                if cap is not None:
+                    buckets.append((self._bucket(node_id, kind, cap, now_s), cap, kind))
+        return _headers(buckets)
 
     def correct_tokens(self, grant: RateGrant, actual_tokens: int, now_s: float) -> None:
         """Replace the TPM estimate charged by ``grant`` with ``actual_tokens``."""
