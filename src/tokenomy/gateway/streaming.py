@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import StreamingResponse
@@ -104,14 +104,14 @@ async def _relay(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> AsyncI
                             flight.backend.first_token(req.request_id)
                         flight.last_token_s = now
                         if not proxy.guard.on_tokens(flight.admission, n):
-                            await _cut(proxy, flight, resp)
+                            await _uncancellable(proxy, _cut(proxy, flight, resp))
                             yield _error_event(_cut_error())
                             yield DONE
                             return
                         flight.delivered_tokens += n
                     yield event
         except UpstreamError as exc:
-            await _upstream_failed(proxy, flight, resp, exc)
+            await _uncancellable(proxy, _upstream_failed(proxy, flight, resp, exc))
             yield _error_event(GatewayError(502, f"backend stream broke: {exc}", "server_error",
                                             "upstream_error"))
             yield DONE
@@ -120,7 +120,8 @@ async def _relay(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> AsyncI
         prompt, out, cached = usage_numbers(usage, req.prompt_tokens_estimate, flight.delivered_tokens)
         flight.backend.finished(req.request_id, req.stream_key, prompt + out)
         try:
-            await proxy.finish(flight, prompt, out, cached, status=200, outcome="ok", end_s=time.perf_counter())
+            await _uncancellable(proxy, proxy.finish(flight, prompt, out, cached, status=200, outcome="ok",
+                                                     end_s=time.perf_counter()))
         except GatewayError as err:
             yield _error_event(err)
             yield DONE
@@ -131,6 +132,15 @@ async def _relay(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> AsyncI
     finally:
         if not flight.ticket.done:  # the client went away (cancelled) before we finished
             proxy.spawn(_abandoned(proxy, flight, resp))
+
+
+async def _uncancellable(proxy: Proxy, coro: Coroutine[Any, Any, Any]) -> None:
+    """Run ``coro`` (ledger write, settle) to the end even if the client leaves meanwhile: Starlette
+    cancels a stream's task on disconnect, and a half-done finish would leave a hold unsettled."""
+    task = asyncio.get_running_loop().create_task(coro)
+    proxy.background.add(task)
+    task.add_done_callback(proxy.background.discard)
+    await asyncio.shield(task)
 
 
 def _cut_error() -> GatewayError:
