@@ -98,3 +98,12 @@ def test_key_velocity_breaker_covers_requests_without_a_session(tmp_path):
     with pytest.raises(GatewayError) as err:
         run(guard.admit(request(raw, "r3", prompt=1, max_tokens=1)))
     assert err.value.code == "breaker_velocity" and int(err.value.headers["retry-after"]) > 0
+
+
+def test_a_session_that_cannot_pay_for_its_prompt_and_one_token_is_refused(tmp_path):
+    guard = make_guard(tmp_path, breaker={"session_budget_usd": 0.0001})  # the prompt alone costs $0.0001
+    raw, _ = add_key(guard)
+    with pytest.raises(GatewayError) as err:
+        run(guard.admit(request(raw, "r1", session="s", prompt=100)))
+    assert err.value.code == "breaker_session_budget"
+    assert guard.limits.in_flight(guard.store.authenticate(raw).id) == 0

@@ -192,7 +192,7 @@ class OpsGuard:
         price = self.price_of(request.model)
         prompt_bound = math.ceil(request.prompt_tokens_estimate * self.config.prompt_reserve_factor)
         worst = worst_case_cost_usd(price, prompt_bound, request.max_tokens)
-        session_left = self.breakers.session_budget_left_usd(node.id, request.session_id)
+        cap = self._output_cap(node.id, request.session_id, price, prompt_bound, now)
         self.breakers.admit_check(node.id, request.session_id, request.prompt_fingerprint, now)
         grant = self.limits.acquire([(n.id, n.limits) for n in path],
                                     request.prompt_tokens_estimate + request.max_tokens, now)
@@ -205,11 +205,6 @@ class OpsGuard:
         self.metrics.reserved_usd.inc(worst)
         self.breakers.admit_count(node.id, request.session_id, request.prompt_fingerprint,
                                   request.prompt_tokens_estimate, worst, now)
-        cap = None
-        if session_left is not None:
-            prompt_usd = prompt_bound * price.input_per_mtok / 1e6
-            per_token = price.output_per_mtok / 1e6
-            cap = max(0, math.floor((session_left - prompt_usd) / per_token)) if per_token > 0 else None
         tier = self.budgets.tier_priority(path, now)
         priority = eff.priority if tier is None else min(eff.priority, tier)
         admission = Admission(request.request_id, node.id, tuple(n.id for n in path), request.model,
@@ -219,6 +214,19 @@ class OpsGuard:
         flight = _Flight(now, path, request.session_id, worst, grant, None)
         self._flights[request.request_id] = flight
         return admission, flight
+
+    def _output_cap(self, key_id: str, session_id: str | None, price: PriceLike, prompt_tokens: int,
+                    now: float) -> int | None:
+        """Output tokens the session's budget still pays for after this prompt (None: no session
+        budget). A session that cannot pay for one more token trips its breaker here."""
+        left = self.breakers.session_budget_left_usd(key_id, session_id)
+        per_token = price.output_per_mtok / 1e6
+        if left is None or session_id is None or per_token <= 0:
+            return None
+        cap = math.floor((left - prompt_tokens * price.input_per_mtok / 1e6) / per_token)
+        if cap < 1:
+            self.breakers.budget_crossed(key_id, session_id, now)  # admit_check refuses next
+        return max(0, cap)
 
     def _sweep(self) -> None:
         """Release requests the request path never settled nor released within ``hold_ttl_s``
