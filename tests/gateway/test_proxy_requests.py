@@ -144,7 +144,10 @@ def test_upstream_refusal_passes_through_and_releases(rig: Rig) -> None:
     assert rig.guard.released["bad"] == "upstream 400" and rig.events() == []
 
 
-def test_a_repeated_request_id_is_recorded_once(rig: Rig) -> None:
-    for _ in range(2):
-        assert rig.http.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "same"}).status_code == 200
-    assert [e.request_id for e in rig.events()] == ["same"]
+def test_a_reused_request_id_is_refused_not_served_twice(rig: Rig) -> None:
+    assert rig.http.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "same"}).status_code == 200
+    again = rig.http.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "same"})
+    assert again.status_code == 409 and again.json()["error"]["code"] == "duplicate_request_id"
+    assert [e.request_id for e in rig.events()] == ["same"] and len(rig.upstream.usages) == 1
+    long_id = rig.http.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "x" * 129})
+    assert long_id.status_code == 400 and long_id.json()["error"]["param"] == "x-request-id"

@@ -93,6 +93,10 @@ class Ledger(Protocol):
         """The session's last metered turn, or None when it has none."""
         ...
 
+    async def exists(self, request_id: str) -> bool:
+        """Whether an event with this request id is recorded (a client reusing an id is refused)."""
+        ...
+
     def cost_usd(self, request_id: str) -> float | None:
         """The recorded cost of ``request_id``, None when it has no event (reconciling old holds)."""
         ...
@@ -270,6 +274,15 @@ class SqlLedger:
 
     async def session_state(self, key_id: str, session_id: str) -> SessionState | None:
         return await asyncio.to_thread(self._session_state, key_id, session_id)
+
+    async def exists(self, request_id: str) -> bool:
+        if self._writer is None:  # inline: a primary-key lookup on the loop's own connection (~20 us)
+            if self._raw is None:
+                self._raw = self.engine.raw_connection()
+            cur = self._raw.cursor()
+            cur.execute("SELECT 1 FROM usage_events WHERE request_id = ?", (request_id,))
+            return cur.fetchone() is not None
+        return await asyncio.to_thread(self.cost_usd, request_id) is not None
 
     def _session_state(self, key_id: str, session_id: str) -> SessionState | None:
         t = usage_events.c

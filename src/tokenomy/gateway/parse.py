@@ -34,6 +34,7 @@ class ParsedRequest:
     prompt_tokens_estimate: int
     session_id: str  # "" when the request names none
     request_id: str
+    client_named_id: bool  # the id came from the client's x-request-id (checked for reuse)
     fingerprint: str  # hash of the prompt's tail (last messages / last 256 characters)
     stream_key: int  # which conversation prefix this is, for prefix-aware routing
 
@@ -162,7 +163,10 @@ def parse_request(request: Request, body: dict[str, Any], endpoint: str, known_m
     if model not in known_models:
         raise GatewayError(404, f"the model {model!r} does not exist", "invalid_request_error", "model_not_found", "model")
     rid = request.headers.get(REQUEST_ID_HEADER) or ""
-    if not rid or len(rid) > _MAX_ID_CHARS:
+    if len(rid) > _MAX_ID_CHARS:
+        raise _bad(f"{REQUEST_ID_HEADER} is longer than {_MAX_ID_CHARS} characters", REQUEST_ID_HEADER)
+    named = bool(rid)
+    if not named:
         rid = "req-" + os.urandom(16).hex()
     sid = _session_id(request, body)
     key_text = f"s:{sid}" if sid else f"p:{head}"
@@ -176,6 +180,7 @@ def parse_request(request: Request, body: dict[str, Any], endpoint: str, known_m
         prompt_tokens_estimate=estimate_tokens(chars),
         session_id=sid,
         request_id=rid,
+        client_named_id=named,
         fingerprint=_digest(tail),
         stream_key=hash(key_text) & _KEY_MASK,  # in-process only: Python's salted hash is fine
     )

@@ -108,6 +108,9 @@ class Proxy:
         t0 = time.perf_counter()
         body = await read_json(request, self.config.server.max_body_bytes)
         req = parse_request(request, body, endpoint, self.known_models)
+        if req.client_named_id and await self.ledger.exists(req.request_id):
+            raise GatewayError(409, f"request id {req.request_id!r} was already used; send a new one",
+                               "invalid_request_error", "duplicate_request_id", "x-request-id")
         auth = request.headers.get("authorization", "")
         api_key = auth[7:].strip() if auth[:7].lower() == "bearer " else None
         max_tokens = req.max_tokens or self.config.server.default_max_tokens
