@@ -1,0 +1,278 @@
+"""What the gateway adds: latency at concurrency 1 and throughput at concurrency 32, side by side.
+
+An instant upstream (a bare asyncio HTTP server answering a fixed chat completion with usage) runs
+in its own process; the gateway runs as ``tokenomy serve`` in another, with every feature on: key
+auth (a seeded ``tk-`` key), RPM/TPM limits, budget reservations, breakers, priority admission,
+the SQLite ledger, and session-affinity routing over two backend entries. The load generator in
+this process speaks raw HTTP/1.1 over keep-alive connections (so the client costs little) and
+alternates direct and gateway rounds, so both see the same machine state.
+
+    python benchmarks/gateway_overhead.py --json out/gateway_overhead.json
+
+Writes ``{"p50_added_ms_c1", "p99_added_ms_c1", "rps_c32", "rps_direct_c32", ...}``.
+Targets (issue 9): p50 added <= 1 ms at c=1; >= 1000 req/s at c=32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODEL = "llama-3.1-8b"  # the default config's model (what `tokenomy up` serves)
+API_KEY = "tk-" + "b" * 43  # a fixed benchmark key (tk- + 43 urlsafe characters, as `tokenomy keys` makes)
+
+_COMPLETION = json.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": MODEL,
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13,
+              "prompt_tokens_details": {"cached_tokens": 0}},
+}).encode()
+
+
+def _response(body: bytes, ctype: bytes = b"application/json") -> bytes:
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: " + ctype + b"\r\ncontent-length: " + str(len(body)).encode()
+            + b"\r\n\r\n" + body)
+
+
+class _Instant(asyncio.Protocol):
+    """HTTP/1.1 keep-alive server that answers every request at once."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.t = transport
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].lower()
+            i = head.find(b"content-length:")
+            n = int(head[i + 15:].split(b"\r\n", 1)[0]) if i >= 0 else 0
+            if len(self.buf) < end + 4 + n:
+                return
+            path = head.split(b" ", 2)[1]
+            self.buf = self.buf[end + 4 + n:]
+            if path == b"/health":
+                out = _response(b'{"status":"ok"}')
+            elif path == b"/metrics":
+                out = _response(b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+                                b"vllm:kv_cache_usage_perc 0.1\n", b"text/plain")
+            else:
+                out = _response(_COMPLETION)
+            self.t.write(out)  # type: ignore[attr-defined]
+
+
+def run_upstream(ports: list[int]) -> None:
+    import uvloop
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for p in ports:
+            await loop.create_server(_Instant, "127.0.0.1", p)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _conn(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def _call(rw: tuple[asyncio.StreamReader, asyncio.StreamWriter], raw: bytes) -> int:
+    reader, writer = rw
+    writer.write(raw)
+    head = await reader.readuntil(b"\r\n\r\n")
+    low = head.lower()
+    i = low.find(b"content-length:")
+    n = int(low[i + 15:].split(b"\r\n", 1)[0])
+    await reader.readexactly(n)
+    return int(head[9:12])
+
+
+def _request(port: int, with_key: bool, i: int) -> bytes:
+    body = json.dumps({"model": MODEL, "max_tokens": 1,
+                       "messages": [{"role": "user", "content": f"say ok #{i}"}]}).encode()
+    auth = f"authorization: Bearer {API_KEY}\r\n".encode() if with_key else b""
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:" + str(port).encode()
+            + b"\r\ncontent-type: application/json\r\n" + auth + b"content-length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+async def _latencies(port: int, with_key: bool, n: int) -> list[float]:
+    rw = await _conn(port)
+    out = []
+    try:
+        for i in range(n):
+            raw = _request(port, with_key, i)
+            t = time.perf_counter()
+            status = await _call(rw, raw)
+            out.append(time.perf_counter() - t)
+            if status != 200:
+                raise RuntimeError(f"port {port} answered {status}")
+    finally:
+        rw[1].close()
+    return out
+
+
+async def _throughput(port: int, with_key: bool, concurrency: int, duration_s: float) -> float:
+    conns = [await _conn(port) for _ in range(concurrency)]
+    done = 0
+    stop = time.perf_counter() + duration_s
+
+    async def worker(rw: tuple[asyncio.StreamReader, asyncio.StreamWriter], w: int) -> None:
+        nonlocal done
+        i = 0
+        while time.perf_counter() < stop:
+            status = await _call(rw, _request(port, with_key, w * 1_000_000 + i))
+            if status != 200:
+                raise RuntimeError(f"port {port} answered {status}")
+            done += 1
+            i += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(rw, w) for w, rw in enumerate(conns)))
+    elapsed = time.perf_counter() - t0
+    for _, w in conns:
+        w.close()
+    return done / elapsed
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def _config(tmp: Path, up_ports: list[int], gw_port: int, reservations: str = "sql") -> Path:
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": gw_port},
+        "backends": [{"id": f"up{i}", "url": f"http://127.0.0.1:{p}"} for i, p in enumerate(up_ports)],
+        "router": {"name": "session_affinity"},
+        "ledger": {"url": f"sqlite:///{tmp / 'ledger.db'}"},
+        "ops": {
+            "server_secret": "bench-secret-0123456789",
+            "admin_key": "bench-admin-0123456789",
+            "reservations": reservations,
+            "tenants": [{
+                "org": "bench", "limits": {"rpm": 10_000_000, "tpm": 10_000_000_000, "budget_usd": 1e9},
+                "teams": [{"name": "load", "keys": [{"name": "k1", "key": API_KEY}]}],
+            }],
+        },
+    }
+    path = tmp / "gateway.yaml"
+    path.write_text(json.dumps(cfg))  # JSON is YAML
+    return path
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process for port {port} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port} after {timeout_s}s")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(direct: int, gateway: int, n_c1: int, rounds: int, duration_s: float,
+                  gateway_pid: int) -> dict[str, float]:
+    await _latencies(direct, False, 200)  # warm both paths
+    await _latencies(gateway, True, 500)
+    cpu0 = _cpu_s(gateway_pid)
+    n_cpu = await _latencies(gateway, True, 1000)
+    cpu_ms_per_request = (_cpu_s(gateway_pid) - cpu0) / len(n_cpu) * 1e3
+    d_lat: list[float] = []
+    g_lat: list[float] = []
+    for _ in range(rounds):  # alternate so both see the same machine state
+        d_lat += await _latencies(direct, False, n_c1 // rounds)
+        g_lat += await _latencies(gateway, True, n_c1 // rounds)
+    rps_d, rps_g = [], []
+    for _ in range(2):
+        rps_d.append(await _throughput(direct, False, 32, duration_s))
+        rps_g.append(await _throughput(gateway, True, 32, duration_s))
+    return {
+        "p50_added_ms_c1": (_pct(g_lat, 0.5) - _pct(d_lat, 0.5)) * 1e3,
+        "p99_added_ms_c1": (_pct(g_lat, 0.99) - _pct(d_lat, 0.99)) * 1e3,
+        "p50_gateway_ms_c1": _pct(g_lat, 0.5) * 1e3,
+        "p50_direct_ms_c1": _pct(d_lat, 0.5) * 1e3,
+        "rps_c32": max(rps_g),
+        "rps_direct_c32": max(rps_d),
+        "requests_c1": len(g_lat),
+        "gateway_cpu_ms_per_request": cpu_ms_per_request,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None, help="write the numbers here")
+    ap.add_argument("--requests", type=int, default=3000, help="requests per path at concurrency 1")
+    ap.add_argument("--rounds", type=int, default=6, help="alternations of direct and gateway at c=1")
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds per throughput run at c=32")
+    ap.add_argument("--reservations", default="sql", choices=["sql", "memory"],
+                    help="where budget holds live (sql: durable across a crash, the default)")
+    ap.add_argument("--upstream", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.upstream:
+        run_upstream([int(p) for p in args.upstream.split(",")])
+        return 0
+    up_ports = [_free_port(), _free_port()]
+    gw_port = _free_port()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        cfg = _config(tmp, up_ports, gw_port, args.reservations)
+        upstream = subprocess.Popen([sys.executable, __file__, "--upstream", ",".join(map(str, up_ports))])
+        gateway = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg),
+                                    "--log-level", "warning"], cwd=tmp, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            for p in up_ports:
+                _wait_port(p, upstream)
+            _wait_port(gw_port, gateway)
+            import uvloop
+
+            result = uvloop.run(measure(up_ports[0], gw_port, args.requests, args.rounds, args.duration,
+                                         gateway.pid))
+        finally:
+            for proc in (gateway, upstream):
+                proc.send_signal(signal.SIGTERM)
+            for proc in (gateway, upstream):
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    result["reservations"] = args.reservations
+    result["load_avg_1m"] = os.getloadavg()[0]
+    for k, v in result.items():
+        print(f"{k:>20}: {v:.3f}" if isinstance(v, float) else f"{k:>20}: {v}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

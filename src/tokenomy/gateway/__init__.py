@@ -1,0 +1,1 @@
+"""Token-operations gateway: an OpenAI-compatible front door with metering, limits and routing."""

@@ -1,0 +1,209 @@
+"""Backends: live state of each upstream server, seen by routers as an ``InstanceView``.
+
+A :class:`Backend` combines two sources, each with one owner:
+
+* the backend's own ``/metrics`` (vLLM names: ``vllm:num_requests_running``,
+  ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` or the older
+  ``vllm:gpu_cache_usage_perc``), scraped by :class:`BackendPool`'s health loop;
+* the gateway's own counts, changed only by :meth:`Backend.dispatched`, :meth:`Backend.first_token`
+  and :meth:`Backend.finished` (requests in flight, prompt tokens not yet prefilled, and which
+  conversation prefixes it last served, for ``cached_prefix_tokens``).
+
+Health: ``GET /health`` every ``interval_s``; a failed check or a connection error takes the
+backend out, and it is tried again after a backoff that doubles per failure (``backoff_initial_s``
+up to ``backoff_max_s``). A success puts it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+
+import httpx
+
+from tokenomy.core import Role, Segment
+from tokenomy.gateway.config import BackendConfig, HealthConfig
+
+log = logging.getLogger(__name__)
+
+_PREFIX_MEMORY = 10_000  # conversation prefixes remembered per backend (LRU)
+
+
+class Backend:
+    """One upstream server; satisfies :class:`tokenomy.policy.view.InstanceView`."""
+
+    role = Role.MIXED
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        self.instance_id = config.id
+        self.url = config.url
+        self.models = frozenset(config.models)
+        self.block_size_tokens = config.block_size_tokens
+        self.total_blocks = config.total_blocks
+        # health (owned by BackendPool)
+        self.healthy = True
+        self.failures = 0
+        self.retry_at_s = 0.0
+        # scraped from /metrics (owned by BackendPool)
+        self.scraped_running = 0
+        self.scraped_waiting = 0
+        self.kv_usage = 0.0
+        # the gateway's own counts (owned by the dispatch methods below)
+        self.in_flight = 0
+        self._prefilling: dict[str, int] = {}  # request id -> prompt tokens before its first token
+        self._prefixes: OrderedDict[int, int] = OrderedDict()  # stream key -> tokens held
+
+    # -- InstanceView ------------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return max(self.scraped_running, self.in_flight - self.scraped_waiting, 0)
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scraped_waiting
+
+    @property
+    def num_waiting_tokens(self) -> int:
+        return sum(self._prefilling.values())
+
+    @property
+    def num_decoding(self) -> int:
+        return max(0, self.in_flight - len(self._prefilling))
+
+    @property
+    def decode_context_tokens(self) -> int:
+        return 0  # not observable from outside the engine; no router we ship reads it
+
+    @property
+    def free_blocks(self) -> int:
+        return int(round(self.total_blocks * (1.0 - min(1.0, max(0.0, self.kv_usage)))))
+
+    def cached_prefix_tokens(self, content: tuple[Segment, ...], prompt_tokens: int) -> int:
+        if not content:
+            return 0
+        key, _ = content[0]
+        return min(self._prefixes.get(key, 0), prompt_tokens)
+
+    # -- the gateway's own counts ----------------------------------------------------------
+    def dispatched(self, request_id: str, prompt_tokens: int) -> None:
+        self.in_flight += 1
+        self._prefilling[request_id] = prompt_tokens
+
+    def first_token(self, request_id: str) -> None:
+        self._prefilling.pop(request_id, None)
+
+    def finished(self, request_id: str, stream_key: int | None, context_tokens: int) -> None:
+        """The request left this backend; ``context_tokens`` of ``stream_key`` are now cached there."""
+        self._prefilling.pop(request_id, None)
+        self.in_flight = max(0, self.in_flight - 1)
+        if stream_key is not None and context_tokens > 0:
+            self._prefixes[stream_key] = context_tokens
+            self._prefixes.move_to_end(stream_key)
+            while len(self._prefixes) > _PREFIX_MEMORY:
+                self._prefixes.popitem(last=False)
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sum of each metric's samples over its label sets (``name{...} value`` lines; comments skipped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        if brace >= 0:
+            name = line[:brace]
+            rest = line[line.rfind("}") + 1 :]
+        else:
+            name, _, rest = line.partition(" ")
+        parts = rest.split()
+        if not parts:
+            continue
+        try:
+            value = float(parts[0])
+        except ValueError:
+            continue
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+class BackendPool:
+    """All backends, their health loop, and the shared pooled HTTP client."""
+
+    def __init__(self, configs: tuple[BackendConfig, ...], health: HealthConfig, client: httpx.AsyncClient):
+        self.backends = [Backend(c) for c in configs]
+        self.by_id = {b.instance_id: b for b in self.backends}
+        self.health = health
+        self.client = client
+        self._task: asyncio.Task[None] | None = None
+
+    def candidates(self, model: str, now_s: float, exclude: frozenset[str] = frozenset()) -> list[Backend]:
+        """Healthy backends serving ``model``; when none is healthy, those whose backoff has passed."""
+        serving = [b for b in self.backends if model in b.models and b.instance_id not in exclude]
+        healthy = [b for b in serving if b.healthy]
+        return healthy or [b for b in serving if b.retry_at_s <= now_s]
+
+    def mark_down(self, b: Backend, now_s: float, why: str) -> None:
+        b.failures += 1
+        delay = min(self.health.backoff_max_s, self.health.backoff_initial_s * 2 ** (b.failures - 1))
+        b.retry_at_s = now_s + delay
+        if b.healthy:
+            log.warning("backend %s out (%s); retry in %.1fs", b.instance_id, why, delay)
+        b.healthy = False
+
+    def mark_up(self, b: Backend) -> None:
+        if not b.healthy:
+            log.info("backend %s back", b.instance_id)
+        b.healthy = True
+        b.failures = 0
+
+    async def check(self, b: Backend) -> None:
+        """One health check (and scrape) of ``b``."""
+        timeout = self.health.timeout_s
+        try:
+            r = await self.client.get(f"{b.url}/health", timeout=timeout)
+            if r.status_code != 200:
+                self.mark_down(b, time.monotonic(), f"/health {r.status_code}")
+                return
+            if self.health.scrape_metrics:
+                m = await self.client.get(f"{b.url}/metrics", timeout=timeout)
+                if m.status_code == 200:
+                    self.apply_metrics(b, parse_prometheus(m.text))
+        except httpx.HTTPError as exc:
+            self.mark_down(b, time.monotonic(), type(exc).__name__)
+            return
+        self.mark_up(b)
+
+    @staticmethod
+    def apply_metrics(b: Backend, metrics: dict[str, float]) -> None:
+        b.scraped_running = int(metrics.get("vllm:num_requests_running", 0))
+        b.scraped_waiting = int(metrics.get("vllm:num_requests_waiting", 0))
+        kv = metrics.get("vllm:kv_cache_usage_perc", metrics.get("vllm:gpu_cache_usage_perc", 0.0))
+        b.kv_usage = float(kv)
+
+    async def check_all(self) -> None:
+        now = time.monotonic()
+        due = [b for b in self.backends if b.healthy or b.retry_at_s <= now]
+        await asyncio.gather(*(self.check(b) for b in due))
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.check_all()
+            except Exception:  # a bug here must not stop health checking
+                log.exception("health loop")
+            await asyncio.sleep(self.health.interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,93 @@
+"""The gateway's Prometheus metrics, in a registry of its own (no process-wide state).
+
+Token operations register their metrics (limits hit, breaker trips, queue depth) into the same
+:attr:`GatewayMetrics.registry`, which ``GET /metrics`` renders.
+
+The per-request counters (requests, tokens and cost by class) are plain dict sums rendered by a
+collector at scrape time: a labelled ``Counter.inc`` costs ~10 us, nine of them a request.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from tokenomy.gateway.ledger import UsageEvent
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+_LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+
+
+class _Sums(Collector):
+    """Counters kept as dict sums, rendered on scrape."""
+
+    def __init__(self) -> None:
+        self.requests: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.tokens: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.cost: defaultdict[tuple[str, str], float] = defaultdict(float)
+
+    def collect(self) -> Iterator[Metric]:
+        for name, doc, labels, sums in (
+            ("tokenomy_gateway_requests", "Requests answered, by model and HTTP status", ["model", "status"],
+             self.requests),
+            ("tokenomy_gateway_tokens", "Metered tokens by class", ["model", "token_class"], self.tokens),
+            ("tokenomy_gateway_cost_usd", "Metered cost by class", ["model", "cost_class"], self.cost),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=labels)
+            for key, value in list(sums.items()):
+                fam.add_metric(list(key), float(value))
+            yield fam
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.sums = _Sums()
+        r.register(self.sums)
+        self.errors = Counter(
+            "tokenomy_gateway_errors", "Refusals and failures by error code", ["code"], registry=r
+        )
+        self.upstream_failures = Counter(
+            "tokenomy_gateway_upstream_failures", "Connection errors talking to a backend", ["backend"], registry=r
+        )
+        self.added_latency = Histogram(
+            "tokenomy_gateway_added_latency_seconds",
+            "Time spent in the gateway itself (total minus time waiting on the backend)",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.in_flight = Gauge("tokenomy_gateway_in_flight", "Requests in flight per backend", ["backend"], registry=r)
+        self.healthy = Gauge("tokenomy_gateway_backend_healthy", "1 when the backend is in rotation", ["backend"], registry=r)
+
+    def count_request(self, model: str, status: int) -> None:
+        self.sums.requests[(model, str(status))] += 1
+
+    def observe_event(self, ev: UsageEvent) -> None:
+        m = ev.model
+        tokens, cost = self.sums.tokens, self.sums.cost
+        for cls, n in (
+            ("input", ev.input_tokens),
+            ("incremental_prefill", ev.incremental_prefill_tokens),
+            ("history", ev.history_tokens),
+            ("output", ev.output_tokens),
+            ("cached", ev.cached_tokens),
+            ("recomputed", ev.recomputed_tokens),
+        ):
+            if n:
+                tokens[(m, cls)] += n
+        for cls, usd in (
+            ("recomputed", ev.cost_recomputed_usd),
+            ("cached", ev.cost_cached_usd),
+            ("output", ev.cost_output_usd),
+        ):
+            if usd:
+                cost[(m, cls)] += usd
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

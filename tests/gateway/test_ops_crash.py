@@ -1,0 +1,98 @@
+"""SIGKILL the gateway mid-load and restart it: no reservation is left held, spend equals the ledger."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from gateway_core_support import MODEL, FakeUpstream, free_port, serve
+from ops_factory import SECRET
+
+from tokenomy.gateway.keys import new_api_key
+
+pytestmark = pytest.mark.integration
+
+
+def _start(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.main", "serve", "--config", str(config),
+                             "--port", str(port)], stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("gateway did not start")
+
+
+def test_sigkill_mid_load_leaves_no_reservation_held(tmp_path: Path) -> None:
+    key = new_api_key()
+    db = tmp_path / "ledger.db"
+    upstream = FakeUpstream(token_delay_s=0.02)
+    with serve(upstream.app()) as up_url:
+        config = tmp_path / "gateway.yaml"
+        config.write_text(yaml.safe_dump({
+            "backends": [{"id": "b1", "url": up_url}],
+            "ledger": {"url": f"sqlite:///{db}"},
+            "ops": {"server_secret": SECRET, "tenants": [{"org": "o", "teams": [{"name": "t", "keys": [
+                {"name": "k", "key": key, "limits": {"budget_usd": 100.0}}]}]}]},
+        }))
+        port = free_port()
+        log = tmp_path / "gateway.log"
+        proc = _start(config, port, log)
+        done: list[str] = []
+
+        def client(i: int) -> None:
+            # streams: half finish in ~0.1 s, half take ~4 s, so the kill finds some in flight
+            body = {"model": MODEL, "messages": [{"role": "user", "content": f"q{i}"}],
+                    "max_tokens": 5 if i % 2 == 0 else 200, "stream": True}
+            try:
+                with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30,
+                                  headers={"authorization": f"Bearer {key}", "x-request-id": f"req-{i}"}) as r:
+                    text = "".join(r.iter_text())
+                if r.status_code == 200 and "[DONE]" in text and "error" not in text:
+                    done.append(f"req-{i}")
+            except httpx.HTTPError:
+                pass  # the gateway died under this request
+
+        try:
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(24)]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 30
+            while not done and time.monotonic() < deadline:  # some finished, others in flight
+                time.sleep(0.01)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            for t in threads:
+                t.join(30)
+            with sqlite3.connect(db) as conn:
+                held_before = conn.execute("SELECT count(*) FROM tk_holds").fetchone()[0]
+            proc = _start(config, port, log)  # the restart reconciles the dead process's holds
+            with sqlite3.connect(db) as conn:
+                holds = conn.execute("SELECT count(*) FROM tk_holds").fetchone()[0]
+                spent, reserved = conn.execute("SELECT sum(spent_usd), sum(reserved_usd) FROM tk_budget_usage "
+                                               "WHERE node_id LIKE 'key_%'").fetchone()
+                ledger_usd = conn.execute("SELECT coalesce(sum(cost_usd), 0) FROM usage_events").fetchone()[0]
+                ids = [r[0] for r in conn.execute("SELECT request_id FROM usage_events")]
+        finally:
+            proc.kill()
+            proc.wait(10)
+    assert held_before > 0, "the kill came after every request finished: nothing was tested"
+    assert holds == 0 and reserved == pytest.approx(0.0, abs=1e-12)
+    assert spent == pytest.approx(ledger_usd, abs=1e-12)
+    assert set(done) <= set(ids) and len(ids) == len(set(ids))
