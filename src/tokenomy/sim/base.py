@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from tokenomy.core import SLO, Request, RequestRecord, Role, TokenUsage
 from tokenomy.engine import Engine, EngineConfig, FinishedRequest, StepResult
 from tokenomy.perf import PerfModel
+from tokenomy.policy.trace import TraceSink
 from tokenomy.sim.config import SimConfig
 from tokenomy.sim.instance import SimInstance
 from tokenomy.sim.loop import EventLoop
@@ -27,6 +28,7 @@ class SimContext:
     slo: SLO = field(default_factory=SLO)
     itl_values: list[float] = field(default_factory=list)
     itl_weights: list[int] = field(default_factory=list)
+    decision_trace: TraceSink | None = None  # receives every policy decision (tokenomy.policy.trace)
 
 
 def usage_of(request: Request, prefill_side: FinishedRequest, output_tokens: int, extra_preempted: int = 0) -> TokenUsage:

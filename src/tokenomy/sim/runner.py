@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from tokenomy.core import SLO, Request, RequestRecord, Session, TokenUsage
 from tokenomy.metrics import Summary, summarize
 from tokenomy.perf import PerfModel
+from tokenomy.policy.trace import TraceSink
 from tokenomy.sim import deployments as _deployments  # noqa: F401  (registers the deployments)
 from tokenomy.sim.base import Deployment, SimContext, get_deployment
 from tokenomy.sim.config import SimConfig
@@ -82,16 +83,18 @@ def simulate(
     *,
     perf: PerfModel | None = None,
     progress: ProgressFn | None = None,
+    decision_trace: TraceSink | None = None,
 ) -> SimResult:
     """Simulate ``sessions`` on the deployment ``config`` describes and summarise against ``slo``.
 
-    Deterministic: the same sessions and config give the same records.
+    Deterministic: the same sessions and config give the same records. ``decision_trace``
+    receives every policy decision the deployment applies, as flat JSON-ready events.
     """
     wall0 = time.perf_counter()
     perf = perf or PerfModel.from_names(config.model, config.gpu, config.tp)
     loop = EventLoop()
     driver = _Driver(loop, sessions)
-    ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done, slo=slo)
+    ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done, slo=slo, decision_trace=decision_trace)
     deployment = get_deployment(config.deployment)(ctx)
     driver.deployment = deployment
     driver.start()
