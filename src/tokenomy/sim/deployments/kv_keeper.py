@@ -96,11 +96,19 @@ class KVKeeper:
         return ready, host
 
     # ---- end of a turn: the tool call starts -------------------------------------------------
-    def on_turn_end(self, request: Request, instance: SimInstance, now: float, kv_tokens: int | None = None) -> None:
-        """The turn's answer is done on ``instance``, which holds ``kv_tokens`` of its KV (default:
-        prompt and answer): decide what to do with them while the tool runs."""
+    def tool_started(self, session_id: str, now: float) -> None:
+        """The session's answer is complete: its tool call starts (an observation for the estimate)."""
+        self._tools.on_turn_end(session_id, now)
+
+    def on_turn_end(
+        self, request: Request, instance: SimInstance, now: float, kv_tokens: int | None = None, *, tool_starts: bool = True
+    ) -> None:
+        """``instance`` is done with the turn and holds ``kv_tokens`` of its KV (default: prompt and
+        answer): decide what to do with them while the tool runs. ``tool_starts`` False: the
+        answer is not complete yet (a prefill node's part), so the tool's clock does not start."""
         sid = request.session_id
-        self._tools.on_turn_end(sid, now)
+        if tool_starts:
+            self.tool_started(sid, now)
         self._unpin(sid)
         engine = instance.engine
         if kv_tokens is None:
