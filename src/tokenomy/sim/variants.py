@@ -29,7 +29,8 @@ VARIANTS: dict[str, Variant] = {
     "disagg": lambda c: replace(c, deployment="disagg"),
     # Fair baselines: the same host KV tier, PCIe model and retention policies as AMPD.
     "colocated-offload": lambda c: replace(c, deployment="colocated", router="session_affinity", host_kv_tier=True),
-    "disagg-offload": lambda c: replace(c, deployment="disagg", router="session_affinity", host_kv_tier=True),
+    # Disaggregated prefill nodes balance better by prefix and load than by session (measured on GAIA).
+    "disagg-offload": lambda c: replace(c, deployment="disagg", router="prefix_aware", host_kv_tier=True),
     "ampd-binding": _ampd(True, False, False, False),
     "ampd-binding-placement": _ampd(True, True, False, False),
     "ampd-binding-placement-reorder": _ampd(True, True, True, False),
