@@ -193,18 +193,3 @@ def test_backlog_beyond_the_engine_queue_prices_the_remote_wait() -> None:
     busy = placement().decide(incremental(history=0), prefill_backlog_tokens={"p1": 40_000}, **kwargs)
     assert busy.est_ttft_remote_s == pytest.approx(idle.est_ttft_remote_s + 4.0)
 
-
-@pytest.mark.parametrize(("fraction", "local"), [(None, False), (0.9, True), (0.1, False)])
-def test_local_ttft_fraction_keeps_prefills_local_that_meet_ttft_with_margin(fraction: float | None, local: bool) -> None:
-    # Remote is faster (idle prefill node) but local also meets TTFT (about 0.6 s of 2 s).
-    decode = FakeView("d", num_decoding=16, decode_context_tokens=32_000)
-    d = placement(local_budget_tokens=512, local_ttft_fraction=fraction).decide(
-        incremental(new_tokens=3000, history=20_000),
-        decode=decode,
-        prefills=[prefill("p1", 0, cached=20_000)],
-        slo=SLO_,
-        now=0.0,
-        history_cached_tokens_on_decode=20_000,
-    )
-    assert d.est_ttft_remote_s < d.est_ttft_local_s < 0.9 * SLO_.ttft_s
-    assert d.local is local

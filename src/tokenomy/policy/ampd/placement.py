@@ -57,7 +57,6 @@ class PlacementConfig:
     prefill_budget_tokens: int = 8192
     itl_bound_factor: float = 1.0
     link_bytes_per_s: float | None = None
-    local_ttft_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.local_budget_tokens < 1 or self.prefill_budget_tokens < 1:
@@ -66,8 +65,6 @@ class PlacementConfig:
             raise ValueError(f"itl_bound_factor must be > 0, got {self.itl_bound_factor}")
         if self.link_bytes_per_s is not None and not self.link_bytes_per_s > 0:
             raise ValueError(f"link_bytes_per_s must be > 0, got {self.link_bytes_per_s}")
-        if self.local_ttft_fraction is not None and not 0 < self.local_ttft_fraction <= 1:
-            raise ValueError(f"local_ttft_fraction must be in (0, 1], got {self.local_ttft_fraction}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +180,6 @@ class AdaptivePlacement:
                 return place(True, "every prefill node misses TTFT; decode node has ITL slack")
             if ttft_local < ttft_remote:
                 return place(True, "local is faster and within ITL slack")
-            frac = self.config.local_ttft_fraction
-            if frac is not None and ttft_local <= frac * slo.ttft_s:
-                return place(True, "local meets TTFT with margin: keeps the prefill pool free")
             return place(False, "remote is at least as fast")
         if itl_slack >= 0 and ttft_slack < 0 and ttft_local <= slo.ttft_s:
             return place(True, "first turn: every prefill node misses TTFT, local meets it")
