@@ -182,3 +182,14 @@ def test_remote_when_the_decode_node_has_no_free_kv_for_the_request() -> None:
     assert placement.decide(req, decode=roomy, **kw).local  # type: ignore[arg-type]
     decision = placement.decide(req, decode=full, **kw)  # type: ignore[arg-type]
     assert not decision.local and "KV" in decision.reason
+
+
+def test_backlog_beyond_the_engine_queue_prices_the_remote_wait() -> None:
+    # 40k tokens queued in front of p1's engine (its view shows none): 4 s at 0.1 ms per token
+    decode = FakeView("d", num_decoding=16, decode_context_tokens=32_000)
+    prefills = [prefill("p1", 0)]
+    kwargs: dict[str, Any] = dict(decode=decode, prefills=prefills, slo=SLO_, now=0.0, history_cached_tokens_on_decode=0)
+    idle = placement().decide(incremental(history=0), **kwargs)
+    busy = placement().decide(incremental(history=0), prefill_backlog_tokens={"p1": 40_000}, **kwargs)
+    assert busy.est_ttft_remote_s == pytest.approx(idle.est_ttft_remote_s + 4.0)
+

@@ -97,9 +97,13 @@ def config_from_args(args: argparse.Namespace, deployment: str) -> SimConfig:
 def run_with_progress(
     sessions: list[Session], config: SimConfig, slo: SLO, quiet: bool, trace: EventTrace | None = None
 ) -> SimResult:
-    """Simulate with a progress bar over simulated time (hidden when ``quiet``)."""
+    """Simulate with a progress bar over simulated time (hidden when ``quiet``).
+
+    With a ``trace``, policy decisions go to the same file as the engines' events.
+    """
+    sink = trace.emit if trace is not None else None
     if quiet:
-        return simulate(sessions, config, slo, trace=trace)
+        return simulate(sessions, config, slo, trace=trace, decision_trace=sink)
     horizon = config.horizon_s or max(s.start_s for s in sessions) + 1.0
     with Progress(
         TextColumn(f"[bold]{config.deployment}[/]"),
@@ -110,7 +114,8 @@ def run_with_progress(
     ) as bar:
         task = bar.add_task("sim", total=horizon)
         result = simulate(
-            sessions, config, slo, progress=lambda t: bar.update(task, completed=min(t, horizon)), trace=trace
+            sessions, config, slo, progress=lambda t: bar.update(task, completed=min(t, horizon)), trace=trace,
+            decision_trace=sink,
         )
     return result
 

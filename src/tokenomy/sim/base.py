@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from tokenomy.core import SLO, Request, RequestRecord, Role, TokenUsage
 from tokenomy.engine import Engine, EngineConfig, EventTrace, FinishedRequest, KeyChainCache, StepResult
 from tokenomy.perf import PerfModel
+from tokenomy.policy.trace import TraceSink
 from tokenomy.sim.config import SimConfig
 from tokenomy.sim.instance import SimInstance
 from tokenomy.sim.loop import EventLoop
@@ -30,6 +31,7 @@ class SimContext:
     # One thread drives every engine: they share key chains (the router hashes a prompt once).
     key_chains: KeyChainCache = field(default_factory=KeyChainCache)
     trace: EventTrace | None = None
+    decision_trace: TraceSink | None = None  # receives every policy decision (tokenomy.policy.trace)
 
 
 def usage_of(request: Request, prefill_side: FinishedRequest, output_tokens: int, extra_preempted: int = 0) -> TokenUsage:

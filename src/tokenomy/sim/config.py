@@ -50,7 +50,9 @@ class SimConfig:
     configure them, since they carry no prefill.
     ``link_bytes_per_s`` is the KV-transfer bandwidth into one instance (default: the GPU's
     inter-node bandwidth times ``tp``). ``horizon_s`` cuts the run: requests not finished by
-    then are recorded as unfinished (default: no cut, run until drained).
+    then are recorded as unfinished (default: no cut, run until drained). ``host_kv_tier`` gives
+    colocated and disaggregated deployments the host KV tier, PCIe model and retention policies
+    of AMPD (``ampd``'s retention config and host memory), for fair comparisons.
     """
 
     deployment: str = "colocated"
@@ -70,6 +72,7 @@ class SimConfig:
     enable_prefix_caching: bool = True
     link_bytes_per_s: float | None = None
     horizon_s: float | None = None
+    host_kv_tier: bool = False  # baselines: AMPD's host KV tier and retention policies (LMCache-style)
     ampd: AMPDOptions = field(default_factory=AMPDOptions)
 
     def __post_init__(self) -> None:

@@ -14,6 +14,7 @@ from tokenomy.core import SLO, Request, RequestRecord, Session, TokenUsage
 from tokenomy.engine import EventTrace
 from tokenomy.metrics import Summary, summarize
 from tokenomy.perf import PerfModel
+from tokenomy.policy.trace import TraceSink
 from tokenomy.sim import deployments as _deployments  # noqa: F401  (registers the deployments)
 from tokenomy.sim.base import Deployment, SimContext, get_deployment
 from tokenomy.sim.config import SimConfig
@@ -84,17 +85,20 @@ def simulate(
     perf: PerfModel | None = None,
     progress: ProgressFn | None = None,
     trace: EventTrace | None = None,
+    decision_trace: TraceSink | None = None,
 ) -> SimResult:
     """Simulate ``sessions`` on the deployment ``config`` describes and summarise against ``slo``.
 
     Deterministic: the same sessions and config give the same records. ``trace`` receives every
-    engine's events (:mod:`tokenomy.engine.trace`), stamped with simulated time.
+    engine's events (:mod:`tokenomy.engine.trace`), stamped with simulated time; ``decision_trace``
+    receives every policy decision the deployment applies, as flat JSON-ready events.
     """
     wall0 = time.perf_counter()
     perf = perf or PerfModel.from_names(config.model, config.gpu, config.tp)
     loop = EventLoop()
     driver = _Driver(loop, sessions)
-    ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done, slo=slo, trace=trace)
+    ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done, slo=slo, trace=trace,
+                     decision_trace=decision_trace)
     deployment = get_deployment(config.deployment)(ctx)
     driver.deployment = deployment
     driver.start()

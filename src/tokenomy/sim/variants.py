@@ -2,7 +2,7 @@
 
 Each variant maps a base :class:`SimConfig` to the configuration it runs: the baselines at
 their best (colocated with the prefix-aware router or with session affinity; PD
-disaggregation), and AMPD with its mechanisms added one at a time for the ablation table.
+disaggregation; both with AMPD's host KV tier, ``*-offload``), and AMPD with its mechanisms added one at a time for the ablation table.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ VARIANTS: dict[str, Variant] = {
     "colocated": lambda c: replace(c, deployment="colocated", router="prefix_aware"),
     "colocated-affinity": lambda c: replace(c, deployment="colocated", router="session_affinity"),
     "disagg": lambda c: replace(c, deployment="disagg"),
+    # Fair baselines: the same host KV tier, PCIe model and retention policies as AMPD.
+    "colocated-offload": lambda c: replace(c, deployment="colocated", router="session_affinity", host_kv_tier=True),
+    # Disaggregated prefill nodes balance better by prefix and load than by session (measured on GAIA).
+    "disagg-offload": lambda c: replace(c, deployment="disagg", router="prefix_aware", host_kv_tier=True),
     "ampd-binding": _ampd(True, False, False, False),
     "ampd-binding-placement": _ampd(True, True, False, False),
     "ampd-binding-placement-reorder": _ampd(True, True, True, False),

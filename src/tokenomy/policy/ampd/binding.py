@@ -25,8 +25,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tokenomy.core import Request
+from tokenomy.policy.trace import TraceSink, emit, fields_dict
 from tokenomy.policy.view import InstanceView
 
 
@@ -70,6 +72,10 @@ class BindingDecision:
     def to_instance(self) -> str:
         return self.instance_id
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields, for the decision trace."""
+        return fields_dict(self)
+
 
 def blocks_needed(request: Request, view: InstanceView) -> int:
     """Free blocks ``request`` would take on ``view``: its uncached prompt plus its output."""
@@ -81,8 +87,9 @@ def blocks_needed(request: Request, view: InstanceView) -> int:
 class SessionBinder:
     """Binds sessions to decode instances; remembers bindings until :meth:`unbind`."""
 
-    def __init__(self, config: BindingConfig) -> None:
+    def __init__(self, config: BindingConfig, *, trace: TraceSink | None = None) -> None:
         self.config = config
+        self.trace = trace
         self._bound: dict[str, str] = {}
 
     def bound_instance(self, session_id: str) -> str | None:
@@ -95,8 +102,13 @@ class SessionBinder:
     def bind(self, request: Request, decode_instances: Sequence[InstanceView], now: float) -> BindingDecision:
         """Choose the decode instance of ``request`` and record the session's binding.
 
-        Raises ValueError when ``decode_instances`` is empty.
+        Raises ValueError when ``decode_instances`` is empty. The decision goes to the trace sink.
         """
+        decision = self._bind(request, decode_instances)
+        emit(self.trace, "binding", now, decision)
+        return decision
+
+    def _bind(self, request: Request, decode_instances: Sequence[InstanceView]) -> BindingDecision:
         if not decode_instances:
             raise ValueError("no decode instances to bind to")
         sid = request.session_id

@@ -3,7 +3,8 @@
 Estimates (all from ``now``; the TTFTs reported add the time the request already waited):
 
 * remote TTFT on prefill instance ``p`` = queue wait (``prefill_queue_delay_s[p]`` when given,
-  else ``p``'s pending prompt tokens drained in full ``prefill_budget_tokens`` steps)
+  else ``p``'s pending prompt tokens, ``prefill_backlog_tokens[p]`` when given or the view's
+  ``num_waiting_tokens``, drained in full ``prefill_budget_tokens`` steps)
   + transfer from the decode node of the history ``p`` lacks and the decode node holds
   + prefill of the rest of the prompt after what ``p`` then has
   + transfer back of the prompt KV the decode node lacks;
@@ -29,10 +30,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from tokenomy.core import SLO, Request, StepShape
 from tokenomy.policy.estimator import Estimator
+from tokenomy.policy.trace import TraceSink, emit, fields_dict
 from tokenomy.policy.view import InstanceView
 
 
@@ -82,14 +85,21 @@ class PlacementDecision:
     ttft_slack_s: float
     itl_slack_s: float
     reason: str
+    request_id: str = ""
+    decode_instance: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields, for the decision trace."""
+        return fields_dict(self)
 
 
 class AdaptivePlacement:
     """Decides local versus remote prefill from TTFT and ITL slack (module docstring)."""
 
-    def __init__(self, config: PlacementConfig, estimator: Estimator) -> None:
+    def __init__(self, config: PlacementConfig, estimator: Estimator, *, trace: TraceSink | None = None) -> None:
         self.config = config
         self.estimator = estimator
+        self.trace = trace
 
     def decide(
         self,
@@ -101,6 +111,7 @@ class AdaptivePlacement:
         now: float,
         history_cached_tokens_on_decode: int,
         prefill_queue_delay_s: Mapping[str, float] | None = None,
+        prefill_backlog_tokens: Mapping[str, int] | None = None,
     ) -> PlacementDecision:
         """Place the prefill of ``request`` whose decode is bound to ``decode``.
 
@@ -108,6 +119,25 @@ class AdaptivePlacement:
         (the session's retained history). ``prefill_queue_delay_s``: measured queue delays by
         prefill instance id, overriding the estimate from waiting tokens.
         """
+        decision = self._decide(
+            request, decode, prefills, slo, now, history_cached_tokens_on_decode, prefill_queue_delay_s,
+            prefill_backlog_tokens,
+        )
+        decision = replace(decision, request_id=request.request_id, decode_instance=decode.instance_id)
+        emit(self.trace, "placement", now, decision)
+        return decision
+
+    def _decide(
+        self,
+        request: Request,
+        decode: InstanceView,
+        prefills: Sequence[InstanceView],
+        slo: SLO,
+        now: float,
+        history_cached_tokens_on_decode: int,
+        prefill_queue_delay_s: Mapping[str, float] | None,
+        prefill_backlog_tokens: Mapping[str, int] | None,
+    ) -> PlacementDecision:
         if request.prompt_tokens < 1:
             raise ValueError(f"request {request.request_id!r} has no prompt tokens")
         if history_cached_tokens_on_decode < 0:
@@ -120,7 +150,10 @@ class AdaptivePlacement:
         ttft_local = waited + local_s
         itl_slack = self.config.itl_bound_factor * slo.tpot_s - itl_s
         remote = [
-            (waited + self._remote(request, p, on_decode, prefill_queue_delay_s), p.instance_id)
+            (
+                waited + self._remote(request, p, on_decode, prefill_queue_delay_s, prefill_backlog_tokens),
+                p.instance_id,
+            )
             for p in prefills
         ]
         if not remote:
@@ -164,7 +197,12 @@ class AdaptivePlacement:
         return self.estimator.kv_transfer_time_s(tokens, self.config.link_bytes_per_s)
 
     def _remote(
-        self, request: Request, p: InstanceView, on_decode: int, delays: Mapping[str, float] | None
+        self,
+        request: Request,
+        p: InstanceView,
+        on_decode: int,
+        delays: Mapping[str, float] | None,
+        backlogs: Mapping[str, int] | None,
     ) -> float:
         prompt = request.prompt_tokens
         history = min(request.history_tokens, prompt)
@@ -177,7 +215,10 @@ class AdaptivePlacement:
             if wait < 0:
                 raise ValueError(f"prefill_queue_delay_s[{p.instance_id!r}] must be >= 0, got {wait}")
         else:
-            wait = self._drain_s(p.num_waiting_tokens, self.config.prefill_budget_tokens)
+            queued = backlogs[p.instance_id] if backlogs is not None and p.instance_id in backlogs else None
+            if queued is None:
+                queued = p.num_waiting_tokens
+            wait = self._drain_s(queued, self.config.prefill_budget_tokens)
         return (
             wait
             + self._transfer_s(from_decode)

@@ -24,8 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from tokenomy.policy.estimator import Estimator
+from tokenomy.policy.trace import TraceSink, emit, fields_dict
 
 
 class Retention(Enum):
@@ -43,6 +45,10 @@ class RetentionDecision:
     ttl_s: float
     reason: str
     session_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields, for the decision trace."""
+        return fields_dict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +90,15 @@ class RetentionConfig:
 class KVRetentionPolicy:
     """Per-session KV retention decisions during tool calls (module docstring)."""
 
-    def __init__(self, config: RetentionConfig, estimator: Estimator, pcie_bytes_per_s: float) -> None:
+    def __init__(
+        self, config: RetentionConfig, estimator: Estimator, pcie_bytes_per_s: float, *, trace: TraceSink | None = None
+    ) -> None:
         if not pcie_bytes_per_s > 0:
             raise ValueError(f"pcie_bytes_per_s must be > 0, got {pcie_bytes_per_s}")
         self.config = config
         self.estimator = estimator
         self.pcie_bytes_per_s = pcie_bytes_per_s
+        self.trace = trace
 
     def swap_time_s(self, kv_tokens: int) -> float:
         """Offload plus reload time of ``kv_tokens`` of KV over PCIe."""
@@ -101,7 +110,12 @@ class KVRetentionPolicy:
     def decide(
         self, *, session_id: str, kv_tokens: int, expected_tool_latency_s: float, kv_usage: float, now: float
     ) -> RetentionDecision:
-        """Retention of one session's KV as its tool call starts."""
+        """Retention of one session's KV as its tool call starts (also handed to the trace sink)."""
+        decision = self._decide(session_id, kv_tokens, expected_tool_latency_s, kv_usage)
+        emit(self.trace, "retention", now, decision)
+        return decision
+
+    def _decide(self, session_id: str, kv_tokens: int, expected_tool_latency_s: float, kv_usage: float) -> RetentionDecision:
         if kv_tokens < 0 or expected_tool_latency_s < 0:
             raise ValueError("kv_tokens and expected_tool_latency_s must be >= 0")
         if not 0.0 <= kv_usage <= 1.0:
@@ -114,11 +128,15 @@ class KVRetentionPolicy:
             return RetentionDecision(Retention.KEEP, ttl, "short tool, no KV pressure", session_id)
         return self._free(session_id, kv_tokens, expected_tool_latency_s)
 
-    def on_expiry(self, *, session_id: str, kv_tokens: int, expected_tool_latency_s: float) -> RetentionDecision:
+    def on_expiry(
+        self, *, session_id: str, kv_tokens: int, expected_tool_latency_s: float, now: float = 0.0
+    ) -> RetentionDecision:
         """A KEEP pin outlived its TTL (the tool is late): offload if swapping beats recompute, else drop."""
         if kv_tokens < 0 or expected_tool_latency_s < 0:
             raise ValueError("kv_tokens and expected_tool_latency_s must be >= 0")
-        return self._free(session_id, kv_tokens, expected_tool_latency_s)
+        decision = self._free(session_id, kv_tokens, expected_tool_latency_s)
+        emit(self.trace, "retention", now, decision)
+        return decision
 
     def _free(self, session_id: str, kv_tokens: int, tool_s: float) -> RetentionDecision:
         swap, recompute = self.swap_time_s(kv_tokens), self.recompute_time_s(kv_tokens)
@@ -160,4 +178,6 @@ class KVRetentionPolicy:
             else:
                 decisions.append(self._free(r.session_id, r.kv_tokens, tool_s))
             to_free -= r.kv_tokens
+        for d in decisions:
+            emit(self.trace, "retention", now, d)
         return decisions

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 from tokenomy.core import Request, Role
 from tokenomy.engine import FinishedRequest
-from tokenomy.policy.ampd import AdaptivePlacement, LookaheadReorder, PrefillTask, SessionBinder
+from tokenomy.policy.ampd import PlacementDecision, PrefillTask
 from tokenomy.policy.router import make_router
 from tokenomy.sim.base import Deployment, SimContext, register_deployment, single_record, split_record
 from tokenomy.sim.deployments.disagg import inbound_links
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
+from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.deployments.prefill_queue import PrefillQueue
 from tokenomy.sim.instance import SimInstance
 
@@ -32,6 +33,7 @@ class _Turn:
     prefill_id: str = ""
     prefill: FinishedRequest | None = None
     kv_arrived_s: float | None = None
+    placement: PlacementDecision | None = None  # why it runs where it runs (None: placement off)
 
 
 @register_deployment
@@ -52,16 +54,16 @@ class AMPD(Deployment):
         self._by_id = {inst.instance_id: inst for inst in self.instances}
         self._decode_views = [inst.engine for inst in self.decodes]
         self._prefill_views = [inst.engine for inst in self.prefills]
-        self._binder = SessionBinder(opts.binding_config) if opts.binding else None
+        # Every decision below comes from these policy objects, built as a live path builds them.
+        self.policies = sim_policies(ctx)
+        self._binder = self.policies.binder
+        self._placement = self.policies.placement
         self._decode_router = make_router(cfg.decode_router)
         self._router = make_router(cfg.router)
-        self._placement = AdaptivePlacement(opts.placement_config, ctx.perf) if opts.placement else None
-        reorder = LookaheadReorder(opts.reorder_config, ctx.perf) if opts.reorder else None
-        self._queues = {p.instance_id: PrefillQueue(p, reorder, cfg.max_num_batched_tokens) for p in self.prefills}
+        self._queues = {p.instance_id: PrefillQueue(p, self.policies.dispatch) for p in self.prefills}
         self._links = inbound_links(ctx, self.instances)
-        self._keeper = KVKeeper(ctx, self.decodes) if opts.retention else None
+        self._keeper = KVKeeper(ctx, self.decodes, self.policies) if opts.retention else None
         self._turns: dict[str, _Turn] = {}
-        self._drain_unit_s = ctx.perf.prefill_time_s(cfg.max_num_batched_tokens) / cfg.max_num_batched_tokens
         self.local_prefills = 0
         self.remote_prefills = 0
 
@@ -71,21 +73,21 @@ class AMPD(Deployment):
             self._keeper.on_arrival(request, now)
         decode = self._bind(request, now)
         on_decode = self._history_on_decode(request, decode)
+        placement: PlacementDecision | None = None
         if self._placement is None:
             local, prefill_id = False, self._router.choose(request, self._prefill_views, now)
         else:
-            delays = {pid: q.backlog_tokens() * self._drain_unit_s for pid, q in self._queues.items()}
-            d = self._placement.decide(
+            placement = self._placement.decide(
                 request,
                 decode=decode.engine,
                 prefills=self._prefill_views,
                 slo=self.ctx.slo,
                 now=now,
                 history_cached_tokens_on_decode=on_decode,
-                prefill_queue_delay_s=delays,
+                prefill_backlog_tokens={pid: q.backlog_tokens() for pid, q in self._queues.items()},
             )
-            local, prefill_id = d.local, d.prefill_instance or ""
-        turn = _Turn(request, decode.instance_id, local, prefill_id)
+            local, prefill_id = placement.local, placement.prefill_instance or ""
+        turn = _Turn(request, decode.instance_id, local, prefill_id, placement=placement)
         self._turns[request.request_id] = turn
         if local:
             self.local_prefills += 1

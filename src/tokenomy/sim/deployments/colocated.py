@@ -1,4 +1,10 @@
-"""Colocated serving: N mixed instances behind a router (chunked prefill, prefix caching)."""
+"""Colocated serving: N mixed instances behind a router (chunked prefill, prefix caching).
+
+With ``SimConfig.host_kv_tier`` every instance also gets AMPD's host KV tier (LMCache-style
+CPU offload): at the end of each turn the retention policy keeps, offloads or drops the
+session's KV, and the session's next turn reloads what its instance's GPU cache lost from host
+memory over PCIe instead of recomputing it. Same policies, host memory and PCIe model as AMPD.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ from tokenomy.core import Request, Role
 from tokenomy.engine import FinishedRequest
 from tokenomy.policy.router import make_router
 from tokenomy.sim.base import Deployment, SimContext, register_deployment, single_record
+from tokenomy.sim.deployments.kv_keeper import KVKeeper
+from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.instance import SimInstance
 
 
@@ -23,14 +31,25 @@ class Colocated(Deployment):
         self._views = [inst.engine for inst in self.instances]
         self._router = make_router(ctx.config.router)
         self._inflight: dict[str, Request] = {}
+        self._keeper = KVKeeper(ctx, self.instances, sim_policies(ctx)) if ctx.config.host_kv_tier else None
 
     def submit(self, request: Request, now: float) -> None:
-        target = self._router.choose(request, self._views, now)
+        target = self._by_id[self._router.choose(request, self._views, now)]
         self._inflight[request.request_id] = request
-        self._by_id[target].submit(request, now)
+        if self._keeper is None:
+            target.submit(request, now)
+            return
+        self._keeper.on_arrival(request, now)
+        ready, preloaded = self._keeper.reload(request, target, now)
+        if ready > now:
+            self.ctx.loop.at(ready, lambda: target.submit(request, ready, preloaded_tokens=preloaded))
+        else:
+            target.submit(request, now, preloaded_tokens=preloaded)
 
     def on_finished(self, instance: SimInstance, fin: FinishedRequest) -> None:
         request = self._inflight.pop(fin.request_id)
+        if self._keeper is not None:
+            self._keeper.on_turn_end(request, instance, fin.finish_s)
         self.ctx.done(request, single_record(request, fin, instance.instance_id))
 
     def unfinished(self) -> list[Request]:

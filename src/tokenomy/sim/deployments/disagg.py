@@ -7,6 +7,12 @@ disaggregation proxy, the client streams from the decode side, so the first toke
 the client when the KV has arrived there: TTFT = queue + prefill + transfer. The prefill
 instance's blocks become free-cached as soon as its part finishes (the transfer is modelled
 on the link, not as memory held on the prefill side).
+
+With ``SimConfig.host_kv_tier`` the prefill instances get AMPD's host KV tier (Dynamo
+KVBM-style): when a prefill finishes, the retention policy keeps, offloads or drops the
+prompt's KV there, and the session's next turn, routed to the same prefill instance by session
+affinity, reloads what that GPU's cache lost from host memory over PCIe instead of
+recomputing it. Same policies, host memory and PCIe model as AMPD.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from tokenomy.core import Request, Role
 from tokenomy.engine import FinishedRequest
 from tokenomy.policy.router import make_router
 from tokenomy.sim.base import Deployment, SimContext, register_deployment, split_record
+from tokenomy.sim.deployments.kv_keeper import KVKeeper
+from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.instance import SimInstance
 from tokenomy.sim.link import KVLink
 
@@ -61,11 +69,22 @@ class Disaggregated(Deployment):
         self._prefilling: dict[str, Request] = {}
         self._decoding: dict[str, _Prefilled] = {}
         self._in_transfer: dict[str, _Prefilled] = {}
+        self._keeper = KVKeeper(ctx, self.prefills, sim_policies(ctx)) if ctx.config.host_kv_tier else None
 
     def submit(self, request: Request, now: float) -> None:
-        target = self._router.choose(request, self._prefill_views, now)
+        target = self._by_id[self._router.choose(request, self._prefill_views, now)]
         self._prefilling[request.request_id] = request
-        self._by_id[target].submit(request, now, prefill_only=True)
+        if self._keeper is None:
+            target.submit(request, now, prefill_only=True)
+            return
+        self._keeper.on_arrival(request, now)
+        ready, preloaded = self._keeper.reload(request, target, now)
+        if ready > now:
+            self.ctx.loop.at(
+                ready, lambda: target.submit(request, ready, preloaded_tokens=preloaded, prefill_only=True)
+            )
+        else:
+            target.submit(request, now, preloaded_tokens=preloaded, prefill_only=True)
 
     def on_finished(self, instance: SimInstance, fin: FinishedRequest) -> None:
         if instance.engine.role is Role.PREFILL:
@@ -76,6 +95,9 @@ class Disaggregated(Deployment):
     def _after_prefill(self, instance: SimInstance, fin: FinishedRequest) -> None:
         request = self._prefilling.pop(fin.request_id)
         now = fin.finish_s
+        if self._keeper is not None:
+            # The prompt's KV stays here for the session's next turn; its tool has not started yet.
+            self._keeper.on_turn_end(request, instance, now, kv_tokens=request.prompt_tokens, tool_starts=False)
         if request.max_output_tokens <= 1:
             self._finish(_Prefilled(request, fin, instance.instance_id), None, instance.instance_id)
             return
@@ -96,6 +118,8 @@ class Disaggregated(Deployment):
 
     def _after_decode(self, instance: SimInstance, fin: FinishedRequest) -> None:
         state = self._decoding.pop(fin.request_id)
+        if self._keeper is not None:
+            self._keeper.tool_started(state.request.session_id, fin.finish_s)
         self._finish(state, fin, instance.instance_id)
 
     def _finish(self, state: _Prefilled, dec: FinishedRequest | None, decode_id: str) -> None:

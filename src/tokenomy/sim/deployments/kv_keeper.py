@@ -1,7 +1,8 @@
-"""Applies KV retention decisions on decode engines across agent tool calls.
+"""Applies KV retention decisions across agent tool calls, with a host-memory KV tier.
 
-The decisions come from :class:`~tokenomy.policy.ampd.KVRetentionPolicy`; this class only
-carries them out on the simulated instances:
+The decisions come from the policies of :func:`tokenomy.sim.deployments.policies.sim_policies`
+(retention, tool-latency estimate, host-tier eviction); this class only carries them out on the
+simulated instances (AMPD's decode instances, or every instance of a host-tier baseline):
 
 * KEEP pins the finished turn's blocks on the GPU until the next turn of the session ends or
   the TTL expires (Continuum-style pinning);
@@ -9,8 +10,8 @@ carries them out on the simulated instances:
   the GPU blocks become ordinary free-cached blocks. If they are evicted before the next turn,
   that turn reloads the copy over PCIe instead of recomputing it (or, when its prefill runs
   remotely, the prefill node receives it from there). Host memory per instance is bounded
-  (``AMPDOptions.host_kv_bytes_per_gpu`` x TP); when it is full, copies past the policy's host
-  TTL go first, then the least recently stored;
+  (``AMPDOptions.host_kv_bytes_per_gpu`` x TP); which copies make room is the host-eviction
+  policy's choice;
 * DROP pins nothing: the blocks stay in the LRU prefix cache like any finished request's.
 
 A KEEP pin whose TTL runs out (the tool is late) is handed back to the policy, which offloads
@@ -25,8 +26,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from tokenomy.core import Request
-from tokenomy.policy.ampd import KVRetentionPolicy, RetainedKV, Retention, RetentionDecision
+from tokenomy.policy.ampd import AmpdPolicies, HostCopyView, RetainedKV, Retention, RetentionDecision
 from tokenomy.sim.base import SimContext
+from tokenomy.sim.deployments.policies import pcie_bytes_per_s
 from tokenomy.sim.instance import SimInstance
 from tokenomy.sim.link import KVLink
 
@@ -47,11 +49,17 @@ class _HostCopy:
 
 
 class KVKeeper:
-    def __init__(self, ctx: SimContext, decodes: list[SimInstance]) -> None:
+    """Retention and the host KV tier of ``decodes`` (the instances that hold sessions' KV)."""
+
+    def __init__(self, ctx: SimContext, decodes: list[SimInstance], policies: AmpdPolicies) -> None:
         cfg = ctx.config
         self.ctx = ctx
-        pcie = ctx.perf.gpu.pcie_bytes_per_s * cfg.tp
-        self.policy = KVRetentionPolicy(cfg.ampd.retention_config, ctx.perf, pcie_bytes_per_s=pcie)
+        if policies.retention is None:
+            raise ValueError("KVKeeper needs a retention policy")
+        self.policy = policies.retention
+        self._tools = policies.tool_latency
+        self._eviction = policies.host_eviction
+        pcie = pcie_bytes_per_s(ctx)
         self._by_id = {d.instance_id: d for d in decodes}
         # PCIe is full duplex: copies to host and reloads from host do not queue behind each other.
         self._to_host = {d.instance_id: KVLink(bytes_per_s=pcie) for d in decodes}
@@ -59,26 +67,14 @@ class KVKeeper:
         self._pins: dict[str, _Pin] = {}
         self._host: OrderedDict[str, _HostCopy] = OrderedDict()
         self._host_bytes = {d.instance_id: 0 for d in decodes}
-        self._host_capacity_bytes = cfg.ampd.host_kv_bytes_per_gpu * cfg.tp
-        self._last_end: dict[str, float] = {}
-        self._tool_sum_s = 0.0
-        self._tool_n = 0
+        self._host_capacity_bytes = int(cfg.ampd.host_kv_bytes_per_gpu * cfg.tp)
         self.decisions: dict[Retention, int] = {r: 0 for r in Retention}
         self.reloaded_tokens = 0
         self.host_evictions = 0
 
-    # ---- tool-latency estimate ---------------------------------------------------------------
     def on_arrival(self, request: Request, now: float) -> None:
-        """Observe the gap since the session's previous answer: the tool call's latency."""
-        end = self._last_end.pop(request.session_id, None)
-        if end is not None:
-            self._tool_sum_s += now - end
-            self._tool_n += 1
-
-    def expected_tool_s(self) -> float:
-        if self._tool_n == 0:
-            return self.ctx.config.ampd.tool_latency_prior_s
-        return self._tool_sum_s / self._tool_n
+        """The session's next turn arrived: its tool call is over (an observation for the estimate)."""
+        self._tools.on_arrival(request.session_id, now)
 
     # ---- host copies -------------------------------------------------------------------------
     def host_tokens(self, request: Request, decode_id: str) -> int:
@@ -100,13 +96,24 @@ class KVKeeper:
         return ready, host
 
     # ---- end of a turn: the tool call starts -------------------------------------------------
-    def on_turn_end(self, request: Request, instance: SimInstance, now: float) -> None:
+    def tool_started(self, session_id: str, now: float) -> None:
+        """The session's answer is complete: its tool call starts (an observation for the estimate)."""
+        self._tools.on_turn_end(session_id, now)
+
+    def on_turn_end(
+        self, request: Request, instance: SimInstance, now: float, kv_tokens: int | None = None, *, tool_starts: bool = True
+    ) -> None:
+        """``instance`` is done with the turn and holds ``kv_tokens`` of its KV (default: prompt and
+        answer): decide what to do with them while the tool runs. ``tool_starts`` False: the
+        answer is not complete yet (a prefill node's part), so the tool's clock does not start."""
         sid = request.session_id
-        self._last_end[sid] = now
+        if tool_starts:
+            self.tool_started(sid, now)
         self._unpin(sid)
         engine = instance.engine
-        kv_tokens = request.prompt_tokens + request.max_output_tokens
-        expected = self.expected_tool_s()
+        if kv_tokens is None:
+            kv_tokens = request.prompt_tokens + request.max_output_tokens
+        expected = self._tools.estimate(now).expected_s
         decision = self.policy.decide(
             session_id=sid, kv_tokens=kv_tokens, expected_tool_latency_s=expected, kv_usage=engine.kv_usage, now=now
         )
@@ -123,18 +130,21 @@ class KVKeeper:
             return
         kv_bytes = self.ctx.perf.kv_bytes_per_token
         nbytes = kv_tokens * kv_bytes
-        if nbytes > self._host_capacity_bytes:
-            return
         iid = instance.instance_id
         # Blocks already on host from the session's previous offload are not copied again.
         old = self._host.get(decision.session_id)
         stored = old.kv_tokens if old is not None and old.instance_id == iid else 0
+        if nbytes > self._host_capacity_bytes:
+            return
         self._drop_host(decision.session_id)
-        while self._host_bytes[iid] + nbytes > self._host_capacity_bytes:
-            # The policy's host TTL is a hint: copies past it go first, then the oldest.
-            mine = [(sid, c) for sid, c in self._host.items() if c.instance_id == iid]
-            expired = [sid for sid, c in mine if c.expire_s < now]
-            self._drop_host(expired[0] if expired else mine[0][0])
+        copies = [
+            HostCopyView(sid, c.kv_tokens * kv_bytes, c.expire_s) for sid, c in self._host.items() if c.instance_id == iid
+        ]
+        room = self._eviction.decide(
+            decision.session_id, nbytes, copies=copies, capacity_bytes=self._host_capacity_bytes, now=now
+        )
+        for sid in room.evict:
+            self._drop_host(sid)
             self.host_evictions += 1
         self._to_host[iid].transfer(now, max(0, kv_tokens - stored) * kv_bytes)
         self._host[decision.session_id] = _HostCopy(iid, kv_tokens, now + decision.ttl_s)
@@ -173,10 +183,14 @@ class KVKeeper:
         pin = self._pins.get(session_id)
         if pin is not None and pin.request_id == request_id:
             self._unpin(session_id)
+            now = self.ctx.loop.now
             decision = self.policy.on_expiry(
-                session_id=session_id, kv_tokens=pin.kv_tokens, expected_tool_latency_s=self.expected_tool_s()
+                session_id=session_id,
+                kv_tokens=pin.kv_tokens,
+                expected_tool_latency_s=self._tools.estimate(now).expected_s,
+                now=now,
             )
-            self._apply(decision, self._by_id[pin.instance_id], pin.kv_tokens, self.ctx.loop.now)
+            self._apply(decision, self._by_id[pin.instance_id], pin.kv_tokens, now)
 
     @property
     def pinned_sessions(self) -> int:

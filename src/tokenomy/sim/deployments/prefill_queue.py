@@ -1,8 +1,7 @@
 """A prefill instance's queue held in front of its engine, so that AMPD can reorder it.
 
-The engine keeps about one step of work (``max_num_batched_tokens`` prompt tokens) in its own
-FCFS queue, so batching is not starved; everything beyond that waits here, where the
-look-ahead reorder policy picks what goes next.
+When to release a task and which one is :class:`~tokenomy.policy.ampd.PrefillDispatch`'s
+decision (gate on the engine's backlog, look-ahead reordering); this queue only applies it.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tokenomy.policy.ampd import LookaheadReorder, PrefillTask
+from tokenomy.policy.ampd import PrefillDispatch, PrefillTask
 from tokenomy.sim.instance import SimInstance
 
 Dispatch = Callable[[float], None]
@@ -23,12 +22,11 @@ class _Queued:
 
 
 class PrefillQueue:
-    """Tasks waiting for one prefill instance; ``pump`` releases them to the engine."""
+    """Tasks waiting for one prefill instance; ``pump`` releases them as the policy decides."""
 
-    def __init__(self, instance: SimInstance, reorder: LookaheadReorder | None, budget_tokens: int) -> None:
+    def __init__(self, instance: SimInstance, policy: PrefillDispatch) -> None:
         self.instance = instance
-        self._reorder = reorder
-        self._budget = budget_tokens
+        self._policy = policy
         self._items: list[_Queued] = []
         self.queued_tokens = 0
         self.in_flight_tokens = 0  # dispatched, KV of the history still travelling to the engine
@@ -47,8 +45,16 @@ class PrefillQueue:
 
     def pump(self, now: float) -> None:
         engine = self.instance.engine
-        while self._items and engine.num_waiting_tokens + self.in_flight_tokens < self._budget:
-            index = 0 if self._reorder is None else self._reorder.pick([q.task for q in self._items], now)
-            item = self._items.pop(index)
+        while True:
+            decision = self._policy.decide(
+                [q.task for q in self._items],
+                engine_waiting_tokens=engine.num_waiting_tokens,
+                in_flight_tokens=self.in_flight_tokens,
+                now=now,
+                prefill_instance=self.instance.instance_id,
+            )
+            if decision is None:
+                return
+            item = self._items.pop(decision.index)
             self.queued_tokens -= item.task.new_tokens
             item.dispatch(now)
