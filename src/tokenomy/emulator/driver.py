@@ -84,6 +84,8 @@ class EngineDriver:
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
         self._next_start: float | None = None
+        self._last_end = float("-inf")
+        self._idle_arrival: float | None = None  # earliest modelled arrival submitted while idle
         self.lag_dropped_s = 0.0
         self.steps = 0
         self.busy_s = 0.0
@@ -95,11 +97,17 @@ class EngineDriver:
         return self._t0 + model_s * self.time_scale
 
     # ---- from request handlers ------------------------------------------------------------
-    def submit(self, request: Request, **kwargs: object) -> RequestHandle:
+    def submit(self, request: Request, arrival_wall: float | None = None, **kwargs: object) -> RequestHandle:
         """Queue ``request`` on the engine now (keyword arguments as :meth:`Engine.add_request`).
 
+        ``arrival_wall``: when the request reached the server (before parsing and tokenizing). An
+        idle engine starts its next step at that time's model equivalent (at most ``max_lag_s`` in
+        the past), so the server's own CPU work does not add to the modelled TTFT.
         Raises ValueError as ``add_request`` does (the request never entered the engine)."""
         self.engine.add_request(request, self.model_now(), **kwargs)  # type: ignore[arg-type]
+        if arrival_wall is not None and self._next_start is None:
+            arrival = (arrival_wall - self._t0) / self.time_scale
+            self._idle_arrival = arrival if self._idle_arrival is None else min(self._idle_arrival, arrival)
         handle = RequestHandle(request.request_id, self._loop.time())
         self._handles[request.request_id] = handle
         self._wake.set()
@@ -123,6 +131,9 @@ class EngineDriver:
             start = self._next_start
             if start is None:
                 start = now
+                if self._idle_arrival is not None:
+                    start = min(now, max(self._idle_arrival, now - self.max_lag_s, self._last_end))
+                    self._idle_arrival = None
             elif now - start > self.max_lag_s:
                 self.lag_dropped_s += now - self.max_lag_s - start
                 start = now - self.max_lag_s
@@ -133,7 +144,7 @@ class EngineDriver:
                 await self._wake.wait()
                 continue
             end = result.end_s
-            self._next_start = end
+            self._next_start = self._last_end = end
             self.steps += 1
             self.busy_s += result.duration_s
             # Always yield, even when late: the handlers must get to write the previous tokens.

@@ -185,7 +185,9 @@ class Emulator:
         elif job.remote_decode:
             kwargs["prefill_only"] = True
         try:
-            handle = self.driver.submit(request, **kwargs)
+            # A pulled prefill already waited its transfer: its step may not start before now.
+            since = None if job.remote_prefill is not None else arrival_wall
+            handle = self.driver.submit(request, since, **kwargs)
         except ValueError as exc:
             raise APIError(400, str(exc), param="prompt") from None
         handle.arrival_wall = arrival_wall
