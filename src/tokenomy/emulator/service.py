@@ -207,7 +207,8 @@ class Emulator:
         """After the answer is complete: a prefill-side request keeps its KV for the decode side."""
         fin = handle.finished
         assert fin is not None
-        job.cached_tokens = fin.cache_hit_tokens
+        # KV that arrived from a prefill instance counts as cached, as vLLM's decode side reports it.
+        job.cached_tokens = fin.cache_hit_tokens + fin.transferred_tokens
         if job.remote_decode and not fin.aborted:
             bs = self.engine_config.block_size_tokens
             loop = asyncio.get_running_loop()
