@@ -14,7 +14,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tokenomy.core import Request, Role
+from tokenomy.core import Request
 from tokenomy.emulator.chat import render
 from tokenomy.emulator.config import EmulatorConfig
 from tokenomy.emulator.driver import EngineDriver, RequestHandle
@@ -268,7 +268,3 @@ class Emulator:
         m.request_prompt_tokens.observe(h.prompt_tokens)
         m.request_generation_tokens.observe(fin.output_tokens)
         m.success(h.finish_reason)
-
-    @property
-    def role(self) -> Role:
-        return self.config.role
