@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 
 def _start(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.main", "serve", "--config", str(config),
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(config),
                              "--port", str(port)], stdout=log.open("ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
