@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -170,7 +171,7 @@ class Proxy:
         return self.pool.by_id[self.router.choose(core, cands, now)]
 
     async def _dispatch(self, req: ParsedRequest, ticket: Ticket, t0: float) -> Response:
-        payload = json.dumps(req.body, separators=(",", ":")).encode()
+        payload = orjson.dumps(req.body)
         headers = {"content-type": "application/json", "x-request-id": req.request_id}
         tried: set[str] = set()
         for _attempt in range(self.config.server.retries + 1):
@@ -233,7 +234,7 @@ class Proxy:
     async def _complete(self, flight: Flight, resp: UpstreamResponse) -> Response:
         req = flight.req
         try:
-            data = json.loads(resp.content)
+            data = orjson.loads(resp.content)
         except ValueError:
             flight.backend.finished(req.request_id, None, 0)
             raise GatewayError(502, "backend answered with invalid JSON", "server_error", "upstream_error") from None
