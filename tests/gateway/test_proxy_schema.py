@@ -32,7 +32,10 @@ def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp: Path = tmp_path_factory.mktemp("schema")
     upstream = FakeUpstream()
     with serve(upstream.app()) as up_url:
+        # generous health timeout: on a loaded CI machine a 1 s probe of the fake upstream can
+        # time out, and a backend taken out answers 503 (correct, but not what this test checks)
         cfg = config_from_dict({"backends": [{"id": "b1", "url": up_url}],
+                                "health": {"timeout_s": 30.0},
                                 "ledger": {"url": f"sqlite:///{tmp}/ledger.db"}})
         ledger = SqlLedger(cfg.ledger.url)
         try:
