@@ -23,6 +23,7 @@ from tokenomy.emulator.metrics import EmulatorMetrics
 from tokenomy.emulator.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from tokenomy.emulator.tokenizer import Tokenizer, load_tokenizer
 from tokenomy.engine import Engine, FinishedRequest
+from tokenomy.engine.trace import JsonlTrace
 
 if TYPE_CHECKING:
     import httpx
@@ -59,7 +60,8 @@ class Emulator:
         self.tokenizer = tokenizer or load_tokenizer(config.tokenizer)
         self.perf = config.perf_model()
         self.engine_config = config.engine_config(self.perf)
-        self.engine = Engine(config.instance_id, self.engine_config, self.perf, config.role)
+        self._trace = JsonlTrace(config.trace_events) if config.trace_events is not None else None
+        self.engine = Engine(config.instance_id, self.engine_config, self.perf, config.role, trace=self._trace)
         self.context_window = config.context_window(self.engine_config)
         self.model_name = config.model_name
         self.prompt_tokens_total = 0
@@ -98,6 +100,8 @@ class Emulator:
             timer.cancel()
         if self._http is not None:
             await self._http.aclose()
+        if self._trace is not None:
+            self._trace.close()
 
     def _counters(self) -> list[tuple[str, str, float]]:
         return [
