@@ -78,6 +78,8 @@ def test_cluster_file_errors_name_the_file_and_key(
     bad.write_text("pools:\n  - role: decode\n    engine: {max_num_seq: 3}\n")
     assert main(["up", str(bad)]) == 2
     assert "unknown engine key(s) max_num_seq" in capsys.readouterr().err
+    assert main(["up", "--json", str(tmp_path / "no" / "such.json")]) == 2
+    assert "--json" in capsys.readouterr().err
     base = free_port_base(1)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", base))

@@ -14,7 +14,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tokenomy.core import Request, Role
+from tokenomy.core import Request
 from tokenomy.emulator.chat import render
 from tokenomy.emulator.config import EmulatorConfig
 from tokenomy.emulator.driver import EngineDriver, RequestHandle
@@ -207,7 +207,8 @@ class Emulator:
         """After the answer is complete: a prefill-side request keeps its KV for the decode side."""
         fin = handle.finished
         assert fin is not None
-        job.cached_tokens = fin.cache_hit_tokens
+        # KV that arrived from a prefill instance counts as cached, as vLLM's decode side reports it.
+        job.cached_tokens = fin.cache_hit_tokens + fin.transferred_tokens
         if job.remote_decode and not fin.aborted:
             bs = self.engine_config.block_size_tokens
             loop = asyncio.get_running_loop()
@@ -267,7 +268,3 @@ class Emulator:
         m.request_prompt_tokens.observe(h.prompt_tokens)
         m.request_generation_tokens.observe(fin.output_tokens)
         m.success(h.finish_reason)
-
-    @property
-    def role(self) -> Role:
-        return self.config.role
