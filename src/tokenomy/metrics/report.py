@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tokenomy.core import SLO
 from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
 from tokenomy.metrics.summary import Summary
 
@@ -89,6 +90,8 @@ def write_json(path: str | Path, payload: Any) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
+        # mkstemp makes the file 0600; a result is for sharing: owner writes, everyone reads.
+        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -106,26 +109,59 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_comparison(summaries: Mapping[str, Summary], path: str | Path) -> Path:
-    """Save a PNG: grouped bars of TTFT/TPOT P50/P99 (ms) and a bar of SLO attainment per deployment."""
+def _split_label(name: str, split: tuple[int, int] | None) -> str:
+    return f"{name} ({split[0]}P:{split[1]}D)" if split and "@" not in name else name
+
+
+def _attainment_limits(values: Sequence[float], target: float | None) -> tuple[float, float]:
+    """A y-range (in %) that shows the differences: from a little under the lowest value (or the
+    target) to 100, so 96.6% and 99.8% do not look alike on a 0-100 axis."""
+    low = min([*values, *([target] if target is not None else [])]) * 100
+    pad = max(0.5, (100 - low) * 0.15)
+    return max(0.0, low - pad), 100.0 + pad / 3
+
+
+def plot_comparison(
+    summaries: Mapping[str, Summary],
+    path: str | Path,
+    *,
+    title: str | None = None,
+    slo: SLO | None = None,
+    splits: Mapping[str, tuple[int, int] | None] | None = None,
+) -> Path:
+    """Save a PNG of three panels per deployment: TTFT P50/P99 (log scale, SLO line), TPOT
+    P50/P99 (log scale, SLO line) and SLO attainment (an axis zoomed to the values). ``title``
+    heads the figure (name workload, model, GPU and rate there); ``splits`` adds each
+    disaggregated deployment's P:D to the legend."""
     if not summaries:
         raise ValueError("plot_comparison needs at least one summary")
     plt = _pyplot()
     names = list(summaries)
-    metrics = [("TTFT P50", "ttft_p50_s"), ("TTFT P99", "ttft_p99_s"),
-               ("TPOT P50", "tpot_p50_s"), ("TPOT P99", "tpot_p99_s")]
-    fig, (ax_lat, ax_att) = plt.subplots(1, 2, figsize=(11, 4.5))
+    labels = [_split_label(n, (splits or {}).get(n)) for n in names]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.8))
+    panels = [(axes[0], "TTFT", ("ttft_p50_s", "ttft_p99_s"), slo.ttft_s if slo else None),
+              (axes[1], "TPOT", ("tpot_p50_s", "tpot_p99_s"), slo.tpot_s if slo else None)]
     width = 0.8 / len(names)
-    for i, name in enumerate(names):
-        values = [(getattr(summaries[name], attr) or 0.0) * 1e3 for _, attr in metrics]
-        ax_lat.bar([m + i * width for m in range(len(metrics))], values, width, label=name)
-    ax_lat.set_xticks([m + width * (len(names) - 1) / 2 for m in range(len(metrics))],
-                      [label for label, _ in metrics])
-    ax_lat.set_ylabel("latency (ms)")
-    ax_lat.legend()
-    ax_att.bar(names, [summaries[n].slo_attainment * 100 for n in names])
-    ax_att.set_ylabel("SLO attainment (%)")
-    ax_att.set_ylim(0, 100)
+    for ax, what, attrs, bound in panels:
+        for i, label in enumerate(labels):
+            values = [(getattr(summaries[names[i]], a) or float("nan")) * 1e3 for a in attrs]
+            ax.bar([m + i * width for m in range(len(attrs))], values, width, label=label)
+        ax.set_xticks([m + width * (len(names) - 1) / 2 for m in range(len(attrs))], ["P50", "P99"])
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{what} (ms, log scale)")
+        ax.set_title(what)
+        if bound is not None:
+            ax.axhline(bound * 1e3, linestyle="--", color="crimson", label=f"SLO {bound * 1e3:g} ms")
+        ax.legend(fontsize=8)
+    att = [summaries[n].slo_attainment for n in names]
+    bars = axes[2].bar(range(len(names)), [a * 100 for a in att], color=[f"C{i}" for i in range(len(names))])
+    axes[2].set_xticks(range(len(names)), labels, rotation=15, fontsize=8)
+    axes[2].set_ylim(*_attainment_limits(att, None))
+    axes[2].bar_label(bars, [f"{a:.1%}" for a in att], fontsize=8)
+    axes[2].set_ylabel("SLO attainment (%)")
+    axes[2].set_title("requests meeting both SLOs")
+    if title:
+        fig.suptitle(title)
     return _save(plt, fig, path)
 
 
@@ -136,23 +172,28 @@ def plot_sweep(
     ylabel: str = "SLO attainment",
     xlabel: str = "request rate (req/s)",
     target: float | None = DEFAULT_ATTAINMENT_TARGET,
+    title: str | None = None,
 ) -> Path:
     """Save a PNG of one line per deployment of ``series[name][i]`` against ``rates[i]``, with a
-    dashed horizontal line at ``target`` (None for none)."""
+    dashed horizontal line at ``target`` (None for none) and ``title`` above. Attainment series
+    (fractions) are drawn in percent on an axis zoomed to the values."""
     if not series:
         raise ValueError("plot_sweep needs at least one series")
     for name, ys in series.items():
         if len(ys) != len(rates):
             raise ValueError(f"series {name!r} has {len(ys)} points but there are {len(rates)} rates")
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5))
     for name, ys in series.items():
-        ax.plot(list(rates), list(ys), marker="o", label=name)
+        ax.plot(list(rates), [y * 100 for y in ys], marker="o", label=name)
     if target is not None:
-        ax.axhline(target, linestyle="--", color="grey", label=f"target {target:g}")
+        ax.axhline(target * 100, linestyle="--", color="grey", label=f"target {target:.0%}")
+    ax.set_ylim(*_attainment_limits([y for ys in series.values() for y in ys], target))
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.legend()
+    ax.set_ylabel(f"{ylabel} (%)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
     return _save(plt, fig, path)
 
 
