@@ -34,6 +34,8 @@ def _num(v: float | None, fmt: str) -> str:
 # (row label, cell text of one Summary). Token-class rows follow these.
 _ROWS: list[tuple[str, Callable[[Summary], str]]] = [
     ("requests (finished)", lambda s: f"{s.requests:,} ({s.finished:,})"),
+    ("rejected (cannot run)", lambda s: f"{s.rejected:,}"),
+    ("busy window / span (s)", lambda s: f"{s.duration_s:,.1f} / {s.span_s:,.1f}"),
     ("TTFT P50 (ms)", lambda s: _ms(s.ttft_p50_s)),
     ("TTFT P99 (ms)", lambda s: _ms(s.ttft_p99_s)),
     ("TPOT P50 (ms)", lambda s: _ms(s.tpot_p50_s)),
@@ -65,7 +67,15 @@ def render_table(
     classes = list(dict.fromkeys(k for s in summaries.values() for k in s.tokens))
     for cls in classes:
         table.add_row(f"tokens: {cls}", *[f"{s.tokens.get(cls, 0):,}" for s in summaries.values()])
-    (console or Console()).print(table)
+    out = console or Console()
+    out.print(table)
+    reasons: dict[str, int] = {}
+    for summary in summaries.values():
+        for reason, n in summary.rejected_reasons.items():
+            reasons[reason] = max(reasons.get(reason, 0), n)
+    for reason, n in reasons.items():
+        out.print(f"rejected: {n:,} request(s): {reason}; they count as SLO misses and add no tokens or time",
+                  highlight=False)
     return table
 
 
