@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eaas", help="Expert-as-a-Service: expert servers, failover demo, scaling plan")
     eaas = p.add_subparsers(dest="eaas_command", required=True)
 
-    from tokenomy.eaas.server import build_parser
+    from tokenomy.eaas.server_args import build_parser
 
     serve = eaas.add_parser("serve", help="run one stateless expert server until SIGTERM/Ctrl-C")
     build_parser(serve)

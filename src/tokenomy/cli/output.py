@@ -18,9 +18,9 @@ def print_workload(console: Console, info: WorkloadInfo) -> None:
     how = "detected" if info.detected else "given"
     fmt = info.format if info.format.startswith("synthetic") else f"{info.format}, {how}"
     console.print(f"workload [bold]{escape(info.source)}[/] {escape(f'[{fmt}]')}: {info.header()}",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
     for note in info.notes:
-        console.print(f"note: {escape(note)}", highlight=False)
+        console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
 
 
 def _clock(seconds: float) -> str:

@@ -5,19 +5,23 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from tokenomy.cli.main import CLIError
 from tokenomy.metrics.report import write_json
-from tokenomy.perf.calibrate import Calibration, calibrate
 from tokenomy.perf.coefficients import SHIPPED_FILE, save_coefficients
 from tokenomy.perf.model import DEFAULT_ACTIVATION_RESERVE_BYTES, PerfModel
 
+if TYPE_CHECKING:
+    from tokenomy.perf.calibrate import Calibration
+
 
 def _calibrate(profiles: str) -> Calibration:
+    from tokenomy.perf.calibrate import calibrate  # scipy: imported only when fitting
+
     root = Path(profiles)
     if not root.is_dir():
         raise FileNotFoundError(f"--profiles {root} is not a directory (expected Vidur's profiles/ with compute/)")
