@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_sim)
     from tokenomy.cli import compare_cmd
 
-    compare_cmd.register(p.add_subparsers(dest="sim_command"))
+    compare_cmd.register(p.add_subparsers(dest="sim_command", metavar="compare", help="sweep rates over deployments"))
 
 
 def sessions_from_args(args: argparse.Namespace) -> list[Session]:
