@@ -20,7 +20,7 @@ from rich.table import Table
 
 from tokenomy.cli.output import ProgressLines, print_workload
 from tokenomy.cli.spec_args import add_experiment_args, spec_from_args
-from tokenomy.experiment import Progress, SweepResult, dump_spec, load_sessions, plan_jobs, run_sweep
+from tokenomy.experiment import Job, Progress, SweepResult, dump_spec, load_sessions, plan_jobs, run_sweep
 from tokenomy.metrics.report import plot_sweep, write_json
 
 DEFAULT_DEPLOYMENTS = "colocated,disagg,ampd"
@@ -59,7 +59,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.quiet or not sys.stderr.isatty():
         lines = ProgressLines(total, quiet=args.quiet)
         result = run_sweep(spec, executor=executor, workers=args.workers, address=args.ray,
-                           on_progress=lambda p: lines.done(p.job.deployment.label, p.result))
+                           on_progress=lambda p: lines.done(_job_label(p.job), p.result))
     else:
         with Bar(transient=True, console=Console(stderr=True)) as bar:
             task = bar.add_task(f"{total} simulations", total=total)
@@ -82,6 +82,12 @@ def run_compare(args: argparse.Namespace) -> int:
                    target=spec.attainment_target)
         console.print(f"wrote {args.plot}")
     return 0
+
+
+def _job_label(job: Job) -> str:
+    if job.split and not job.deployment.split:
+        return f"{job.deployment.name}@{job.split[0]}:{job.split[1]}"
+    return job.deployment.label
 
 
 def _label(name: str, split: tuple[int, int] | None) -> str:

@@ -119,6 +119,22 @@ def _pyplot() -> Any:
     return plt
 
 
+def _log_ticks(ax: Any) -> None:
+    """Log axis ticks at 1, 2, 5 x 10^k, written plainly (``200``, not ``2 x 10^2``)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _percent_axis(ax: Any, values: Sequence[float], target: float | None) -> None:
+    """Zoomed attainment axis (see _attainment_limits) with no tick above 100%."""
+    ax.set_ylim(*_attainment_limits(values, target))
+    ax.set_yticks([t for t in ax.get_yticks() if t <= 100.0])
+    ax.set_ylim(*_attainment_limits(values, target))
+
+
 def _split_label(name: str, split: tuple[int, int] | None) -> str:
     return f"{name} ({split[0]}P:{split[1]}D)" if split and "@" not in name else name
 
@@ -158,6 +174,7 @@ def plot_comparison(
             ax.bar([m + i * width for m in range(len(attrs))], values, width, label=label)
         ax.set_xticks([m + width * (len(names) - 1) / 2 for m in range(len(attrs))], ["P50", "P99"])
         ax.set_yscale("log")
+        _log_ticks(ax)
         ax.set_ylabel(f"{what} (ms, log scale)")
         ax.set_title(what)
         if bound is not None:
@@ -166,7 +183,7 @@ def plot_comparison(
     att = [summaries[n].slo_attainment for n in names]
     bars = axes[2].bar(range(len(names)), [a * 100 for a in att], color=[f"C{i}" for i in range(len(names))])
     axes[2].set_xticks(range(len(names)), labels, rotation=15, fontsize=8)
-    axes[2].set_ylim(*_attainment_limits(att, None))
+    _percent_axis(axes[2], att, None)
     axes[2].bar_label(bars, [f"{a:.1%}" for a in att], fontsize=8)
     axes[2].set_ylabel("SLO attainment (%)")
     axes[2].set_title("requests meeting both SLOs")
@@ -194,11 +211,13 @@ def plot_sweep(
             raise ValueError(f"series {name!r} has {len(ys)} points but there are {len(rates)} rates")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name, ys in series.items():
-        ax.plot(list(rates), [y * 100 for y in ys], marker="o", label=name)
+    # Distinct markers and dashes, so deployments that coincide (all at 100%) stay visible.
+    for i, (name, ys) in enumerate(series.items()):
+        ax.plot(list(rates), [y * 100 for y in ys], marker="osD^v<>"[i % 7], linestyle=["-", "--", ":", "-."][i % 4],
+                markersize=8 - i % 4, label=name)
     if target is not None:
         ax.axhline(target * 100, linestyle="--", color="grey", label=f"target {target:.0%}")
-    ax.set_ylim(*_attainment_limits([y for ys in series.values() for y in ys], target))
+    _percent_axis(ax, [y for ys in series.values() for y in ys], target)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"{ylabel} (%)")
     if title:
