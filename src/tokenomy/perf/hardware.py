@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from tokenomy.core.errors import UnknownNameError
+
 _GB = 1e9  # vendors quote bandwidth and (usually) memory in decimal gigabytes
 _GIB = 2**30
 
@@ -89,7 +91,7 @@ def get_gpu(name: str) -> GPUSpec:
     """Look a GPU up by name or alias, case-insensitively, or read one from a YAML/JSON file
     (``*.yaml``, ``*.yml``, ``*.json``; see :func:`load_gpu_file`).
 
-    Raises ``KeyError`` naming every known GPU when ``name`` is unknown.
+    Raises ``UnknownNameError`` (a ValueError and KeyError) naming every known GPU when ``name`` is unknown.
     """
     if name.lower().endswith((".yaml", ".yml", ".json")):
         return load_gpu_file(name)
@@ -99,7 +101,7 @@ def get_gpu(name: str) -> GPUSpec:
             return _CATALOG[canonical]
     if key in _ALIASES:
         return _CATALOG[_ALIASES[key]]
-    raise KeyError(f"unknown GPU {name!r}; known: {', '.join(gpu_names())} (aliases: {', '.join(sorted(_ALIASES))})")
+    raise UnknownNameError(f"unknown GPU {name!r}; known: {', '.join(gpu_names())} (aliases: {', '.join(sorted(_ALIASES))})")
 
 
 def load_gpu_file(path: str | Path) -> GPUSpec:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenomy.core.errors import UnknownNameError
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
@@ -209,7 +211,7 @@ def get_model(name: str) -> ModelSpec:
     """Look a model up by name (an ``org/`` prefix is ignored), case-insensitively, or read a
     Hugging Face ``config.json`` (a path to the file or to a folder holding one).
 
-    Raises ``KeyError`` naming every known model when ``name`` is unknown, ValueError for a
+    Raises ``UnknownNameError`` (a ValueError and KeyError) naming every known model when ``name`` is unknown, ValueError for a
     config file it cannot read.
     """
     path = Path(name)
@@ -226,4 +228,4 @@ def get_model(name: str) -> ModelSpec:
             return spec
     if key in _ALIASES:
         return _CATALOG[_ALIASES[key]]
-    raise KeyError(f"unknown model {name!r}; known: {', '.join(model_names())}")
+    raise UnknownNameError(f"unknown model {name!r}; known: {', '.join(model_names())}")
