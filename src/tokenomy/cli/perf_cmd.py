@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from tokenomy.cli.main import CLIError
-from tokenomy.metrics.report import write_json
+from tokenomy.metrics.report import finite_or_none, write_json
 from tokenomy.perf.coefficients import SHIPPED_FILE, save_coefficients
 from tokenomy.perf.model import DEFAULT_ACTIVATION_RESERVE_BYTES, PerfModel
 
@@ -52,23 +51,12 @@ def _fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _finite(value: Any) -> Any:
-    """NaN and infinities (a MAPE with no points) as None, so the JSON stays strict."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _validate(args: argparse.Namespace) -> int:
     cal = _calibrate(args.profiles)
     Console().print(_validation_table(cal))
     if args.json:
         payload = {"schema": "tokenomy.perf-validate/1", "settings": {"profiles": str(Path(args.profiles))},
-                   **_finite(cal.summary())}
+                   **finite_or_none(cal.summary())}
         write_json(args.json, payload)
     return 0
 

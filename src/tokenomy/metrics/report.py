@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -84,6 +85,17 @@ def _to_jsonable(obj: Any) -> Any:
     if callable(to_dict):
         return to_dict()
     raise TypeError(f"cannot write {type(obj).__name__} as JSON (give it a to_dict() or convert it)")
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN or infinity (nested in dicts and lists) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(v) for v in value]
+    return value
 
 
 def write_json(path: str | Path, payload: Any) -> Path:
