@@ -191,10 +191,6 @@ class ExperimentSpec:
         config = make_variant(dep.name, base)
         return replace(config, router=dep.router) if dep.router else config
 
-    def at_rate(self, rate_per_s: float) -> ExperimentSpec:
-        """This experiment with the workload's rate set to ``rate_per_s`` (one point of a sweep)."""
-        return replace(self, workload=replace(self.workload, rate_per_s=rate_per_s))
-
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON/YAML-able form; :func:`spec_from_dict` reads it back to an equal spec."""
         return {
