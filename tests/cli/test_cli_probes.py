@@ -54,6 +54,7 @@ def _one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str
     [
         (["sim", "--rate", "1e9", "--quiet"], "--rate"),
         (["sim", "--rate", "1e5", "--quiet"], "--rate"),
+        (["sim", "compare", "--rates", "1,5000", "--quiet"], "--rate 5000"),
         (["sim", "compare", "--rates", "1", "--deployments", "ampd", "--splits", "auto", "--instances", "1"],
          "2 instances"),
         (["sim", "compare", "--rates", "1", "--deployments", ""], "--deployments"),

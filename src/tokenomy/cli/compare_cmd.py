@@ -22,6 +22,8 @@ from tokenomy.cli.output import ProgressLines, print_workload
 from tokenomy.cli.spec_args import add_experiment_args, spec_from_args
 from tokenomy.experiment import Job, Progress, SweepResult, dump_spec, load_sessions, plan_jobs, run_sweep
 from tokenomy.metrics.report import plot_sweep, write_json
+from tokenomy.workload import SYNTHETIC
+from tokenomy.workload.registry import check_synthetic_size
 
 DEFAULT_DEPLOYMENTS = "colocated,disagg,ampd"
 
@@ -51,6 +53,8 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.save_spec:
         dump_spec(spec, args.save_spec)
         console.print(f"wrote {args.save_spec}")
+    if spec.workload.source in SYNTHETIC:  # the highest rate makes the most sessions: refuse it up front
+        check_synthetic_size(spec.workload.source, max(spec.rates), spec.workload.duration_s)
     # Load once here: bad input fails before any worker starts, and the header says what runs.
     print_workload(console, load_sessions(spec, spec.rates[0])[1])
     total = len(plan_jobs(spec))

@@ -52,7 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CLIError, ValueError, KeyError, OSError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         text = " ".join(str(msg).split()) or type(exc).__name__  # one line, whatever the message held
-        print(f"tokenomy {args.command}: error: {text}", file=sys.stderr)
+        sub = [v for k, v in sorted(vars(args).items()) if k.endswith("_command") and isinstance(v, str)]
+        print(f"tokenomy {' '.join([args.command, *sub])}: error: {text}", file=sys.stderr)
         return 2
     return int(rc or 0)
 

@@ -155,8 +155,9 @@ def _count(sessions: list[Session]) -> int:
     return sum(len(s.turns) for s in sessions)
 
 
-def _synthetic(spec: str, rate_per_s: float | None, duration_s: float | None, seed: int, arrival: str,
-               arrival_cv: float, max_sessions: int | None) -> tuple[list[Session], WorkloadInfo]:
+def check_synthetic_size(spec: str, rate_per_s: float | None, duration_s: float | None) -> tuple[float, float]:
+    """``(rate, duration)`` a synthetic workload would use (defaults 1/s, 120 s); ValueError if not
+    finite and positive, or if they would generate more than ``MAX_SYNTHETIC_SESSIONS`` sessions."""
     rate = 1.0 if rate_per_s is None else rate_per_s
     duration = 120.0 if duration_s is None else duration_s
     if not (0 < rate < math.inf) or not (0 < duration < math.inf):
@@ -166,6 +167,12 @@ def _synthetic(spec: str, rate_per_s: float | None, duration_s: float | None, se
     if expected > MAX_SYNTHETIC_SESSIONS:
         raise ValueError(f"--rate {rate:g} x --duration {duration:g} would generate ~{expected:.3g} sessions; "
                          f"the cap is {MAX_SYNTHETIC_SESSIONS:,}: lower --rate or --duration")
+    return rate, duration
+
+
+def _synthetic(spec: str, rate_per_s: float | None, duration_s: float | None, seed: int, arrival: str,
+               arrival_cv: float, max_sessions: int | None) -> tuple[list[Session], WorkloadInfo]:
+    rate, duration = check_synthetic_size(spec, rate_per_s, duration_s)
     arrival_rng, shape_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     starts = get_arrival(arrival)(rate, duration, arrival_cv, arrival_rng)
     total = len(starts)
