@@ -63,5 +63,12 @@ def test_a_local_ray_instance_gives_the_pools_numbers() -> None:
     pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'tokenomy[ray]')")
     small = ExperimentSpec(workload=SPEC.workload, cluster=ClusterSpec(instances=2),
                            deployments=(DeploymentSpec("colocated"), DeploymentSpec("ampd")), rates=(1.0,))
-    on_ray = run_sweep(small, executor="ray", workers=1, address="local")
+    from tokenomy.experiment.ray_executor import RAY_DID_NOT_START
+
+    try:
+        on_ray = run_sweep(small, executor="ray", workers=1, address="local")
+    except ValueError as exc:
+        if RAY_DID_NOT_START not in str(exc):
+            raise
+        pytest.skip(f"a local Ray instance did not start on this machine: {exc}")
     assert _numbers(on_ray) == _numbers(run_sweep(small, executor="inline"))

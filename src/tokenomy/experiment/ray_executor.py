@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from tokenomy.experiment.sweep import Job
 
 
+RAY_DID_NOT_START = "Ray did not start or could not be reached"
+
+
 def _ray() -> Any:
     try:
         import ray
@@ -31,15 +34,17 @@ def run_on_ray(spec: ExperimentSpec, jobs: list[Job], workers: int, address: str
     from tokenomy.experiment.sweep import run_job
 
     ray = _ray()
-    own = address in (None, "local")
-    if own:
-        ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
-    else:
-        try:
+    try:
+        if address in (None, "local"):
+            ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        else:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
-        except (ConnectionError, RuntimeError) as exc:
-            raise ValueError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
+    except (ConnectionError, RuntimeError, TimeoutError, SystemExit) as exc:
+        # Ray turns a start-up timeout into SIGTERM -> SystemExit; report it as the user error it is.
+        ray.shutdown()
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"--ray {address or 'local'}: {RAY_DID_NOT_START} ({why})") from None
     try:
         task = ray.remote(num_cpus=1)(run_job)
         pending = {task.remote(spec, job): job for job in jobs}
