@@ -96,6 +96,7 @@ def test_a_session_file_with_hash_ids_is_read_as_sessions(files: Path, capsys: p
 
 
 @pytest.mark.slow  # about 40 s of CPU: 200,000 simulated requests
+@pytest.mark.timeout(900)  # generous on a loaded machine
 def test_session_file_replays_whole_by_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """200,000 one-turn sessions over 2,000 s: all of them run (no rescale to 1/s, no cut at 120 s)."""
     n = 200_000
@@ -124,7 +125,8 @@ def test_rate_and_duration_apply_to_files_when_given_and_say_so(tmp_path: Path,
     assert "20 of 50 requests" in out and "rescaled from 1 to 2 sessions/s" in out and "cut 30 of 50" in out
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # about 11 s of CPU on an idle core
+@pytest.mark.timeout(900)
 def test_the_mooncake_trace_replays_all_12031_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m.json"
     assert main(["sim", "--workload", str(require(MOONCAKE_CONV)), "--deployment", "colocated", "--quiet",
