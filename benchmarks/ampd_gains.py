@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tokenomy.experiment import SweepResult
+
 
 def gains(
     payload: dict[str, Any], ampd: str = "ampd", low: float = 0.3, high: float = 0.7, host_tier: bool = True
@@ -55,6 +57,23 @@ def gains(
     }
 
 
+def load_sweep(path: Path) -> dict[str, Any]:
+    """A ``sim compare`` JSON read as a typed :class:`SweepResult`, in the shape :func:`gains` takes:
+    per deployment its attainment and P99 latencies per rate and, as ``goodput_rps``, DistServe's
+    goodput (the result's ``max_rate_at_target``)."""
+    result = SweepResult.from_dict(json.loads(path.read_text()))
+    deployments = {
+        name: {
+            "slo_attainment": curve.attainment,
+            "goodput_rps": curve.max_rate_at_target,
+            "ttft_p99_s": [r.summary.ttft_p99_s for r in curve.runs],
+            "tpot_p99_s": [r.summary.tpot_p99_s for r in curve.runs],
+        }
+        for name, curve in result.best.items()
+    }
+    return {"rates": list(result.rates), "workload": result.spec.workload.source, "deployments": deployments}
+
+
 def merge(payloads: list[dict[str, Any]]) -> dict[str, Any]:
     """Deployments of several sweeps over the same rates; later files win on a name clash."""
     merged = dict(payloads[0])
@@ -73,7 +92,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     try:
-        payload = merge([json.loads(p.read_text()) for p in args.sweep])
+        payload = merge([load_sweep(p) for p in args.sweep])
         results = {"all_baselines": gains(payload, args.ampd)}
         names = [n for n in payload["deployments"] if not n.startswith("ampd")]
         if any("-offload" in n for n in names) and not all("-offload" in n for n in names):

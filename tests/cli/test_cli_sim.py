@@ -54,7 +54,8 @@ def test_compare_sweeps_rates_and_reports_goodput(tmp_path: Path) -> None:
     payload = json.loads(out.read_text())
     assert payload["rates"] == [0.5, 1.0]
     for d in payload["deployments"].values():
-        assert len(d["slo_attainment"]) == 2 and d["goodput_rps"] >= 0
+        assert len(d["slo_attainment"]) == 2 and d["max_rate_at_target_rps"] >= 0
+        assert payload["spec"]["rates"] == [0.5, 1.0]
     assert payload["deployments"]["ampd"]["split"] == {"prefill": 1, "decode": 1}
 
 

@@ -79,12 +79,17 @@ def test_cli_fit_writes_loadable_coefficients(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "expect"), [
     (["--model", "llama-3.1-8b", "--gpu", "h100"], "131,072"),
-    (["--model", "Llama-3.1-70B", "--gpu", "h100"], "do not fit"),
+    (["--model", "Llama-3.1-70B", "--gpu", "h100", "--tp", "2"], "KV capacity"),
     (["--model", "deepseek-v3", "--gpu", "h200", "--tp", "16"], "KV transfer"),
 ])
 def test_cli_show(args: list[str], expect: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["perf", "show", *args]) == 0
     assert expect in capsys.readouterr().out
+
+
+def test_cli_show_exits_2_with_the_shortfall_when_the_model_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["perf", "show", "--model", "Llama-3.1-70B", "--gpu", "h100"]) == 2
+    assert "need tp >= 2; short by 65.9 GB" in capsys.readouterr().err
 
 
 def test_cli_show_unknown_gpu_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,7 +24,9 @@ DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, 
                "vocab_size": 129280, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
                "moe_intermediate_size": 2048, "first_k_dense_replace": 3, "kv_lora_rank": 512,
                "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
-               "torch_dtype": "bfloat16"}
+               "torch_dtype": "bfloat16",
+               "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                       "weight_block_size": [128, 128]}}
 
 
 def _write(tmp_path: Path, cfg: dict[str, Any]) -> Path:

@@ -60,11 +60,11 @@ def test_sessionized_think_times_scale_with_the_timeline(mooncake_file: Path) ->
 @pytest.mark.parametrize(
     ("spec", "kwargs", "message"),
     [
-        ("swebench", {}, "unknown workload 'swebench'; choices: chat, gaia, toolbench, a trace path"),
+        ("swebench", {}, "unknown workload 'swebench'; choices: chat, gaia, toolbench, or a file"),
         ("trace.parquet", {}, "unknown workload"),
         ("missing.jsonl", {}, "not found"),
         ("chat", {"arrival": "uniform"}, "known: gamma, poisson"),
-        ("chat", {"rate_per_s": 0.0}, "rate_per_s"),
+        ("chat", {"rate_per_s": 0.0}, "needs a finite rate > 0"),
         ("chat", {"max_sessions": 0}, "max_sessions"),
     ],
 )
@@ -77,11 +77,11 @@ def test_bad_specs_fail_clearly(spec: str, kwargs: dict[str, object], message: s
 def test_unrecognised_jsonl_and_sessionize_misuse(tmp_path: Path) -> None:
     odd = tmp_path / "odd.jsonl"
     odd.write_text('{"prompt": "hi"}\n')
-    with pytest.raises(ValueError, match="not a Mooncake trace"):
+    with pytest.raises(ValueError, match="neither a session file.*nor a Mooncake trace"):
         load_workload(str(odd), rate_per_s=0, duration_s=10.0)
     csv = tmp_path / "a.csv"
     csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,3,4\n")
-    with pytest.raises(ValueError, match="no prefix information"):
+    with pytest.raises(ValueError, match="sessionize applies to Mooncake traces; this file is read as azure"):
         load_workload(str(csv), rate_per_s=0, duration_s=10.0, sessionize=True)
 
 

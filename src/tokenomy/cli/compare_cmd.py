@@ -1,190 +1,115 @@
-"""``tokenomy sim compare``: sweep request rates over several deployments, in parallel.
+"""``tokenomy sim compare``: sweep session rates over several deployments, in parallel.
 
-Prints SLO attainment against rate, DistServe goodput (the highest rate at which 90% of
-requests meet both SLOs) and P99 TTFT/TPOT for each deployment; writes JSON shaped
-``{"rates": [...], "deployments": {"<name>": {"slo_attainment": [...], "goodput_rps": x, ...}}}``.
-
-Disaggregated deployments take their P:D split from ``--prefill/--decode``, or with
-``--splits auto`` every split of the instances is tried and the one with the best goodput
-(then mean attainment) is reported: the baseline at its best static split. A name may pin its
-own split with a suffix, e.g. ``ampd@2:6``.
+Prints SLO attainment against rate, the highest rate at which the attainment target (90%,
+DistServe's goodput) holds (``max_rate_at_target_rps``), and P99 TTFT/TPOT for each
+deployment. Disaggregated deployments take their P:D split from ``NAME@P:D``,
+``--prefill/--decode``, or ``--splits`` (``auto``: every P + D = --instances, the best
+reported). The sweep runs in the library (``tokenomy.experiment.run_sweep``) on a local process
+pool, or on Ray with ``--ray``. JSON schema: docs/json-schemas.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+import sys
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress as Bar
 from rich.table import Table
 
-from tokenomy.core import SLO
-from tokenomy.metrics import max_rate_at_attainment
+from tokenomy.cli.output import ProgressLines, print_workload
+from tokenomy.cli.spec_args import add_experiment_args, spec_from_args
+from tokenomy.experiment import Job, Progress, SweepResult, dump_spec, load_sessions, plan_jobs, run_sweep
 from tokenomy.metrics.report import plot_sweep, write_json
-from tokenomy.sim import SimConfig, simulate
-from tokenomy.sim.variants import VARIANTS, is_disaggregated, make_variant
+from tokenomy.workload import SYNTHETIC
+from tokenomy.workload.registry import check_synthetic_size
+
+DEFAULT_DEPLOYMENTS = "colocated,disagg,ampd"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tokenomy.cli.sim_cmd import add_cluster_args
-
     p = sub.add_parser("compare", help="sweep rates over deployments (parallel)", description=__doc__)
-    add_cluster_args(p)
-    p.add_argument("--deployments", default="colocated,disagg,ampd", help=f"comma-separated of: {', '.join(VARIANTS)}")
-    p.add_argument("--rates", required=True, help="comma-separated session arrival rates per second")
-    p.add_argument(
-        "--splits",
-        default="fixed",
-        help="fixed (use --prefill/--decode) | auto (best of every P:D) | a list like 1:7,2:6,3:5 (best of those)",
-    )
-    p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
-    p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--plot", type=Path, default=None)
+    add_experiment_args(p, default_deployments=DEFAULT_DEPLOYMENTS)
+    p.add_argument("--rates", default=None, help="comma-separated session arrival rates per second (required "
+                                                 "unless --spec gives them)")
+    p.add_argument("--workers", type=int, default=None, help="local processes (default: all cores)")
+    p.add_argument("--ray", default=None, metavar="auto|local|ADDRESS",
+                   help="run on Ray instead of local processes: auto joins this machine's cluster, local "
+                        "starts a private one, else a cluster address (needs tokenomy[ray])")
+    p.add_argument("--json", type=Path, default=None, help="write results as JSON (schema: docs/json-schemas.md)")
+    p.add_argument("--plot", type=Path, default=None, help="write an attainment-vs-rate chart (PNG)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run_compare)
-
-
-@dataclass(frozen=True)
-class Job:
-    variant: str
-    rate: float
-    prefill: int
-    decode: int
-
-
-def _run_job(args: argparse.Namespace, job: Job) -> dict[str, Any]:
-    """One simulation in a worker process (sessions regenerated there: deterministic by seed)."""
-    from tokenomy.cli.sim_cmd import config_from_args, sessions_from_args
-
-    overrides: dict[str, Any] = {"rate": job.rate}
-    if job.prefill:
-        overrides.update(prefill=job.prefill, decode=job.decode)
-    args = argparse.Namespace(**{**vars(args), **overrides})
-    sessions = sessions_from_args(args)
-    base: SimConfig = config_from_args(args, "colocated")
-    config = make_variant(_parse_name(job.variant)[0], base)
-    slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
-    s = simulate(sessions, config, slo).summary
-    return {
-        "slo_attainment": s.slo_attainment,
-        "goodput_rps": s.goodput_rps,
-        "ttft_p50_s": s.ttft_p50_s,
-        "ttft_p99_s": s.ttft_p99_s,
-        "tpot_p50_s": s.tpot_p50_s,
-        "tpot_p99_s": s.tpot_p99_s,
-        "cost_per_mtok_usd": s.cost_per_mtok_usd,
-        "mfu": s.mfu,
-    }
-
-
-def _parse_name(label: str) -> tuple[str, tuple[int, int] | None]:
-    """``name`` or ``name@P:D`` -> (variant name, pinned split or None)."""
-    name, _, split = label.partition("@")
-    if not split:
-        return name, None
-    try:
-        p, d = (int(x) for x in split.split(":"))
-    except ValueError:
-        raise ValueError(f"bad split in {label!r}: expected NAME@P:D, e.g. ampd@2:6") from None
-    if p < 1 or d < 1:
-        raise ValueError(f"bad split in {label!r}: both sides need >= 1 instance")
-    return name, (p, d)
-
-
-def _splits(args: argparse.Namespace, label: str) -> list[tuple[int, int]]:
-    variant, pinned = _parse_name(label)
-    if not is_disaggregated(variant):
-        return [(0, 0)]
-    if pinned is not None:
-        return [pinned]
-    if args.splits == "auto":
-        return [(p, args.instances - p) for p in range(1, args.instances)]
-    if args.splits != "fixed":
-        return [_parse_name(f"x@{s}")[1] or (0, 0) for s in args.splits.split(",")]
-    prefill = args.prefill if args.prefill is not None else max(1, args.instances // 2)
-    decode = args.decode if args.decode is not None else max(1, args.instances - prefill)
-    return [(prefill, decode)]
-
-
-def _parse_rates(text: str) -> list[float]:
-    try:
-        rates = sorted(float(r) for r in text.split(",") if r.strip())
-    except ValueError:
-        raise ValueError(f"--rates must be comma-separated numbers, got {text!r}") from None
-    if not rates or rates[0] <= 0:
-        raise ValueError(f"--rates needs positive numbers, got {text!r}")
-    return rates
 
 
 def run_compare(args: argparse.Namespace) -> int:
     console = Console()
-    rates = _parse_rates(args.rates)
-    names = [n.strip() for n in args.deployments.split(",") if n.strip()]
-    for n in names:
-        make_variant(_parse_name(n)[0], SimConfig())  # fail fast on unknown names
-    jobs = [Job(n, r, p, d) for n in names for (p, d) in _splits(args, n) for r in rates]
-    results: dict[Job, dict[str, Any]] = {}
-    workers = args.workers or os.cpu_count() or 1
-    with ProcessPoolExecutor(max_workers=workers) as pool, Progress(transient=True, console=console) as bar:
-        task = bar.add_task(f"{len(jobs)} simulations", total=len(jobs))
-        futures = {pool.submit(_run_job, args, job): job for job in jobs}
-        for fut in as_completed(futures):
-            results[futures[fut]] = fut.result()
-            bar.advance(task)
-    payload: dict[str, Any] = {
-        "rates": rates,
-        "workload": args.workload,
-        "slo": {"ttft_s": args.slo_ttft, "tpot_s": args.slo_tpot},
-        "deployments": {},
-    }
-    for n in names:
-        payload["deployments"][n] = _best_split(n, rates, _splits(args, n), results)
-    _print(console, rates, payload)
+    spec = spec_from_args(args)
+    if spec.rates is None:
+        raise ValueError("--rates is required (or a --spec that gives rates)")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.save_spec:
+        dump_spec(spec, args.save_spec)
+        console.print(f"wrote {args.save_spec}")
+    if spec.workload.source in SYNTHETIC:  # the highest rate makes the most sessions: refuse it up front
+        check_synthetic_size(spec.workload.source, max(spec.rates), spec.workload.duration_s)
+    # Load once here: bad input fails before any worker starts, and the header says what runs.
+    print_workload(console, load_sessions(spec, spec.rates[0])[1])
+    total = len(plan_jobs(spec))
+    console.print(f"{total} simulations ({len(spec.deployments)} deployments x splits x {len(spec.rates)} rates)")
+    executor = "ray" if args.ray else "pool"
+    if args.quiet or not sys.stderr.isatty():
+        lines = ProgressLines(total, quiet=args.quiet)
+        result = run_sweep(spec, executor=executor, workers=args.workers, address=args.ray,
+                           on_progress=lambda p: lines.done(_job_label(p.job), p.result))
+    else:
+        with Bar(transient=True, console=Console(stderr=True)) as bar:
+            task = bar.add_task(f"{total} simulations", total=total)
+
+            def advance(p: Progress) -> None:
+                bar.advance(task)
+
+            result = run_sweep(spec, executor=executor, workers=args.workers, address=args.ray,
+                               on_progress=advance)
+    _print(console, result)
     if args.json:
-        write_json(args.json, payload)
+        write_json(args.json, result.to_dict())
         console.print(f"wrote {args.json}")
     if args.plot:
-        series = {n: d["slo_attainment"] for n, d in payload["deployments"].items()}
-        plot_sweep(rates, series, args.plot, xlabel="session rate (1/s)")
+        c = spec.cluster
+        series = {_label(n, cv.split): cv.attainment for n, cv in result.best.items()}
+        title = (f"{Path(spec.workload.source).name}: {Path(c.model).name} on {c.instances} x TP{c.tp} "
+                 f"{Path(c.gpu).name}; SLO TTFT <= {spec.slo.ttft_s:g} s, TPOT <= {spec.slo.tpot_s * 1e3:g} ms")
+        plot_sweep(list(spec.rates), series, args.plot, xlabel="session rate (1/s)", title=title,
+                   target=spec.attainment_target)
         console.print(f"wrote {args.plot}")
     return 0
 
 
-def _best_split(
-    name: str, rates: list[float], splits: list[tuple[int, int]], results: dict[Job, dict[str, Any]]
-) -> dict[str, Any]:
-    best: dict[str, Any] | None = None
-    for prefill, decode in splits:
-        rows = [results[Job(name, r, prefill, decode)] for r in rates]
-        att = [row["slo_attainment"] for row in rows]
-        entry: dict[str, Any] = {key: [row[key] for row in rows] for key in rows[0]}
-        entry["goodput_rps"] = max_rate_at_attainment(rates, att)
-        entry["goodput_rps_per_rate"] = [row["goodput_rps"] for row in rows]
-        if prefill:
-            entry["split"] = {"prefill": prefill, "decode": decode}
-        score = (entry["goodput_rps"], sum(att))
-        if best is None or score > (best["goodput_rps"], sum(best["slo_attainment"])):
-            best = entry
-    assert best is not None
-    return best
+def _job_label(job: Job) -> str:
+    if job.split and not job.deployment.split:
+        return f"{job.deployment.name}@{job.split[0]}:{job.split[1]}"
+    return job.deployment.label
 
 
-def _print(console: Console, rates: list[float], payload: dict[str, Any]) -> None:
-    table = Table(title=f"SLO attainment vs session rate — {payload['workload']}")
+def _label(name: str, split: tuple[int, int] | None) -> str:
+    return f"{name} ({split[0]}P:{split[1]}D)" if split and "@" not in name else name
+
+
+def _print(console: Console, result: SweepResult) -> None:
+    spec = result.spec
+    table = Table(title=f"SLO attainment vs session rate — {Path(spec.workload.source).name}")
     table.add_column("deployment")
-    for r in rates:
+    for r in result.rates:
         table.add_column(f"{r:g}/s", justify="right")
-    table.add_column("goodput (90%)", justify="right")
+    table.add_column(f"max rate at {spec.attainment_target:.0%}", justify="right")
     table.add_column("P99 TTFT / TPOT at max rate", justify="right")
-    for name, d in payload["deployments"].items():
-        split = d.get("split")
-        label = f"{name} ({split['prefill']}P:{split['decode']}D)" if split else name
-        cells = [f"{a:.1%}" for a in d["slo_attainment"]]
-        ttft, tpot = d["ttft_p99_s"][-1], d["tpot_p99_s"][-1]
+    for name, curve in result.best.items():
+        cells = [f"{a:.1%}" for a in curve.attainment]
+        last = curve.runs[-1].summary
+        ttft, tpot = last.ttft_p99_s, last.tpot_p99_s
         tail = f"{ttft:.2f}s / {tpot * 1000:.0f}ms" if ttft is not None and tpot is not None else "-"
-        table.add_row(label, *cells, f"{d['goodput_rps']:.2f}/s", tail)
+        table.add_row(_label(name, curve.split), *cells, f"{curve.max_rate_at_target:.2f}/s", tail)
     console.print(table)

@@ -11,10 +11,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eaas", help="Expert-as-a-Service: expert servers, failover demo, scaling plan")
     eaas = p.add_subparsers(dest="eaas_command", required=True)
 
-    from tokenomy.eaas.server_args import add_server_args
+    from tokenomy.eaas.server_args import build_parser
 
     serve = eaas.add_parser("serve", help="run one stateless expert server until SIGTERM/Ctrl-C")
-    add_server_args(serve)
+    build_parser(serve)
     serve.set_defaults(func=_serve)
 
     demo = eaas.add_parser("demo", help="start servers and a client, stream tokens, show failover")
@@ -90,7 +90,7 @@ def _demo(args: argparse.Namespace) -> int:
     ok = rep.lost_tokens == 0 and rep.wrong_tokens == 0
     console.print(f"tokens done {rep.tokens_done}, lost {rep.lost_tokens}, wrong {rep.wrong_tokens} "
                   f"(max |err| vs monolithic {rep.max_abs_err:.2e}) -> {'OK' if ok else 'FAILED'}")
-    _write_json(args.json, rep.to_json())
+    _write_json(args, "tokenomy.eaas-demo/1", rep.to_json())
     return 0 if ok else 1
 
 
@@ -113,16 +113,17 @@ def _plan(args: argparse.Namespace) -> int:
                   f"{c.unit_gpu_hours:.0f}, static at peak {c.static_gpu_hours:.0f}")
     console.print(f"saving: {100 * c.saving_vs_unit:.1f}% vs unit scaling, "
                   f"{100 * c.saving_vs_static:.1f}% vs static peak provisioning")
-    _write_json(args.json, {"elastic_gpu_hours": c.elastic_gpu_hours, "unit_gpu_hours": c.unit_gpu_hours,
+    _write_json(args, "tokenomy.eaas-plan/1", {"elastic_gpu_hours": c.elastic_gpu_hours, "unit_gpu_hours": c.unit_gpu_hours,
                             "static_gpu_hours": c.static_gpu_hours, "saving_vs_unit": c.saving_vs_unit,
                             "saving_vs_static": c.saving_vs_static, "elastic_gpus": list(c.elastic_gpus),
                             "unit_gpus": list(c.unit_gpus), "demand_gpus": list(c.demand_gpus)})
     return 0
 
 
-def _write_json(path: str | None, data: dict[str, object]) -> None:
-    if path:
-        import json
-        from pathlib import Path
+def _write_json(args: argparse.Namespace, schema: str, data: dict[str, object]) -> None:
+    """``data`` with its schema name and the flags that made it, when ``--json`` was given."""
+    if args.json:
+        from tokenomy.metrics.report import finite_or_none, write_json
 
-        Path(path).write_text(json.dumps(data, indent=2) + "\n")
+        settings = {k: v for k, v in vars(args).items() if k not in ("func", "json", "command", "eaas_command")}
+        write_json(args.json, finite_or_none({"schema": schema, "settings": settings, **data}))

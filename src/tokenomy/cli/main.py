@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import NoReturn
 
 # Each module exposes ``register(subparsers)`` and sets ``func`` on its parsers.
 COMMAND_MODULES = (
@@ -18,8 +20,23 @@ class CLIError(Exception):
     """A user error: printed as one line, exit status 2, never a traceback."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``tokenomy sim: error: ...``), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _version() -> str:
+    try:
+        return version("tokenomy")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenomy", description=__doc__)
+    parser = OneLineParser(prog="tokenomy", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"tokenomy {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"tokenomy.cli.{name}")
@@ -29,12 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed on one line
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         rc = args.func(args)
-    except (CLIError, ValueError, KeyError, FileNotFoundError) as exc:
+    except (CLIError, ValueError, KeyError, OSError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"tokenomy {args.command}: error: {msg}", file=sys.stderr)
+        text = " ".join(str(msg).split()) or type(exc).__name__  # one line, whatever the message held
+        sub = [v for k, v in sorted(vars(args).items()) if k.endswith("_command") and isinstance(v, str)]
+        print(f"tokenomy {' '.join([args.command, *sub])}: error: {text}", file=sys.stderr)
         return 2
     return int(rc or 0)
 

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from tokenomy.perf.calibrate import Calibration, calibrate
+from tokenomy.cli.main import CLIError
+from tokenomy.metrics.report import finite_or_none, write_json
 from tokenomy.perf.coefficients import SHIPPED_FILE, save_coefficients
-from tokenomy.perf.model import PerfModel
+from tokenomy.perf.model import DEFAULT_ACTIVATION_RESERVE_BYTES, PerfModel
+
+if TYPE_CHECKING:
+    from tokenomy.perf.calibrate import Calibration
 
 
 def _calibrate(profiles: str) -> Calibration:
+    from tokenomy.perf.calibrate import calibrate  # scipy: imported only when fitting
+
     root = Path(profiles)
     if not root.is_dir():
         raise FileNotFoundError(f"--profiles {root} is not a directory (expected Vidur's profiles/ with compute/)")
@@ -49,11 +55,19 @@ def _validate(args: argparse.Namespace) -> int:
     cal = _calibrate(args.profiles)
     Console().print(_validation_table(cal))
     if args.json:
-        Path(args.json).write_text(json.dumps(cal.summary(), indent=2) + "\n")
+        payload = {"schema": "tokenomy.perf-validate/1", "settings": {"profiles": str(Path(args.profiles))},
+                   **finite_or_none(cal.summary())}
+        write_json(args.json, payload)
     return 0
 
 
+def _weight_dtype(bytes_per_param: float) -> str:
+    return {0.5: "4-bit", 1: "8-bit", 2: "16-bit", 4: "32-bit"}.get(bytes_per_param, f"{bytes_per_param:g} B/param")
+
+
 def _show(args: argparse.Namespace) -> int:
+    if args.tp < 1:
+        raise CLIError(f"--tp must be >= 1, got {args.tp}")
     pm = PerfModel.from_names(args.model, args.gpu, args.tp)
     m = pm.model
     table = Table(title=f"{m.name} on {pm.tp} x {pm.gpu.name}", show_header=False)
@@ -61,13 +75,16 @@ def _show(args: argparse.Namespace) -> int:
     table.add_column("value", justify="right")
     rows = [
         ("params total / active", f"{m.total_params / 1e9:.2f} B / {m.active_params / 1e9:.2f} B"),
-        ("weights", f"{m.weight_bytes / 1e9:.1f} GB"),
+        ("weights", f"{m.weight_bytes / 1e9:.1f} GB ({_weight_dtype(m.weight_bytes_per_param or m.dtype_bytes)})"),
         ("KV bytes / token (all ranks)", f"{pm.kv_bytes_per_token:,.0f} B"),
     ]
     try:
         rows.append(("KV capacity (90% memory)", f"{pm.kv_capacity_tokens():,} tokens"))
     except ValueError as exc:
-        rows.append(("KV capacity (90% memory)", f"does not fit: {exc}"))
+        # Step times of a model that cannot load are meaningless: say why, exit 2.
+        short = m.weight_bytes - pm.tp * (pm.gpu.memory_bytes * 0.9 - DEFAULT_ACTIVATION_RESERVE_BYTES)
+        raise CLIError(f"--model {args.model} does not fit --gpu {args.gpu} x --tp {args.tp}: {exc}; "
+                       f"short by {short / 1e9:.1f} GB") from None
     rows += [
         ("prefill 1k tokens", f"{pm.prefill_time_s(1024) * 1e3:.1f} ms"),
         ("prefill 8k tokens", f"{pm.prefill_time_s(8192) * 1e3:.1f} ms"),
@@ -96,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     validate.set_defaults(func=_validate)
 
     show = perf_sub.add_parser("show", help="sizes and step times of a model on a GPU")
-    show.add_argument("--model", required=True)
-    show.add_argument("--gpu", required=True)
-    show.add_argument("--tp", type=int, default=1)
+    show.add_argument("--model", required=True, help="catalog name or path to a Hugging Face config.json")
+    show.add_argument("--gpu", required=True, help="catalog name or path to a GPU YAML/JSON")
+    show.add_argument("--tp", type=int, default=1, help="GPUs per instance (default: %(default)s)")
     show.set_defaults(func=_show)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 import zmq
+from safetensors import SafetensorError
 
 from tokenomy.eaas.config import MoEConfig, preset
 from tokenomy.eaas.moe import ExpertWeights, MoEWeights
@@ -34,7 +35,7 @@ from tokenomy.eaas.protocol import (
     peek_request_id,
     split_bundle,
 )
-from tokenomy.eaas.server_args import add_server_args
+from tokenomy.eaas.server_args import build_parser
 
 
 def parse_expert_ids(spec: str) -> list[int]:
@@ -110,12 +111,33 @@ def zmq_bind_address(address: str) -> str:
     return address[:-2] + ":*" if address.startswith("tcp://") and address.endswith(":0") else address
 
 
+def check_bind(address: str) -> str:
+    """``address`` if it is ``tcp://HOST:PORT`` (0 <= PORT <= 65535; 0 = any free port) or
+    ``ipc://PATH``; otherwise ValueError naming ``--bind``. ZeroMQ itself would accept
+    ``tcp://host:99999`` and listen elsewhere."""
+    if address.startswith("ipc://") and len(address) > len("ipc://"):
+        return address
+    if address.startswith("tcp://"):
+        host, _, port = address[len("tcp://"):].rpartition(":")
+        if host and port.isdigit() and 0 <= int(port) <= 65535:
+            return address
+        raise ValueError(f"--bind {address}: expected tcp://HOST:PORT with PORT in 0..65535 (0: any free port)")
+    raise ValueError(f"--bind {address}: expected tcp://HOST:PORT or ipc://PATH")
+
+
 def serve(handler: ExpertHandler, bind: str, out: object = sys.stdout) -> None:
-    """Bind and answer frames until SIGTERM/SIGINT; prints the READY line first."""
+    """Bind and answer frames until SIGTERM/SIGINT; prints the READY line first.
+
+    Raises ValueError naming ``--bind`` for a malformed address or one that cannot be bound."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(zmq_bind_address(bind))
+    try:
+        sock.bind(zmq_bind_address(check_bind(bind)))
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        ctx.term()
+        raise ValueError(f"--bind {bind}: cannot bind ({exc.strerror})") from None
     address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
     stopping = False
 
@@ -139,18 +161,18 @@ def serve(handler: ExpertHandler, bind: str, out: object = sys.stdout) -> None:
         ctx.term()
 
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    return add_server_args(parser or argparse.ArgumentParser(prog="python -m tokenomy.eaas.server", description=__doc__))
-
-
 def run_from_args(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # many servers share few cores: avoid oversubscription
     cfg = preset(args.preset)
     ids = parse_expert_ids(args.experts)
     if ids[-1] >= cfg.n_experts:
         raise ValueError(f"expert id {ids[-1]} out of range: preset {args.preset} has {cfg.n_experts} experts")
-    weights = (MoEWeights.from_safetensors(cfg, args.weights, ids) if args.weights
-               else MoEWeights.from_seed(cfg, args.seed, ids))
+    check_bind(args.bind)  # before loading weights: a typo should not wait for them
+    try:
+        weights = (MoEWeights.from_safetensors(cfg, args.weights, ids) if args.weights
+                   else MoEWeights.from_seed(cfg, args.seed, ids))
+    except SafetensorError as exc:
+        raise ValueError(f"--weights {args.weights}: not a readable safetensors file ({exc})") from None
     server_id = args.server_id or f"server-{os.getpid()}"
     serve(ExpertHandler(server_id, cfg, weights.experts), args.bind)
     return 0

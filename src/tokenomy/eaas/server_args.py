@@ -1,4 +1,4 @@
-"""Command-line options of an expert server, importable without torch (``tokenomy --help`` needs them)."""
+"""Flags of one expert server, kept free of torch so ``tokenomy --help`` starts fast."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from pathlib import Path
 
 from tokenomy.eaas.config import PRESETS
 
+__doc_server__ = "Run one stateless expert server (see tokenomy.eaas.server)."
 
-def add_server_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the options ``tokenomy.eaas.server.run_from_args`` reads; returns ``p``."""
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="python -m tokenomy.eaas.server", description=__doc_server__)
     p.add_argument("--bind", default="tcp://127.0.0.1:0", help="tcp://host:port (0 = free port) or ipc://path")
     p.add_argument("--experts", required=True, help="expert ids to host, e.g. 0-7 or 0,3,5")
     p.add_argument("--preset", default="deepseek-tiny", help=f"model shape: {', '.join(sorted(PRESETS))}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tokenomy.core import SLO
 from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
 from tokenomy.metrics.summary import Summary
 
@@ -33,6 +35,8 @@ def _num(v: float | None, fmt: str) -> str:
 # (row label, cell text of one Summary). Token-class rows follow these.
 _ROWS: list[tuple[str, Callable[[Summary], str]]] = [
     ("requests (finished)", lambda s: f"{s.requests:,} ({s.finished:,})"),
+    ("rejected (cannot run)", lambda s: f"{s.rejected:,}"),
+    ("busy window / span (s)", lambda s: f"{s.duration_s:,.1f} / {s.span_s:,.1f}"),
     ("TTFT P50 (ms)", lambda s: _ms(s.ttft_p50_s)),
     ("TTFT P99 (ms)", lambda s: _ms(s.ttft_p99_s)),
     ("TPOT P50 (ms)", lambda s: _ms(s.tpot_p50_s)),
@@ -64,7 +68,15 @@ def render_table(
     classes = list(dict.fromkeys(k for s in summaries.values() for k in s.tokens))
     for cls in classes:
         table.add_row(f"tokens: {cls}", *[f"{s.tokens.get(cls, 0):,}" for s in summaries.values()])
-    (console or Console()).print(table)
+    out = console or Console()
+    out.print(table)
+    reasons: dict[str, int] = {}
+    for summary in summaries.values():
+        for reason, n in summary.rejected_reasons.items():
+            reasons[reason] = max(reasons.get(reason, 0), n)
+    for reason, n in reasons.items():
+        out.print(f"rejected: {n:,} request(s): {reason}; they count as SLO misses and add no tokens or time",
+                  highlight=False)
     return table
 
 
@@ -73,6 +85,17 @@ def _to_jsonable(obj: Any) -> Any:
     if callable(to_dict):
         return to_dict()
     raise TypeError(f"cannot write {type(obj).__name__} as JSON (give it a to_dict() or convert it)")
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN or infinity (nested in dicts and lists) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(v) for v in value]
+    return value
 
 
 def write_json(path: str | Path, payload: Any) -> Path:
@@ -89,6 +112,8 @@ def write_json(path: str | Path, payload: Any) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
+        # mkstemp makes the file 0600; a result is for sharing: owner writes, everyone reads.
+        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -106,26 +131,76 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_comparison(summaries: Mapping[str, Summary], path: str | Path) -> Path:
-    """Save a PNG: grouped bars of TTFT/TPOT P50/P99 (ms) and a bar of SLO attainment per deployment."""
+def _log_ticks(ax: Any) -> None:
+    """Log axis ticks at 1, 2, 5 x 10^k, written plainly (``200``, not ``2 x 10^2``)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _percent_axis(ax: Any, values: Sequence[float], target: float | None) -> None:
+    """Zoomed attainment axis (see _attainment_limits) with no tick above 100%."""
+    ax.set_ylim(*_attainment_limits(values, target))
+    ax.set_yticks([t for t in ax.get_yticks() if t <= 100.0])
+    ax.set_ylim(*_attainment_limits(values, target))
+
+
+def _split_label(name: str, split: tuple[int, int] | None) -> str:
+    return f"{name} ({split[0]}P:{split[1]}D)" if split and "@" not in name else name
+
+
+def _attainment_limits(values: Sequence[float], target: float | None) -> tuple[float, float]:
+    """A y-range (in %) that shows the differences: from a little under the lowest value (or the
+    target) to 100, so 96.6% and 99.8% do not look alike on a 0-100 axis."""
+    low = min([*values, *([target] if target is not None else [])]) * 100
+    pad = max(0.5, (100 - low) * 0.15)
+    return max(0.0, low - pad), 100.0 + pad / 3
+
+
+def plot_comparison(
+    summaries: Mapping[str, Summary],
+    path: str | Path,
+    *,
+    title: str | None = None,
+    slo: SLO | None = None,
+    splits: Mapping[str, tuple[int, int] | None] | None = None,
+) -> Path:
+    """Save a PNG of three panels per deployment: TTFT P50/P99 (log scale, SLO line), TPOT
+    P50/P99 (log scale, SLO line) and SLO attainment (an axis zoomed to the values). ``title``
+    heads the figure (name workload, model, GPU and rate there); ``splits`` adds each
+    disaggregated deployment's P:D to the legend."""
     if not summaries:
         raise ValueError("plot_comparison needs at least one summary")
     plt = _pyplot()
     names = list(summaries)
-    metrics = [("TTFT P50", "ttft_p50_s"), ("TTFT P99", "ttft_p99_s"),
-               ("TPOT P50", "tpot_p50_s"), ("TPOT P99", "tpot_p99_s")]
-    fig, (ax_lat, ax_att) = plt.subplots(1, 2, figsize=(11, 4.5))
+    labels = [_split_label(n, (splits or {}).get(n)) for n in names]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.8))
+    panels = [(axes[0], "TTFT", ("ttft_p50_s", "ttft_p99_s"), slo.ttft_s if slo else None),
+              (axes[1], "TPOT", ("tpot_p50_s", "tpot_p99_s"), slo.tpot_s if slo else None)]
     width = 0.8 / len(names)
-    for i, name in enumerate(names):
-        values = [(getattr(summaries[name], attr) or 0.0) * 1e3 for _, attr in metrics]
-        ax_lat.bar([m + i * width for m in range(len(metrics))], values, width, label=name)
-    ax_lat.set_xticks([m + width * (len(names) - 1) / 2 for m in range(len(metrics))],
-                      [label for label, _ in metrics])
-    ax_lat.set_ylabel("latency (ms)")
-    ax_lat.legend()
-    ax_att.bar(names, [summaries[n].slo_attainment * 100 for n in names])
-    ax_att.set_ylabel("SLO attainment (%)")
-    ax_att.set_ylim(0, 100)
+    for ax, what, attrs, bound in panels:
+        for i, label in enumerate(labels):
+            values = [(getattr(summaries[names[i]], a) or float("nan")) * 1e3 for a in attrs]
+            ax.bar([m + i * width for m in range(len(attrs))], values, width, label=label)
+        ax.set_xticks([m + width * (len(names) - 1) / 2 for m in range(len(attrs))], ["P50", "P99"])
+        ax.set_yscale("log")
+        _log_ticks(ax)
+        ax.set_ylabel(f"{what} (ms, log scale)")
+        ax.set_title(what)
+        if bound is not None:
+            ax.axhline(bound * 1e3, linestyle="--", color="crimson", label=f"SLO {bound * 1e3:g} ms")
+        ax.legend(fontsize=8)
+    att = [summaries[n].slo_attainment for n in names]
+    bars = axes[2].bar(range(len(names)), [a * 100 for a in att], color=[f"C{i}" for i in range(len(names))])
+    axes[2].set_xticks(range(len(names)), labels, rotation=15, fontsize=8)
+    _percent_axis(axes[2], att, None)
+    axes[2].bar_label(bars, [f"{a:.1%}" for a in att], fontsize=8)
+    axes[2].set_ylabel("SLO attainment (%)")
+    axes[2].set_title("requests meeting both SLOs")
+    if title:
+        fig.suptitle(title)
     return _save(plt, fig, path)
 
 
@@ -136,23 +211,30 @@ def plot_sweep(
     ylabel: str = "SLO attainment",
     xlabel: str = "request rate (req/s)",
     target: float | None = DEFAULT_ATTAINMENT_TARGET,
+    title: str | None = None,
 ) -> Path:
     """Save a PNG of one line per deployment of ``series[name][i]`` against ``rates[i]``, with a
-    dashed horizontal line at ``target`` (None for none)."""
+    dashed horizontal line at ``target`` (None for none) and ``title`` above. Attainment series
+    (fractions) are drawn in percent on an axis zoomed to the values."""
     if not series:
         raise ValueError("plot_sweep needs at least one series")
     for name, ys in series.items():
         if len(ys) != len(rates):
             raise ValueError(f"series {name!r} has {len(ys)} points but there are {len(rates)} rates")
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, ys in series.items():
-        ax.plot(list(rates), list(ys), marker="o", label=name)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    # Distinct markers and dashes, so deployments that coincide (all at 100%) stay visible.
+    for i, (name, ys) in enumerate(series.items()):
+        ax.plot(list(rates), [y * 100 for y in ys], marker="osD^v<>"[i % 7], linestyle=["-", "--", ":", "-."][i % 4],
+                markersize=8 - i % 4, label=name)
     if target is not None:
-        ax.axhline(target, linestyle="--", color="grey", label=f"target {target:g}")
+        ax.axhline(target * 100, linestyle="--", color="grey", label=f"target {target:.0%}")
+    _percent_axis(ax, [y for ys in series.values() for y in ys], target)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.legend()
+    ax.set_ylabel(f"{ylabel} (%)")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
     return _save(plt, fig, path)
 
 

@@ -9,7 +9,14 @@ Definitions (the same ones ``vllm bench serve`` uses, so numbers compare):
   delayed); otherwise the per-request TPOT stands in.
 * E2E: finish minus arrival, over finished requests.
 * SLO attainment: requests that finished *and* met both the TTFT and TPOT bounds, divided by
-  ALL requests; unfinished requests count as misses (fast but late is not done).
+  ALL requests; unfinished and rejected requests count as misses (fast but late is not done).
+* rejected: requests refused at the door (e.g. larger than any instance's KV), counted by
+  reason. They are misses, but add no tokens and no time: rates, costs and the window never
+  see them.
+* window (``duration_s``): what the caller passes; the simulator passes the busy window
+  (``metrics/window.py``: time with at least one request in the system), so idle think time of
+  closed-loop sessions does not dilute rates and costs. ``span_s`` is first arrival to last
+  finish, for reference. With a zero window (nothing ran) every rate and cost is 0.
 * goodput: SLO-meeting finished requests per second of the window.
 * RPM: finished requests per minute; TPM: prompt + output tokens per minute (all requests,
   since a cut-off request still consumed its tokens).
@@ -24,7 +31,7 @@ the JSON form never holds NaN.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,9 +50,12 @@ class Summary:
 
     requests: int = 0
     finished: int = 0
+    rejected: int = 0
+    rejected_reasons: dict[str, int] = field(default_factory=dict)
     slo_met: int = 0
     num_gpus: int = 0
     duration_s: float = 0.0
+    span_s: float = 0.0
     ttft_p50_s: float | None = None
     ttft_p90_s: float | None = None
     ttft_p99_s: float | None = None
@@ -135,15 +145,23 @@ def summarize(
     peak_flops_per_s: float = 0.0,
     itl_values: Sequence[float] | None = None,
     itl_weights: Sequence[float] | None = None,
+    rejected: Mapping[str, int] | None = None,
+    span_s: float = 0.0,
 ) -> Summary:
     """Reduce ``records`` of a window of ``duration_s`` seconds on ``num_gpus`` GPUs to a Summary.
 
     ``peak_flops_per_s`` is the peak of ALL ``num_gpus`` GPUs together (per-GPU peak x GPUs);
-    MFU is 0 when it is 0. Empty ``records`` give a Summary of zeros and None
-    percentiles. Raises ValueError on negative or non-finite arguments, ``num_gpus < 1``, or a
-    zero window with requests in it.
+    MFU is 0 when it is 0. ``rejected`` counts requests refused before running, by reason
+    (not in ``records``): they count in ``requests`` and as SLO misses, nowhere else. Empty
+    ``records`` give a Summary of zeros and None percentiles; a zero window gives zero rates
+    and costs. Raises ValueError on negative or non-finite arguments, ``num_gpus < 1``, or a
+    zero window with records in it.
     """
     recs = list(records)
+    refused = {k: int(v) for k, v in (rejected or {}).items() if v}
+    if any(v < 0 for v in refused.values()):
+        raise ValueError(f"rejected counts must be >= 0, got {refused}")
+    n_rejected = sum(refused.values())
     _check_args(num_gpus, duration_s, usd_per_gpu_hour, total_flops, peak_flops_per_s, bool(recs))
 
     finished = [r for r in recs if r.finished and r.finish_s is not None and r.first_token_s is not None]
@@ -170,16 +188,19 @@ def summarize(
     itl = _itl(itl_values, itl_weights, tpots)
     e2e = _pcts(e2es)
     return Summary(
-        requests=len(recs),
+        requests=len(recs) + n_rejected,
         finished=len(finished),
+        rejected=n_rejected,
+        rejected_reasons=refused,
         slo_met=met,
         num_gpus=num_gpus,
         duration_s=duration_s,
+        span_s=span_s,
         ttft_p50_s=ttft[0], ttft_p90_s=ttft[1], ttft_p99_s=ttft[2], ttft_mean_s=ttft[3],
         tpot_p50_s=tpot[0], tpot_p90_s=tpot[1], tpot_p99_s=tpot[2], tpot_mean_s=tpot[3],
         itl_p50_s=itl[0], itl_p99_s=itl[1], itl_mean_s=itl[2],
         e2e_p50_s=e2e[0], e2e_p99_s=e2e[2], e2e_mean_s=e2e[3],
-        slo_attainment=met / len(recs) if recs else 0.0,
+        slo_attainment=met / (len(recs) + n_rejected) if recs or n_rejected else 0.0,
         goodput_rps=per_s(met),
         goodput_per_gpu_rps=per_s(met) / num_gpus,
         rpm=per_s(len(finished)) * 60.0,

@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
+
+from tokenomy.core.errors import UnknownNameError
 
 _GB = 1e9  # vendors quote bandwidth and (usually) memory in decimal gigabytes
 _GIB = 2**30
@@ -85,17 +88,41 @@ def gpu_names() -> list[str]:
 
 
 def get_gpu(name: str) -> GPUSpec:
-    """Look a GPU up by name or alias, case-insensitively.
+    """Look a GPU up by name or alias, case-insensitively, or read one from a YAML/JSON file
+    (``*.yaml``, ``*.yml``, ``*.json``; see :func:`load_gpu_file`).
 
-    Raises ``KeyError`` naming every known GPU when ``name`` is unknown.
+    Raises ``UnknownNameError`` (a ValueError and KeyError) naming every known GPU when ``name`` is unknown.
     """
+    if name.lower().endswith((".yaml", ".yml", ".json")):
+        return load_gpu_file(name)
     key = name.strip().lower()
     for canonical in _CATALOG:
         if canonical.lower() == key:
             return _CATALOG[canonical]
     if key in _ALIASES:
         return _CATALOG[_ALIASES[key]]
-    raise KeyError(f"unknown GPU {name!r}; known: {', '.join(gpu_names())} (aliases: {', '.join(sorted(_ALIASES))})")
+    raise UnknownNameError(f"unknown GPU {name!r}; known: {', '.join(gpu_names())} (aliases: {', '.join(sorted(_ALIASES))})")
+
+
+def load_gpu_file(path: str | Path) -> GPUSpec:
+    """One GPU from a YAML or JSON mapping of ``GPUSpec`` fields, without touching the catalog.
+
+    ``name`` of a catalog GPU may give only the fields it changes; a new GPU gives them all.
+    Raises ValueError naming the file for anything else.
+    """
+    import yaml
+
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--gpu {p}: cannot read ({exc.__class__.__name__})") from None
+    except yaml.YAMLError:
+        raise ValueError(f"--gpu {p}: not valid YAML/JSON") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"--gpu {p}: expected a mapping of GPU fields (name, memory_bytes, ...)")
+    specs = _parse_entries(p, [raw])
+    return specs[0]
 
 
 def load_gpu_catalog(path: str | Path) -> list[GPUSpec]:
@@ -113,6 +140,13 @@ def load_gpu_catalog(path: str | Path) -> list[GPUSpec]:
     entries = [dict(v, name=k) for k, v in raw.items()] if isinstance(raw, dict) else raw
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise ValueError(f"{path}: expected a list of GPU objects or a name -> fields object")
+    loaded = _parse_entries(path, entries)
+    for spec in loaded:
+        _CATALOG[spec.name] = spec
+    return loaded
+
+
+def _parse_entries(path: Path, entries: list[dict[str, Any]]) -> list[GPUSpec]:
     known_fields = {f.name for f in fields(GPUSpec)}
     loaded: list[GPUSpec] = []
     for entry in entries:
@@ -136,6 +170,5 @@ def load_gpu_catalog(path: str | Path) -> list[GPUSpec]:
         else:
             spec = GPUSpec(base.name, *(numbers.get(f.name, getattr(base, f.name)) for f in fields(GPUSpec)
                                         if f.name != "name"))
-        _CATALOG[spec.name] = spec
         loaded.append(spec)
     return loaded

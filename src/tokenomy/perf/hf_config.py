@@ -11,6 +11,8 @@ from typing import Any
 
 from tokenomy.perf.models import ModelSpec
 
+# Weight element size of quantised checkpoints, by quantization_config.quant_method.
+_QUANT_BYTES = {"fp8": 1.0, "fbgemm_fp8": 1.0, "compressed-tensors": 1.0, "mxfp4": 0.5}
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
@@ -62,6 +64,7 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     if dtype not in _DTYPE_BYTES:
         raise ValueError(f"{path}: unsupported torch_dtype {dtype!r}; known: {sorted(_DTYPE_BYTES)}")
     default_name = str(cfg.get("_name_or_path") or path.parent.name or path.stem)
+    weight_bytes = _weight_bytes(cfg.get("quantization_config"), path)
 
     return ModelSpec(
         name=name or default_name,
@@ -84,4 +87,23 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         v_head_dim=_int(cfg, path, "v_head_dim", default=head_dim) if kv_lora_rank else 0,
         q_lora_rank=_int(cfg, path, "q_lora_rank", default=0) if kv_lora_rank else 0,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        weight_bytes_per_param=weight_bytes,
     )
+
+
+def _weight_bytes(quant: Any, path: Path) -> float | None:
+    """Bytes per stored weight from a ``quantization_config`` (None: the config's torch_dtype).
+
+    ``bits`` (GPTQ, AWQ) wins when given; else the method's element size. An unknown method
+    raises ValueError rather than silently sizing the weights at 16 bits."""
+    if quant is None:
+        return None
+    if not isinstance(quant, dict):
+        raise ValueError(f"{path}: quantization_config must be an object")
+    bits = quant.get("bits") or quant.get("w_bit")
+    if isinstance(bits, int) and not isinstance(bits, bool) and bits > 0:
+        return bits / 8
+    method = str(quant.get("quant_method", ""))
+    if method not in _QUANT_BYTES:
+        raise ValueError(f"{path}: unsupported quant_method {method!r}; known: {sorted(_QUANT_BYTES)} or bits")
+    return _QUANT_BYTES[method]

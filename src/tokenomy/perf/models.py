@@ -7,6 +7,9 @@ Parameter counts ignore norms and biases (< 0.1% of any catalog model).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from tokenomy.core.errors import UnknownNameError
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +19,8 @@ class ModelSpec:
     MoE: ``n_experts > 0``; the first ``first_k_dense_layers`` layers use a dense MLP of
     ``intermediate_size``, the others route each token to ``n_active_experts`` of ``n_experts``
     experts of ``moe_intermediate_size`` plus ``n_shared_experts`` always-on experts.
+    ``dtype_bytes`` is the activation and KV-cache element size; ``weight_bytes_per_param`` the
+    stored weights' (None: ``dtype_bytes``), e.g. 1 for DeepSeek-V3, which ships in FP8.
     MLA (DeepSeek): ``kv_lora_rank > 0``; the KV cache holds one compressed latent of
     ``kv_lora_rank + qk_rope_head_dim`` values per token and layer, shared by all heads.
     """
@@ -40,6 +45,7 @@ class ModelSpec:
     v_head_dim: int = 0
     q_lora_rank: int = 0
     tie_word_embeddings: bool = False
+    weight_bytes_per_param: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes"):
@@ -128,7 +134,8 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> int:
-        return self.total_params * self.dtype_bytes
+        per_param = self.dtype_bytes if self.weight_bytes_per_param is None else self.weight_bytes_per_param
+        return int(self.total_params * per_param)
 
     @property
     def kv_values_per_token_per_layer(self) -> int:
@@ -181,7 +188,7 @@ _CATALOG: dict[str, ModelSpec] = {
             "DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280,
             n_experts=256, n_active_experts=8, n_shared_experts=1, moe_intermediate_size=2048,
             first_k_dense_layers=3, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
-            v_head_dim=128, q_lora_rank=1536,
+            v_head_dim=128, q_lora_rank=1536, weight_bytes_per_param=1,  # released in FP8 (e4m3)
         ),
     )
 }
@@ -201,14 +208,24 @@ def model_names() -> list[str]:
 
 
 def get_model(name: str) -> ModelSpec:
-    """Look a model up by name (an ``org/`` prefix is ignored), case-insensitively.
+    """Look a model up by name (an ``org/`` prefix is ignored), case-insensitively, or read a
+    Hugging Face ``config.json`` (a path to the file or to a folder holding one).
 
-    Raises ``KeyError`` naming every known model when ``name`` is unknown.
+    Raises ``UnknownNameError`` (a ValueError and KeyError) naming every known model when ``name`` is unknown, ValueError for a
+    config file it cannot read.
     """
+    path = Path(name)
+    if name.endswith(".json") or path.is_dir():
+        from tokenomy.perf.hf_config import load_hf_config
+
+        try:
+            return load_hf_config(path)
+        except FileNotFoundError as exc:
+            raise ValueError(f"--model {name}: {exc}") from None
     key = name.strip().rsplit("/", 1)[-1].lower()
     for canonical, spec in _CATALOG.items():
         if canonical.lower() == key:
             return spec
     if key in _ALIASES:
         return _CATALOG[_ALIASES[key]]
-    raise KeyError(f"unknown model {name!r}; known: {', '.join(model_names())}")
+    raise UnknownNameError(f"unknown model {name!r}; known: {', '.join(model_names())}")

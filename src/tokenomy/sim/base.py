@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tokenomy.core import SLO, Request, RequestRecord, Role, TokenUsage
+from tokenomy.core.errors import UnknownNameError
 from tokenomy.engine import Engine, EngineConfig, EventTrace, FinishedRequest, KeyChainCache, StepResult
 from tokenomy.perf import PerfModel
 from tokenomy.policy.trace import TraceSink
@@ -210,4 +211,4 @@ def get_deployment(name: str) -> type[Deployment]:
     try:
         return DEPLOYMENTS[name]
     except KeyError:
-        raise KeyError(f"unknown deployment {name!r}; known: {', '.join(sorted(DEPLOYMENTS))}") from None
+        raise UnknownNameError(f"unknown deployment {name!r}; known: {', '.join(sorted(DEPLOYMENTS))}") from None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from tokenomy.core import SLO, Request, RequestRecord, Session, TokenUsage
 from tokenomy.engine import EventTrace
 from tokenomy.metrics import Summary, summarize
+from tokenomy.metrics.window import busy_window_s, span_s
 from tokenomy.perf import PerfModel
 from tokenomy.policy.trace import TraceSink
 from tokenomy.sim import deployments as _deployments  # noqa: F401  (registers the deployments)
@@ -21,6 +22,8 @@ from tokenomy.sim.config import SimConfig
 from tokenomy.sim.loop import EventLoop
 
 ProgressFn = Callable[[float], None]
+
+REJECT_EXCEEDS_KV = "prompt + output tokens exceed every instance's KV capacity"
 
 
 @dataclass
@@ -49,7 +52,7 @@ class _Driver:
         self.sessions = sessions
         self.records: list[RequestRecord] = []
         self.deployment: Deployment | None = None
-        self.rejected = 0
+        self.rejected: dict[str, int] = {}
         self._session_of: dict[str, Session] = {}
 
     def start(self) -> None:
@@ -64,8 +67,9 @@ class _Driver:
         request = Request.from_turn(session, index, self.loop.now)
         if request.prompt_tokens + request.max_output_tokens > self.deployment.max_request_tokens:
             # No instance could ever hold its KV: rejected at the door, the session ends here.
-            self.records.append(_unfinished(request))
-            self.rejected += 1
+            # Not a record: a refused request adds no tokens or time, only an SLO miss.
+            reason = REJECT_EXCEEDS_KV
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
             return
         self.deployment.submit(request, self.loop.now)
 
@@ -110,7 +114,9 @@ def simulate(
     sim_end = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
     if config.horizon_s is not None and loop.pending:
         sim_end = config.horizon_s
-    window = max(sim_end, 1e-9)
+    # Rates and costs are over the busy window (metrics/window.py), not a span stretched by
+    # think time; a run where nothing was admitted has a zero window and zero rates.
+    window = busy_window_s(records, sim_end)
     summary = summarize(
         records,
         slo=slo,
@@ -121,6 +127,8 @@ def simulate(
         peak_flops_per_s=perf.gpu.bf16_flops_per_s * deployment.num_gpus,
         itl_values=ctx.itl_values,
         itl_weights=ctx.itl_weights,
+        rejected=driver.rejected,
+        span_s=span_s(records, sim_end),
     )
     return SimResult(
         config=config,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from tokenomy.core.errors import UnknownNameError
 from tokenomy.sim.config import AMPDOptions, SimConfig
 
 Variant = Callable[[SimConfig], SimConfig]
@@ -42,7 +43,7 @@ def make_variant(name: str, base: SimConfig) -> SimConfig:
     try:
         return VARIANTS[name](base)
     except KeyError:
-        raise KeyError(f"unknown deployment {name!r}; known: {', '.join(VARIANTS)}") from None
+        raise UnknownNameError(f"unknown deployment {name!r}; known: {', '.join(VARIANTS)}") from None
 
 
 def is_disaggregated(name: str) -> bool:

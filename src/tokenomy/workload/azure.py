@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,30 @@ def _parse_time(text: str) -> datetime:
             raise ValueError(f"bad fractional seconds {frac!r}")
         base = base.replace(microsecond=int(frac[:6].ljust(6, "0")))
     return base
+
+
+def _read_rows(reader: Any, path: str | Path, limit: int | None, stamps: list[datetime],
+               lengths: list[tuple[int, int]]) -> None:
+    header = next(reader, None)
+    if header is None or tuple(h.strip() for h in header) != _HEADER:
+        raise ValueError(f"{path}:1: expected header {','.join(_HEADER)}, got {header}")
+    for row in reader:
+        if not row:
+            continue
+        where = f"{path}:{reader.line_num}"
+        if len(row) != 3:
+            raise ValueError(f"{where}: expected 3 columns, got {len(row)}")
+        try:
+            stamp = _parse_time(row[0])
+            n_in, n_out = int(row[1]), int(row[2])
+        except (ValueError, OverflowError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if n_in < 1 or n_out < 1:
+            raise ValueError(f"{where}: ContextTokens and GeneratedTokens must be >= 1")
+        stamps.append(stamp)
+        lengths.append((n_in, n_out))
+        if limit is not None and len(stamps) >= limit:
+            return
 
 
 def read_azure(
@@ -55,26 +80,11 @@ def read_azure(
     lengths: list[tuple[int, int]] = []
     with Path(path).open(encoding="utf-8", newline="") as fh:
         reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None or tuple(h.strip() for h in header) != _HEADER:
-            raise ValueError(f"{path}:1: expected header {','.join(_HEADER)}, got {header}")
-        for row in reader:
-            if not row:
-                continue
-            where = f"{path}:{reader.line_num}"
-            if len(row) != 3:
-                raise ValueError(f"{where}: expected 3 columns, got {len(row)}")
-            try:
-                stamp = _parse_time(row[0])
-                n_in, n_out = int(row[1]), int(row[2])
-            except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from None
-            if n_in < 1 or n_out < 1:
-                raise ValueError(f"{where}: ContextTokens and GeneratedTokens must be >= 1")
-            stamps.append(stamp)
-            lengths.append((n_in, n_out))
-            if limit is not None and len(stamps) >= limit:
-                break
+        try:
+            _read_rows(reader, path, limit, stamps, lengths)
+        except (UnicodeDecodeError, csv.Error) as exc:
+            what = "not UTF-8 text (a binary file?)" if isinstance(exc, UnicodeDecodeError) else f"bad CSV ({exc})"
+            raise ValueError(f"{path}:{reader.line_num + 1}: {what}") from None
     if not stamps:
         raise ValueError(f"{path}: no requests")
     t0 = min(stamps)

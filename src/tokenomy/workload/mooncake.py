@@ -12,7 +12,6 @@ cache keyed on content sees exactly the reuse the trace records.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 from tokenomy.core import Segment, Session, Turn
 from tokenomy.workload.arrivals import jitter_timestamps
 from tokenomy.workload.keys import StreamKeys
+from tokenomy.workload.textlines import numbered_lines, parse_json_object
 
 MOONCAKE_BLOCK_TOKENS = 512
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -50,35 +50,27 @@ def read_mooncake_requests(path: str | Path, limit: int | None = None) -> list[M
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     out: list[MooncakeRequest] = []
-    with Path(path).open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: expected a JSON object")
-            missing = [f for f in _FIELDS if f not in row]
-            if missing:
-                raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
-            ts, n_in, n_out, ids = (row[f] for f in _FIELDS)
-            if not isinstance(ts, int | float) or isinstance(ts, bool) or not ts >= 0:
-                raise ValueError(f"{where}: timestamp must be a number >= 0, got {ts!r}")
-            if not (_is_count(n_in) and n_in >= 1 and _is_count(n_out) and n_out >= 1):
-                raise ValueError(f"{where}: input_length and output_length must be integers >= 1")
-            if not (isinstance(ids, list) and all(_is_count(h) and h >= 0 for h in ids)):
-                raise ValueError(f"{where}: hash_ids must be a list of integers >= 0")
-            if len(ids) != math.ceil(n_in / MOONCAKE_BLOCK_TOKENS):
-                raise ValueError(
-                    f"{where}: {len(ids)} hash_ids for input_length {n_in} "
-                    f"(expected ceil({n_in}/{MOONCAKE_BLOCK_TOKENS}))"
-                )
-            out.append(MooncakeRequest(ts / 1000.0, n_in, n_out, tuple(ids)))
-            if limit is not None and len(out) >= limit:
-                break
+    for lineno, line in numbered_lines(path):
+        where = f"{path}:{lineno}"
+        row = parse_json_object(line, where)
+        missing = [f for f in _FIELDS if f not in row]
+        if missing:
+            raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+        ts, n_in, n_out, ids = (row[f] for f in _FIELDS)
+        if not isinstance(ts, int | float) or isinstance(ts, bool) or not 0 <= ts < math.inf:
+            raise ValueError(f"{where}: timestamp must be a finite number >= 0, got {ts!r}")
+        if not (_is_count(n_in) and n_in >= 1 and _is_count(n_out) and n_out >= 1):
+            raise ValueError(f"{where}: input_length and output_length must be integers >= 1")
+        if not (isinstance(ids, list) and all(_is_count(h) and h >= 0 for h in ids)):
+            raise ValueError(f"{where}: hash_ids must be a list of integers >= 0")
+        if len(ids) != math.ceil(n_in / MOONCAKE_BLOCK_TOKENS):
+            raise ValueError(
+                f"{where}: {len(ids)} hash_ids for input_length {n_in} "
+                f"(expected ceil({n_in}/{MOONCAKE_BLOCK_TOKENS}))"
+            )
+        out.append(MooncakeRequest(ts / 1000.0, n_in, n_out, tuple(ids)))
+        if limit is not None and len(out) >= limit:
+            break
     return out
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenomy.core import Segment, Session, Turn
+from tokenomy.workload.textlines import numbered_lines, parse_json_object
 
 _REQUIRED = ("session_id", "turn", "input_tokens", "output_tokens")
 
@@ -70,12 +71,7 @@ def _seconds(row: dict[str, Any], name: str, where: str) -> float:
 
 
 def _parse_line(line: str, where: str) -> dict[str, Any]:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
-    if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object")
+    row = parse_json_object(line, where)
     missing = [f for f in _REQUIRED if f not in row]
     if row.get("turn") == 0 and "arrival_s" not in row:
         missing.append("arrival_s (turn 0)")
@@ -140,13 +136,11 @@ def read_sessions(path: str | Path) -> list[Session]:
     """Sessions in order of their first line; ValueError with ``path:line`` on bad input."""
     rows: list[tuple[str, dict[str, Any]]] = []
     top_key = -1
-    with Path(path).open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if line.strip():
-                where = f"{path}:{lineno}"
-                row = _parse_line(line, where)
-                top_key = max([top_key, *_raw_keys(row, where)])
-                rows.append((where, row))
+    for lineno, line in numbered_lines(path):
+        where = f"{path}:{lineno}"
+        row = _parse_line(line, where)
+        top_key = max([top_key, *_raw_keys(row, where)])
+        rows.append((where, row))
     next_key = top_key + 1
     turns: dict[str, list[Turn]] = {}
     meta: dict[str, dict[str, Any]] = {}
