@@ -97,6 +97,10 @@ def discover_model(target: str, api_key: str | None, timeout_s: float = 10.0) ->
         raise CLIError(f"--model not given and {target}/v1/models did not name one ({exc}); pass --model") from None
 
 
+BENCH_SCHEMA = "tokenomy.bench/1"
+"""``tokenomy bench --json``: ``tokenomy.sim/2``'s top-level keys, with the bench settings as ``spec``."""
+
+
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     api_key = args.api_key if args.api_key is not None else os.environ.get("OPENAI_API_KEY")
     targets = _targets(args.target)
@@ -129,7 +133,8 @@ def run_bench_cmd(args: argparse.Namespace) -> int:
     console.print(f"bench [bold]{args.workload}[/]: {len(sessions)} sessions, {n_turns} turns, {mode}, "
                   f"{config.api} API, model {config.model} -> {', '.join(config.targets)}")
     result = _run_with_progress(sessions, config, n_turns, args.quiet)
-    _print_and_write(result, config, args, console)
+    workload = {"source": args.workload, "sessions": len(sessions), "turns": n_turns}
+    _print_and_write(result, config, args, console, workload)
     return 0
 
 
@@ -150,7 +155,9 @@ def _run_with_progress(sessions: list[Session], config: BenchConfig, n_turns: in
         return run_bench(sessions, config, on_result=on_result)
 
 
-def _print_and_write(result: BenchReport, config: BenchConfig, args: argparse.Namespace, console: Console) -> None:
+def _print_and_write(
+    result: BenchReport, config: BenchConfig, args: argparse.Namespace, console: Console, workload: dict[str, Any]
+) -> None:
     render_table({args.name: result.summary}, console=console, title=f"{args.workload} -> {', '.join(config.targets)}")
     ex = result.extras
     frac = ex["cached_fraction"]
@@ -160,11 +167,18 @@ def _print_and_write(result: BenchReport, config: BenchConfig, args: argparse.Na
                   f" (mean |error| {'-' if err is None else f'{err:.1%}'})   "
                   f"errors by status: {result.errors_by_status or 'none'}")
     if args.json:
+        settings = {"targets": list(config.targets), "model": config.model, "api": config.api,
+                    "workload": args.workload, "concurrency": config.concurrency, "rate": args.rate,
+                    "duration_s": config.duration_s, "max_sessions": args.max_sessions, "seed": config.seed,
+                    "ignore_eos": config.ignore_eos}
         payload: dict[str, Any] = {
-            "deployments": {args.name: result.payload()},
+            "schema": BENCH_SCHEMA,
+            "spec": settings,  # the settings that made this run, as `tokenomy sim --json` embeds its spec
+            "workload": workload,
             "slo": {"ttft_s": config.slo.ttft_s, "tpot_s": config.slo.tpot_s},
-            "bench": {"targets": list(config.targets), "model": config.model, "api": config.api,
-                      "workload": args.workload, "concurrency": config.concurrency, "rate": args.rate},
+            # split: the target's P:D layout is not known from outside; rate: the offered session rate
+            "deployments": {args.name: {**result.payload(), "split": None, "rate_per_s": args.rate}},
+            "bench": settings,
         }
         write_json(args.json, payload)
         console.print(f"wrote {args.json}")
