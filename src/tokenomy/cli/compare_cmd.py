@@ -123,6 +123,10 @@ def _parse_rates(text: str) -> list[float]:
 def run_compare(args: argparse.Namespace) -> int:
     console = Console()
     rates = _parse_rates(args.rates)
+    if args.plan is not None:  # the plan's deployment at its own split
+        from tokenomy.plan.planfile import deployment_label
+
+        args.deployments = deployment_label(args.plan)
     names = [n.strip() for n in args.deployments.split(",") if n.strip()]
     for n in names:
         make_variant(_parse_name(n)[0], SimConfig())  # fail fast on unknown names

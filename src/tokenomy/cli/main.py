@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 # Each module exposes ``register(subparsers)`` and sets ``func`` on its parsers.
-COMMAND_MODULES = ("perf_cmd", "sim_cmd", "eaas_cmd", "demo_cmd")
+COMMAND_MODULES = ("perf_cmd", "sim_cmd", "eaas_cmd", "demo_cmd", "plan_cmd")
 
 
 class CLIError(Exception):

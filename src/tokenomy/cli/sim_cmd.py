@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--max-num-batched-tokens", type=int, default=8192)
     c.add_argument("--max-num-seqs", type=int, default=256)
     c.add_argument("--horizon", type=float, default=None, help="stop the clock here; unfinished requests miss the SLO")
+    c.add_argument("--plan", type=Path, default=None, help="a plan file from `tokenomy plan --out`: its topology")
     s = p.add_argument_group("SLO")
     s.add_argument("--slo-ttft", type=float, default=SLO().ttft_s, help="TTFT bound, seconds")
     s.add_argument("--slo-tpot", type=float, default=SLO().tpot_s, help="TPOT bound, seconds (vLLM definition)")
@@ -74,7 +76,7 @@ def config_from_args(args: argparse.Namespace, deployment: str) -> SimConfig:
     total = args.instances
     prefill = args.prefill if args.prefill is not None else max(1, total // 2)
     decode = args.decode if args.decode is not None else max(1, total - prefill)
-    return SimConfig(
+    config = SimConfig(
         deployment=deployment,
         model=args.model,
         gpu=args.gpu,
@@ -87,6 +89,11 @@ def config_from_args(args: argparse.Namespace, deployment: str) -> SimConfig:
         max_num_seqs=args.max_num_seqs,
         horizon_s=args.horizon,
     )
+    if getattr(args, "plan", None) is not None:  # the plan's topology replaces the cluster flags
+        from tokenomy.plan.planfile import sim_overrides
+
+        return replace(config, **sim_overrides(args.plan))
+    return config
 
 
 def run_with_progress(sessions: list[Session], config: SimConfig, slo: SLO, quiet: bool) -> SimResult:
@@ -118,6 +125,8 @@ def run_sim(args: argparse.Namespace) -> int:
     console = Console()
     slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
     names = [n.strip() for n in args.deployment.split(",") if n.strip()]
+    if args.plan is not None:
+        names = [config_from_args(args, "colocated").deployment]
     if not names:
         raise ValueError("--deployment needs at least one name")
     sessions = sessions_from_args(args)
