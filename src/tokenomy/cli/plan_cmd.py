@@ -38,6 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-tpot", type=float, default=SLO().tpot_s, help="TPOT bound, seconds")
     p.add_argument("--objective", default="p95", choices=OBJECTIVES,
                    help="p95: min the worst role's P95/SLO; cost: min $/hour meeting the SLOs")
+    p.add_argument("--mode", default="auto", choices=("auto", "disagg", "colocated"),
+                   help="auto: let the planner say whether to disaggregate")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--calibrate", action="store_true",
@@ -82,6 +84,7 @@ def run_plan(args: argparse.Namespace) -> int:
         slo=SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot),
         objective=args.objective,
         gpus_per_node=args.gpus_per_node,
+        modes={"auto": ("disagg", "mixed"), "disagg": ("disagg",), "colocated": ("mixed",)}[args.mode],
         limits=EngineLimits(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs),
     )
     sessions = load_workload(args.workload, rate_per_s=args.rate, duration_s=args.duration, seed=args.seed)

@@ -26,6 +26,9 @@ from tokenomy.plan.options import (
 from tokenomy.plan.queueing import InstanceModel
 from tokenomy.plan.stats import WorkloadStats
 
+MODES = ("disagg", "mixed")
+"""Disaggregated prefill/decode pools, or colocated (mixed) instances."""
+
 
 class PlanInfeasible(ValueError):
     """No plan meets the request; the message says why in one line."""
@@ -42,8 +45,11 @@ class PlanRequest:
     gpus_per_node: int = 8
     limits: EngineLimits = field(default_factory=EngineLimits)
     tp_choices: tuple[int, ...] = TP_CHOICES
+    modes: tuple[str, ...] = MODES
 
     def __post_init__(self) -> None:
+        if not self.modes or set(self.modes) - set(MODES):
+            raise ValueError(f"modes must be a non-empty subset of {MODES}, got {self.modes}")
         if not self.inventory or any(n < 1 for n in self.inventory.values()):
             raise ValueError(f"inventory needs at least one GPU type with >= 1 GPU, got {self.inventory}")
         if self.gpus_per_node < 1:
@@ -102,12 +108,14 @@ def plan(stats: WorkloadStats, request: PlanRequest, calibration: dict[str, dict
         factors = (calibration or {}).get(cand.key, {})
         m.ttft_factor, m.tpot_factor = factors.get("ttft", 1.0), factors.get("tpot", 1.0)
     _check_physical_minimum(models, request.slo)
-    options = enumerate_options(models, request.inventory, stats, request.slo)
+    options = _options(models, stats, request)
     best = solve(options, request.inventory, request.objective)
     if best is None or best.z > 1.0:
         raise PlanInfeasible(_too_few_gpus(models, stats, request))
     runner = solve(options, request.inventory, request.objective, exclude=[best.chosen])
-    other = solve(options, request.inventory, request.objective, mode="mixed" if best.disaggregated else "disagg")
+    other = None
+    if len(request.modes) == len(MODES):
+        other = solve(options, request.inventory, request.objective, mode="mixed" if best.disaggregated else "disagg")
     binding = explain(best, other, models, stats, request)
     return Plan(request, stats, best, binding, runner, other, len(options), len(models))
 
@@ -125,8 +133,14 @@ def _check_physical_minimum(models: dict[Candidate, InstanceModel], slo: SLO) ->
                              f"(one sequence decoding alone on {c.tp} x {c.gpu})")
 
 
+def _options(models: dict[Candidate, InstanceModel], stats: WorkloadStats, request: PlanRequest) -> list[Option]:
+    """Every feasible option of the allowed modes."""
+    opts = enumerate_options(models, request.inventory, stats, request.slo)
+    return [o for o in opts if ("mixed" if o.candidate.role == "mixed" else "disagg") in request.modes]
+
+
 def _feasible_at(models: dict[Candidate, InstanceModel], stats: WorkloadStats, request: PlanRequest) -> bool:
-    sol = solve(enumerate_options(models, request.inventory, stats, request.slo), request.inventory, request.objective)
+    sol = solve(_options(models, stats, request), request.inventory, request.objective)
     return sol is not None and sol.z <= 1.0
 
 
@@ -167,8 +181,10 @@ def explain(best: Solution, other: Solution | None, models: dict[Candidate, Inst
     by_role = {o.candidate.role: o for o in best.chosen}
     if "mixed" in by_role:
         what = _limit_of(by_role["mixed"], slo)
-        if other is None:
+        if other is None and "disagg" in request.modes:
             return f"mixed {what} binds; no disaggregated plan is feasible, so do not disaggregate"
+        if other is None:
+            return f"mixed {what} binds"
         return (f"mixed {what} binds; do not disaggregate: the best disaggregated plan scores "
                 f"{other.z:.2f} x SLO against {best.z:.2f}")
     p, d = by_role["prefill"], by_role["decode"]
@@ -182,7 +198,7 @@ def explain(best: Solution, other: Solution | None, models: dict[Candidate, Inst
             why = f"one decode instance fewer: {fewer_d.prediction.reason}"
         else:
             why = f"one decode instance fewer raises decode TPOT P95 to {fewer_d.score:.2f} x SLO"
-        limit = "KV" if (d_blocked and "KV" in why) or kv >= d.score else "TPOT"
+        limit = "KV" if d_blocked and "KV" in why else "TPOT"
         return (f"decode {limit} binds ({kv:.0%} of decode KV in use at the P95 batch, TPOT P95 at "
                 f"{d.score:.2f} x SLO): adding prefill would not help ({why})")
     fewer_p = _shifted(p, -d.candidate.tp, models[p.candidate], stats, slo)
