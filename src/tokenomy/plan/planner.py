@@ -185,6 +185,9 @@ def explain(best: Solution, other: Solution | None, models: dict[Candidate, Inst
             return f"mixed {what} binds; no disaggregated plan is feasible, so do not disaggregate"
         if other is None:
             return f"mixed {what} binds"
+        if request.objective == "cost":
+            return (f"mixed {what} binds; do not disaggregate: the cheapest disaggregated plan costs "
+                    f"${other.usd_per_hour:.2f}/hour against ${best.usd_per_hour:.2f}")
         return (f"mixed {what} binds; do not disaggregate: the best disaggregated plan scores "
                 f"{other.z:.2f} x SLO against {best.z:.2f}")
     p, d = by_role["prefill"], by_role["decode"]
@@ -196,6 +199,8 @@ def explain(best: Solution, other: Solution | None, models: dict[Candidate, Inst
             why = "no decode instance would be left"
         elif not fewer_d.prediction.feasible:
             why = f"one decode instance fewer: {fewer_d.prediction.reason}"
+        elif fewer_d.score <= d.score * 1.01:
+            why = "decode TPOT is at this shape's floor: the batch is too small for queueing to matter"
         else:
             why = f"one decode instance fewer raises decode TPOT P95 to {fewer_d.score:.2f} x SLO"
         limit = "KV" if d_blocked and "KV" in why else "TPOT"
@@ -206,6 +211,8 @@ def explain(best: Solution, other: Solution | None, models: dict[Candidate, Inst
         why = "no prefill instance would be left"
     elif not fewer_p.prediction.feasible:
         why = f"one prefill instance fewer: {fewer_p.prediction.reason}"
+    elif fewer_p.score <= p.score * 1.01:
+        why = "TTFT is at this shape's floor: prefill time, not queueing"
     else:
         why = f"one prefill instance fewer raises TTFT P95 to {fewer_p.score:.2f} x SLO"
     return (f"prefill TTFT binds ({p.prediction.utilization:.0%} busy, TTFT P95 at {p.score:.2f} x SLO): "
