@@ -118,16 +118,11 @@ def calibrate_one(request: PlanRequest, stats: WorkloadStats, cand: Candidate, m
     sessions = load_workload(stats.name, rate_per_s=session_rate, duration_s=duration_s, seed=1)
     result = simulate(sessions, config, request.slo)
     offered, ttft, tpot = _window_p95(result.records, warmup_s, duration_s - tail_s)
+    # The uncalibrated model of one instance, at the rate (and parked KV) the window offered.
     scaled = stats.scaled(max(offered, 1e-9) / stats.request_rate_per_s)
-    saved = (model.ttft_factor, model.tpot_factor)
-    model.ttft_factor = model.tpot_factor = 1.0
-    try:
-        probe = InstanceModel(cand.role, model.perf, scaled, max_num_batched_tokens=model.budget,
-                              max_num_seqs=model.max_num_seqs,
-                              gpu_memory_utilization=request.limits.gpu_memory_utilization)
-        pred = probe.predict(offered, probe.hit_fraction(1))
-    finally:
-        model.ttft_factor, model.tpot_factor = saved
+    probe = InstanceModel(cand.role, model.perf, scaled, max_num_batched_tokens=model.budget,
+                          max_num_seqs=model.max_num_seqs, gpu_memory_utilization=request.limits.gpu_memory_utilization)
+    pred = probe.predict(offered, probe.hit_fraction(1))
     out: dict[str, float] = {"offered_rps": offered}
     for metric, sim_v, pred_v in (("ttft", ttft, pred.ttft_p95_s), ("tpot", tpot, pred.tpot_p95_s)):
         if pred_v and pred.feasible and sim_v == sim_v:  # NaN-safe
