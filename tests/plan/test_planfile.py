@@ -57,3 +57,16 @@ def test_bad_plan_files_are_one_line_exit_2(tmp_path: Path, content: str, words:
     assert main(["sim", "--plan", str(path), "--workload", "chat", "--duration", "2", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--plan" in err[0] and words in err[0], err
+
+
+def test_sim_compare_plan_runs_the_plan_split(tmp_path: Path) -> None:
+    plan_file = tmp_path / "p.yaml"
+    plan_file.write_text(yaml.safe_dump({"model": "llama-3.1-8b", "pools": [
+        {"role": "prefill", "gpu": "H100-SXM", "tp": 1, "count": 1},
+        {"role": "decode", "gpu": "H100-SXM", "tp": 2, "count": 1}]}))
+    out = tmp_path / "c.json"
+    rc = main(["sim", "compare", "--plan", str(plan_file), "--workload", "chat", "--rates", "2", "--duration", "4",
+               "--workers", "1", "--json", str(out)])
+    assert rc == 0
+    deployments = json.loads(out.read_text())["deployments"]
+    assert list(deployments) == ["disagg@1:1"] and deployments["disagg@1:1"]["split"] == {"prefill": 1, "decode": 1}
