@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib.util import find_spec
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
-from tokenomy.eaas.client import AttentionClient
 from tokenomy.eaas.config import MoEConfig, preset
 from tokenomy.eaas.launcher import ServerProcess, start_servers, stop_all
-from tokenomy.eaas.moe import MoEWeights
 from tokenomy.eaas.registry import Registry, RoutingTable
 
-torch.set_num_threads(1)
+if TYPE_CHECKING:
+    from tokenomy.eaas.client import AttentionClient
+    from tokenomy.eaas.moe import MoEWeights
+
+# torch and pyzmq come with the eaas extra; modules that need them skip without it (importorskip).
+if find_spec("torch") is not None:
+    import torch
+
+    torch.set_num_threads(1)
 
 Fleet = Callable[..., list[ServerProcess]]
 
@@ -25,6 +32,8 @@ def cfg() -> MoEConfig:
 
 @pytest.fixture(scope="session")
 def weights(cfg: MoEConfig) -> MoEWeights:
+    from tokenomy.eaas.moe import MoEWeights
+
     return MoEWeights.from_seed(cfg, 0)
 
 
@@ -52,4 +61,6 @@ def registry_for(servers: Sequence[ServerProcess]) -> Registry:
 
 
 def client_for(weights: MoEWeights, reg: Registry, timeout_s: float = 2.0) -> AttentionClient:
+    from tokenomy.eaas.client import AttentionClient
+
     return AttentionClient(weights, RoutingTable(reg), timeout_s=timeout_s)

@@ -9,7 +9,6 @@ from tokenomy.eaas.balance import (
     replica_counts,
     server_loads,
 )
-from tokenomy.eaas.skew import SkewConfig, run_skew, zipf_popularity
 
 
 def test_naive_placement_puts_replicas_on_consecutive_servers() -> None:
@@ -37,6 +36,9 @@ def test_plan_respects_slots_never_doubles_a_copy_and_hosts_every_expert() -> No
 
 @pytest.mark.parametrize("exponent", [0.8, 1.2, 1.6])
 def test_replication_brings_zipf_skew_within_1_25(exponent: float) -> None:
+    pytest.importorskip("torch", reason="needs the eaas extra: pip install tokenomy[eaas]")
+    from tokenomy.eaas.skew import SkewConfig, run_skew
+
     r = run_skew(SkewConfig(zipf_exponent=exponent, batches=150))
     assert r.max_over_mean_before > 1.25
     assert r.max_over_mean_after <= 1.25
@@ -44,6 +46,9 @@ def test_replication_brings_zipf_skew_within_1_25(exponent: float) -> None:
 
 
 def test_zipf_popularity_is_a_distribution_with_a_hot_head() -> None:
+    pytest.importorskip("torch", reason="needs the eaas extra: pip install tokenomy[eaas]")
+    from tokenomy.eaas.skew import zipf_popularity
+
     p = zipf_popularity(16, 1.2, seed=0)
     assert abs(float(p.sum()) - 1) < 1e-9 and float(p.max()) > 5 * float(p.min())
 

@@ -19,6 +19,7 @@ def test_plan_prints_gpu_hours_and_saving(capsys: pytest.CaptureFixture[str], tm
 
 
 def test_serve_with_a_bad_expert_range_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch", reason="needs the eaas extra: pip install tokenomy[eaas]")
     assert main(["eaas", "serve", "--experts", "7-3"]) == 2
     assert "bad expert id range" in capsys.readouterr().err
 
@@ -35,6 +36,7 @@ def test_plan_rejects_nonsense(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.integration
 def test_demo_shows_failover_without_loss(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="needs the eaas extra: pip install tokenomy[eaas]")
     out_json = tmp_path / "demo.json"
     rc = main(["eaas", "demo", "--servers", "2", "--replicas", "2", "--seconds", "1.5", "--kill-one-at", "0.6",
                "--json", str(out_json)])
@@ -43,3 +45,16 @@ def test_demo_shows_failover_without_loss(capsys: pytest.CaptureFixture[str], tm
     assert "killed s0" in out and "lost 0, wrong 0" in out and "OK" in out
     data = json.loads(out_json.read_text())
     assert data["lost_tokens"] == 0 and data["wrong_tokens"] == 0 and data["failovers"] >= 1
+
+
+@pytest.mark.parametrize("argv", [["eaas", "serve", "--experts", "0-3"], ["eaas", "demo", "--seconds", "1"]])
+def test_without_the_eaas_extra_serve_and_demo_say_what_to_install(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "install tokenomy[eaas]" in err[0]

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-import zmq
+
+torch = pytest.importorskip("torch", reason="needs the eaas extra: pip install tokenomy[eaas]")
+zmq = pytest.importorskip("zmq", reason="needs the eaas extra: pip install tokenomy[eaas]")
 
 from tokenomy.eaas.balance import naive_placement
 from tokenomy.eaas.config import MoEConfig, preset

@@ -3,7 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the eaas extra: pip install tokenomy[eaas]")
 import torch.nn.functional as F
 
 from tokenomy.eaas.config import preset

@@ -3,7 +3,8 @@ from __future__ import annotations
 import struct
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the eaas extra: pip install tokenomy[eaas]")
 
 from tokenomy.eaas.protocol import (
     HEADER_BYTES,

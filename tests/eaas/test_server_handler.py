@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs the eaas extra: pip install tokenomy[eaas]")
 
 from tokenomy.eaas.config import MoEConfig
 from tokenomy.eaas.moe import MoEWeights

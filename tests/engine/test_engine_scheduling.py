@@ -13,12 +13,12 @@ from tokenomy.engine import Engine
 
 def _check_counters(engine: Engine) -> None:
     """The O(1) view counters equal a brute-force recount."""
-    sched = engine._sched
-    live = list(sched.running) + list(sched.waiting)
-    decoding = [r for r in sched.running if r.decoding]
+    queues = engine._queues
+    queues.check(engine._requests.values())
+    decoding = [r for r in queues.running if r.decoding]
     assert engine.num_decoding == len(decoding)
     assert engine.decode_context_tokens == sum(r.num_tokens for r in decoding)
-    assert engine.num_waiting_tokens == sum(r.pending_tokens for r in live)
+    assert engine.num_waiting_tokens == sum(r.pending_tokens for r in list(queues.running) + list(queues.waiting))
     for r in decoding:
         assert r.num_tokens - r.num_computed == 1 and r.num_computed >= r.prompt_tokens
     held = sum(1 for c in engine._kv.pool.ref_cnt if c > 0)
@@ -248,38 +248,3 @@ def test_skipping_hopeless_admission_retries_changes_nothing(
 
     monkeypatch.setattr(KVManager, "still_blocked", lambda self, blocked, budget: False)
     assert _trace(seed) == fast
-
-
-def _load(engine: Engine) -> None:
-    for i, req in enumerate(create_requests(6, prompt_tokens=50, max_output_tokens=40)):
-        req.max_output_tokens = 10 + 7 * i
-        engine.add_request(req, 0.0)
-
-
-def test_step_until_matches_single_steps() -> None:
-    single = create_engine(FakePerf(per_prefill_token_s=1e-4))
-    _load(single)
-    _, expected = run(single)
-    batched = create_engine(FakePerf(per_prefill_token_s=1e-4))
-    _load(batched)
-    got = []
-    now = 0.0
-    while True:
-        results = batched.step_until(now, until_s=now + 0.05)
-        if not results:
-            break
-        assert all(not r.finished for r in results[:-1])  # stops right after a finish
-        got += results
-        now = results[-1].end_s
-    assert [(r.start_s, r.emitted, [f.request_id for f in r.finished]) for r in got] == [
-        (r.start_s, r.emitted, [f.request_id for f in r.finished]) for r in expected
-    ]
-
-
-def test_step_until_respects_the_horizon() -> None:
-    engine = create_engine(FakePerf(base_s=0.01))
-    engine.add_request(Request("a", 0.0, 10, 100), 0.0)
-    results = engine.step_until(0.0, until_s=0.045)
-    assert [round(r.start_s, 3) for r in results] == [0.0, 0.01, 0.02, 0.03, 0.04]
-    with pytest.raises(ValueError, match="max_steps"):
-        engine.step_until(results[-1].end_s, 1.0, max_steps=0)

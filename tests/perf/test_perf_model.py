@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import timeit
 
 import pytest
 
@@ -136,9 +135,3 @@ def test_from_names_uses_shipped_fitted_coefficients() -> None:
     assert _perf(gpu="l40s").coeffs.compute_efficiency < 1.0
 
 
-def test_step_time_is_fast() -> None:
-    pm = _perf("DeepSeek-V3", "h200", 16)
-    shape = StepShape(prefill_tokens=512, prefill_seqs=1, prefill_attn_pairs=StepShape.chunk_attn_pairs(512, 1000),
-                      prefill_context_tokens=1512, decode_seqs=60, decode_context_tokens=120_000)
-    per_call_s = min(timeit.repeat(lambda: pm.step_time_s(shape), number=20_000, repeat=3)) / 20_000
-    assert per_call_s < 10e-6  # ~1.5 us on a quiet core; loose bound for a shared CI machine

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -89,14 +88,11 @@ def test_malformed_lines_name_the_line(tmp_path: Path, line: str, message: str) 
 
 def test_real_conversation_trace() -> None:
     path = require(MOONCAKE_CONV)
-    start = time.perf_counter()
     sessions = read_mooncake(path, jitter_s=3.0)
-    elapsed = time.perf_counter() - start
     assert len(sessions) == 12031
     assert all(r.hash_ids[0] == 0 for r in read_mooncake_requests(path))
     first_blocks = {s.turns[0].content[0][0] for s in sessions}
     assert len(first_blocks) == 1  # so every session's content starts with the same stream
-    assert elapsed < 2.0, f"reading the 12k-request trace took {elapsed:.2f} s"
 
 
 def test_real_trace_sessionized_finds_multi_turn_sessions() -> None:

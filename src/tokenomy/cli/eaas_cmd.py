@@ -11,10 +11,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eaas", help="Expert-as-a-Service: expert servers, failover demo, scaling plan")
     eaas = p.add_subparsers(dest="eaas_command", required=True)
 
-    from tokenomy.eaas.server import build_parser
+    from tokenomy.eaas.server_args import add_server_args
 
     serve = eaas.add_parser("serve", help="run one stateless expert server until SIGTERM/Ctrl-C")
-    build_parser(serve)
+    add_server_args(serve)
     serve.set_defaults(func=_serve)
 
     demo = eaas.add_parser("demo", help="start servers and a client, stream tokens, show failover")
@@ -42,7 +42,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     plan.set_defaults(func=_plan)
 
 
+def require_eaas_extra() -> None:
+    """Fail with one line when the ``eaas`` extra (torch, pyzmq) is not installed."""
+    from importlib.util import find_spec
+
+    missing = [name for name in ("torch", "zmq") if find_spec(name) is None]
+    if missing:
+        raise CLIError(f"{' and '.join(missing)} not installed: install tokenomy[eaas] (pip install 'tokenomy[eaas]')")
+
+
 def _serve(args: argparse.Namespace) -> int:
+    require_eaas_extra()
     from tokenomy.eaas.server import run_from_args
 
     return run_from_args(args)
@@ -52,10 +62,11 @@ def _demo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tokenomy.eaas.failover import FailoverConfig, run_failover
-
     if args.kill_one_at is not None and args.kill_one_at >= args.seconds:
         raise CLIError(f"--kill-one-at {args.kill_one_at} must be less than --seconds {args.seconds}")
+    require_eaas_extra()
+    from tokenomy.eaas.failover import FailoverConfig, run_failover
+
     cfg = FailoverConfig(n_servers=args.servers, replicas=args.replicas, duration_s=args.seconds,
                          kill_at_s=args.kill_one_at, batch_tokens=args.batch_tokens, max_tokens=args.tokens,
                          preset=args.preset, warmup_s=min(0.5, (args.kill_one_at or args.seconds) / 2))

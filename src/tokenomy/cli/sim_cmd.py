@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokenomy.core import SLO, Session
+from tokenomy.engine import EventTrace, JsonlTrace
 from tokenomy.metrics import Summary
 from tokenomy.metrics.report import plot_comparison, render_table, write_json
 from tokenomy.sim import SimConfig, SimResult, simulate
@@ -51,6 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, default=None, help="write results as JSON here")
     p.add_argument("--plot", type=Path, default=None, help="write a comparison chart (PNG) here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--trace-events", type=Path, default=None, metavar="FILE",
+        help="write every engine event (admissions, preemptions, evictions, steps) here as JSON lines",
+    )
     p.set_defaults(func=run_sim)
     from tokenomy.cli import compare_cmd
 
@@ -96,10 +101,12 @@ def config_from_args(args: argparse.Namespace, deployment: str) -> SimConfig:
     return config
 
 
-def run_with_progress(sessions: list[Session], config: SimConfig, slo: SLO, quiet: bool) -> SimResult:
+def run_with_progress(
+    sessions: list[Session], config: SimConfig, slo: SLO, quiet: bool, trace: EventTrace | None = None
+) -> SimResult:
     """Simulate with a progress bar over simulated time (hidden when ``quiet``)."""
     if quiet:
-        return simulate(sessions, config, slo)
+        return simulate(sessions, config, slo, trace=trace)
     horizon = config.horizon_s or max(s.start_s for s in sessions) + 1.0
     with Progress(
         TextColumn(f"[bold]{config.deployment}[/]"),
@@ -109,7 +116,9 @@ def run_with_progress(sessions: list[Session], config: SimConfig, slo: SLO, quie
         transient=True,
     ) as bar:
         task = bar.add_task("sim", total=horizon)
-        result = simulate(sessions, config, slo, progress=lambda t: bar.update(task, completed=min(t, horizon)))
+        result = simulate(
+            sessions, config, slo, progress=lambda t: bar.update(task, completed=min(t, horizon)), trace=trace
+        )
     return result
 
 
@@ -134,11 +143,18 @@ def run_sim(args: argparse.Namespace) -> int:
     console.print(f"workload [bold]{args.workload}[/]: {len(sessions)} sessions, {n_requests} requests")
     summaries: dict[str, Summary] = {}
     payload: dict[str, Any] = {"deployments": {}, "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}}
-    for name in names:
-        config = config_from_args(args, name)
-        result = run_with_progress(sessions, config, slo, args.quiet)
-        summaries[name] = result.summary
-        payload["deployments"][name] = deployment_payload(result.summary, result)
+    trace = open_trace(args.trace_events)
+    try:
+        for name in names:
+            config = config_from_args(args, name)
+            if trace is not None:  # the events that follow, up to the next "run", are this deployment's
+                trace.emit({"t_s": 0.0, "kind": "run", "instance": "", "deployment": name})
+            result = run_with_progress(sessions, config, slo, args.quiet, trace)
+            summaries[name] = result.summary
+            payload["deployments"][name] = deployment_payload(result.summary, result)
+    finally:
+        if trace is not None:
+            trace.close()
     render_table(summaries, console=console, title=f"{args.workload} on {args.model} / {args.gpu}")
     if args.json:
         write_json(args.json, payload)
@@ -146,7 +162,18 @@ def run_sim(args: argparse.Namespace) -> int:
     if args.plot:
         plot_comparison(summaries, args.plot)
         console.print(f"wrote {args.plot}")
+    if trace is not None:
+        console.print(f"wrote {trace.num_events} events to {args.trace_events}")
     return 0
+
+
+def open_trace(path: Path | None) -> JsonlTrace | None:
+    if path is None:
+        return None
+    try:
+        return JsonlTrace(path)
+    except OSError as exc:
+        raise ValueError(f"--trace-events {path}: cannot write: {exc.strerror or exc}") from None
 
 
 __all__ = ["add_cluster_args", "config_from_args", "register", "run_sim", "sessions_from_args"]

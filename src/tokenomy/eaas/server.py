@@ -17,12 +17,11 @@ import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import zmq
 
-from tokenomy.eaas.config import PRESETS, MoEConfig, preset
+from tokenomy.eaas.config import MoEConfig, preset
 from tokenomy.eaas.moe import ExpertWeights, MoEWeights
 from tokenomy.eaas.protocol import (
     Frame,
@@ -35,6 +34,7 @@ from tokenomy.eaas.protocol import (
     peek_request_id,
     split_bundle,
 )
+from tokenomy.eaas.server_args import add_server_args
 
 
 def parse_expert_ids(spec: str) -> list[int]:
@@ -140,14 +140,7 @@ def serve(handler: ExpertHandler, bind: str, out: object = sys.stdout) -> None:
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="python -m tokenomy.eaas.server", description=__doc__)
-    p.add_argument("--bind", default="tcp://127.0.0.1:0", help="tcp://host:port (0 = free port) or ipc://path")
-    p.add_argument("--experts", required=True, help="expert ids to host, e.g. 0-7 or 0,3,5")
-    p.add_argument("--preset", default="deepseek-tiny", help=f"model shape: {', '.join(sorted(PRESETS))}")
-    p.add_argument("--seed", type=int, default=0, help="weights seed (ignored with --weights)")
-    p.add_argument("--weights", type=Path, default=None, help="local safetensors file with the block's weights")
-    p.add_argument("--server-id", default=None, help="name shown in stats (default: from the pid)")
-    return p
+    return add_server_args(parser or argparse.ArgumentParser(prog="python -m tokenomy.eaas.server", description=__doc__))
 
 
 def run_from_args(args: argparse.Namespace) -> int:

@@ -14,9 +14,12 @@ prompt's blocks land in neighbouring slots. Two runs' key ranges overlap with pr
 (runs^2 * blocks per run) / 2^62, the same order as 64-bit hash collisions. Keys are computed
 lazily, a run at a time, only when someone needs them (a lookup or a block that just filled).
 
-A content tuple's chain is memoised process-wide (bounded LRU): it is a pure function of
-``(content, block_size)``, and the router asks every instance about the same content, so
-sharing the work is what keeps prefix-aware routing cheap.
+A content tuple's chain is memoised in a :class:`KeyChainCache` (bounded LRU): it is a pure
+function of ``(content, block_size)``, and the router asks every instance about the same content,
+so sharing the work is what keeps prefix-aware routing cheap. A cache belongs to whoever creates
+it: each engine makes its own unless one is injected (the simulator shares one among the engines
+it drives from one thread). There is no process-wide cache: a threaded server's engines do not
+share mutable state they did not agree to share.
 """
 
 from __future__ import annotations
@@ -104,31 +107,43 @@ class KeyChain:
         self._piece, self._used = piece, used
 
 
-_memo: OrderedDict[tuple[tuple[Segment, ...], int], KeyChain] = OrderedDict()
+class KeyChainCache:
+    """Memoised key chains by ``(content, block_size)``, least recently used dropped first.
 
+    Not thread-safe: share one only among engines driven from one thread.
+    """
 
-_last: tuple[tuple[Segment, ...] | None, int, KeyChain | None] = (None, 0, None)
-"""(content object, block size, chain) of the latest call, replaced as one tuple (atomic to read)."""
+    __slots__ = ("max_entries", "_memo", "_last")
 
+    def __init__(self, max_entries: int = _MEMO_MAX_ENTRIES) -> None:
+        if max_entries < 1:
+            raise ValueError(f"KeyChainCache.max_entries must be >= 1, got {max_entries}")
+        self.max_entries = max_entries
+        self._memo: OrderedDict[tuple[tuple[Segment, ...], int], KeyChain] = OrderedDict()
+        # (content object, block size, chain) of the latest call: the router asks every instance
+        # about the same request in a row, and an identity check skips hashing the tuple.
+        self._last: tuple[tuple[Segment, ...] | None, int, KeyChain | None] = (None, 0, None)
 
-def key_chain(content: tuple[Segment, ...], block_size: int) -> KeyChain:
-    """The (shared, lazily extended) key chain of ``content`` for blocks of ``block_size`` tokens."""
-    global _last
-    last_content, last_size, last_chain = _last
-    if content is last_content and block_size == last_size and last_chain is not None:
-        # The router asks every instance about the same request in a row: skip hashing the tuple.
-        return last_chain
-    memo_key = (content, block_size)
-    chain = _memo.get(memo_key)
-    if chain is None:
-        chain = KeyChain(content, block_size)
-        _memo[memo_key] = chain
-        if len(_memo) > _MEMO_MAX_ENTRIES:
-            _memo.popitem(last=False)
-    else:
-        _memo.move_to_end(memo_key)
-    _last = (content, block_size, chain)
-    return chain
+    def __len__(self) -> int:
+        return len(self._memo)
+
+    def get(self, content: tuple[Segment, ...], block_size: int) -> KeyChain:
+        """The (shared, lazily extended) key chain of ``content`` for blocks of ``block_size`` tokens."""
+        last_content, last_size, last_chain = self._last
+        if content is last_content and block_size == last_size and last_chain is not None:
+            return last_chain
+        memo = self._memo
+        memo_key = (content, block_size)
+        chain = memo.get(memo_key)
+        if chain is None:
+            chain = KeyChain(content, block_size)
+            memo[memo_key] = chain
+            if len(memo) > self.max_entries:
+                memo.popitem(last=False)
+        else:
+            memo.move_to_end(memo_key)
+        self._last = (content, block_size, chain)
+        return chain
 
 
 def unique_key(parent: int, owner_uid: int) -> int:

@@ -35,6 +35,7 @@ class BlockPool:
     __slots__ = (
         "num_blocks",
         "num_free",
+        "num_evicted",
         "ref_cnt",
         "cached",
         "_key",
@@ -49,6 +50,7 @@ class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.num_free = num_blocks
+        self.num_evicted = 0  # cached blocks whose key allocation dropped, ever (read by traces)
         self.ref_cnt: _IntArray = np.zeros(num_blocks, dtype=np.int64)
         self.cached: dict[int, int] = {}
         self._key: _IntArray = np.zeros(num_blocks, dtype=np.int64)  # valid where _has_key
@@ -95,6 +97,7 @@ class BlockPool:
         if self._has_key[block]:
             del self.cached[int(self._key[block])]
             self._has_key[block] = False
+            self.num_evicted += 1
         self.ref_cnt[block] = 1
         self.num_free -= 1
         return block
@@ -129,6 +132,7 @@ class BlockPool:
             for key in self._key[evicted].tolist():
                 del cached[key]
             self._has_key[evicted] = False
+            self.num_evicted += len(evicted)
         self.ref_cnt[blocks] = 1
         self.num_free -= n
         return blocks.tolist()

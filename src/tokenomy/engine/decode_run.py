@@ -22,9 +22,9 @@ from typing import Protocol, runtime_checkable
 from tokenomy.core import StepShape, StepTimeModel
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.kv_manager import KVManager
+from tokenomy.engine.queues import RequestQueues
 from tokenomy.engine.request_state import RequestState
 from tokenomy.engine.results import EngineStats, StepResult
-from tokenomy.engine.scheduler import Scheduler
 
 
 @runtime_checkable
@@ -93,13 +93,13 @@ def sum_in_order(values: list[float], start: float) -> float:
 class DecodeRunner:
     """Plans decode runs for one engine and applies them; it shares the engine's collaborators."""
 
-    __slots__ = ("_config", "_sched", "_kv", "_stats", "_perf", "_run_model")
+    __slots__ = ("_config", "_queues", "_kv", "_stats", "_perf", "_run_model")
 
     def __init__(
-        self, config: EngineConfig, sched: Scheduler, kv: KVManager, stats: EngineStats, perf: StepTimeModel
+        self, config: EngineConfig, queues: RequestQueues, kv: KVManager, stats: EngineStats, perf: StepTimeModel
     ) -> None:
         self._config = config
-        self._sched = sched
+        self._queues = queues
         self._kv = kv
         self._stats = stats
         self._perf = perf
@@ -109,9 +109,9 @@ class DecodeRunner:
     # ---- planning ---------------------------------------------------------------------------
     def plan(self, now: float, max_steps: int) -> DecodeRun | None:
         """The longest run (at most ``max_steps``, at least 2 steps) the engine's state allows, or None."""
-        sched = self._sched
-        running = sched.running
-        if sched.waiting or not running or sched.num_decoding != len(running):
+        queues = self._queues
+        running = queues.running
+        if queues.waiting or not running or queues.num_decoding != len(running):
             return None
         if len(running) > self._config.max_num_batched_tokens:
             return None  # the token budget would leave some decodes out of a step
@@ -166,7 +166,7 @@ class DecodeRunner:
             self._block_events(run, first, stop)
         n = stop - first
         b = run.batch
-        self._sched.decode_context_tokens += b * n
+        self._queues.advance_decodes(b * n)  # the requests' progress is settled at close
         stats = self._stats
         stats.num_generated_tokens += b * n
         stats.num_steps += n

@@ -3,41 +3,69 @@
 Clock-agnostic: every call is given ``now``; the engine never reads a clock nor sleeps, so the
 simulator (virtual clock) and the emulator (wall clock) drive the same object. A step's effects
 are applied when ``step`` returns, and stamped with the step's end time.
+
+Collaborators (one owner per piece of state): :class:`RequestQueues` owns the queues and the load
+counters routers read, :class:`KVManager` the blocks, :class:`Retention` pinned blocks;
+:class:`Scheduler` decides a step, :class:`Updater` and :class:`DecodeRunner` apply steps.
 """
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_right
 
 from tokenomy.core import Request, Role, Segment, StepTimeModel
-from tokenomy.engine.block_keys import key_chain
+from tokenomy.engine.block_keys import KeyChainCache
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.decode_run import DecodeRun, DecodeRunner
 from tokenomy.engine.kv_manager import KVManager
+from tokenomy.engine.queues import RequestQueues
 from tokenomy.engine.request_state import RequestState
 from tokenomy.engine.results import EngineStats, FinishedRequest, StepResult
 from tokenomy.engine.retention import Retention
 from tokenomy.engine.scheduler import Scheduler
+from tokenomy.engine.trace import EventTrace, active
+from tokenomy.engine.tracer import Tracer
 from tokenomy.engine.update import Updater, finished_record
+
+logger = logging.getLogger(__name__)
 
 
 class Engine:
-    """A vLLM-v1-like instance. Satisfies :class:`tokenomy.policy.view.InstanceView`."""
+    """A vLLM-v1-like instance. Satisfies :class:`tokenomy.policy.view.InstanceView`.
+
+    ``key_chains``: where content key chains are memoised; each engine makes its own unless one
+    is given (engines driven from one thread may share one, so a router's lookups on every
+    instance hash a prompt once). ``trace``: where to report events (see
+    :mod:`tokenomy.engine.trace`); None, the default, costs nothing.
+    """
 
     def __init__(
-        self, instance_id: str, config: EngineConfig, perf: StepTimeModel, role: Role = Role.MIXED
+        self,
+        instance_id: str,
+        config: EngineConfig,
+        perf: StepTimeModel,
+        role: Role = Role.MIXED,
+        *,
+        key_chains: KeyChainCache | None = None,
+        trace: EventTrace | None = None,
     ) -> None:
         self._instance_id = instance_id
         self._role = Role(role)
         self.config = config
         self.perf = perf
         self.stats = EngineStats()
-        self._kv = KVManager(config.num_gpu_blocks, config.block_size_tokens, config.enable_prefix_caching)
-        self._sched = Scheduler(config, self._kv, self.stats)
+        self._kv = KVManager(
+            config.num_gpu_blocks, config.block_size_tokens, config.enable_prefix_caching, key_chains
+        )
+        self._queues = RequestQueues()
+        self._sched = Scheduler(config, self._kv, self.stats, self._queues)
         self._requests: dict[str, RequestState] = {}
         self._retention = Retention(self._kv)
-        self._updater = Updater(self._sched, self._kv, self.stats, self._requests, self._retention)
-        self._runner = DecodeRunner(config, self._sched, self._kv, self.stats, perf)
+        self._updater = Updater(self._queues, self._kv, self.stats, self._requests, self._retention)
+        self._runner = DecodeRunner(config, self._queues, self._kv, self.stats, perf)
+        sink = active(trace)
+        self._tracer = Tracer(sink, instance_id) if sink is not None else None
         self._run: DecodeRun | None = None
         self._next_uid = 0
         self._busy_until = float("-inf")
@@ -84,7 +112,7 @@ class Engine:
                 f"request {rid!r}: emitted_tokens must be in [0, max_output_tokens={request.max_output_tokens}), "
                 f"got {emitted_tokens}"
             )
-        chain = key_chain(request.content, self.config.block_size_tokens) if request.content else None
+        chain = self._kv.chains.get(request.content, self.config.block_size_tokens) if request.content else None
         req = RequestState(
             request,
             self._next_uid,
@@ -96,16 +124,9 @@ class Engine:
         self._check_fits(req)
         self._next_uid += 1
         self._requests[rid] = req
-        waiting = self._sched.waiting
-        if continuation:
-            req.continuation = True
-            at = 0
-            while at < len(waiting) and (waiting[at].continuation or waiting[at].num_preemptions):
-                at += 1
-            waiting.insert(at, req)
-        else:
-            waiting.append(req)
-        self._sched.pending_tokens += req.pending_tokens
+        self._queues.enqueue(req, continuation=continuation)
+        if self._tracer is not None:
+            self._tracer.queued(now, request, preloaded_tokens, continuation)
 
     def _check_fits(self, req: RequestState) -> None:
         cfg = self.config
@@ -127,17 +148,12 @@ class Engine:
         req = self._requests.pop(request_id, None)
         if req is None:
             return None
-        sched = self._sched
-        if req in sched.running:
-            sched.running.remove(req)
-        else:
-            sched.waiting.remove(req)
-        if req.decoding:
-            sched.stop_decoding(req)
-        sched.pending_tokens -= req.pending_tokens
-        req.finished = True
+        self._queues.abort(req)
         self._kv.free(req)
-        return finished_record(req, now, aborted=True)
+        record = finished_record(req, now, aborted=True)
+        if self._tracer is not None:
+            self._tracer.finished(record)
+        return record
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
@@ -156,8 +172,18 @@ class Engine:
         self._retention.forget_recent()
         if not self._requests:
             return None
+        tracer = self._tracer
+        evicted0 = self._kv.pool.num_evicted if tracer is not None else 0
         plan = self._sched.schedule()
+        if plan.preempted:
+            logger.debug("%s: preempted %d requests at %.6f", self._instance_id, len(plan.preempted), now)
+        if tracer is not None:
+            tracer.scheduled(now, plan, self._kv.pool.num_evicted - evicted0)
         if not plan.decodes and not plan.prefills:
+            logger.debug(
+                "%s: nothing fits at %.6f (%d waiting, %d free blocks, %d retained)", self._instance_id, now,
+                len(self._queues.waiting), self._kv.pool.num_free, self._retention.num_blocks,
+            )
             return None
         shape = plan.shape()
         duration = self.perf.step_time_s(shape)
@@ -166,31 +192,19 @@ class Engine:
         self._busy_until = now + duration
         self._updater.apply(plan, now + duration, result)
         self.stats.num_steps += 1
+        if tracer is not None:
+            self._trace_step(result)
         return result
 
-    def step_until(self, now: float, until_s: float, max_steps: int = 4096) -> list[StepResult]:
-        """Run back-to-back steps (each starts when the previous ends) from ``now``: a fast path for
-        simulators, identical to calling :meth:`step` repeatedly.
-
-        Stops after the first step that finishes a request (the caller must handle it, e.g. call
-        ``retain``, before the engine moves on), after a step that ends at or past ``until_s``, after
-        ``max_steps`` steps, or when nothing can run. The caller promises that nothing else touches
-        this engine before ``until_s`` (no arrival, abort, release, and no policy reading it), so the
-        steps it runs ahead are the ones single steps would have run. Empty list: nothing to run.
-        """
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-        results: list[StepResult] = []
-        t = now
-        while len(results) < max_steps:
-            result = self.step(t)
-            if result is None:
-                break
-            results.append(result)
-            t = result.start_s + result.duration_s
-            if result.finished or t >= until_s:
-                break
-        return results
+    def _trace_step(self, result: StepResult) -> None:
+        assert self._tracer is not None
+        queues = self._queues
+        self._tracer.step(
+            result.start_s, result.duration_s, result.shape, len(result.emitted), len(queues.running),
+            len(queues.waiting), self._kv.pool.num_free,
+        )
+        for fin in result.finished:
+            self._tracer.finished(fin)
 
     # ---- decode fast-forward ----------------------------------------------------------------
     def plan_decode_run(self, now: float, max_steps: int = 4096) -> DecodeRun | None:
@@ -225,9 +239,23 @@ class Engine:
             raise ValueError("no open decode run")
         if now >= run.next_start_s and run.applied < run.num_steps:
             stop = bisect_right(run.starts, now, run.applied, run.num_steps)
-            self._runner.apply(run, stop)
+            if self._tracer is None:
+                self._runner.apply(run, stop)
+            else:
+                self._apply_traced(run, stop)
             self._busy_until = run.starts[stop]
         return run.applied
+
+    def _apply_traced(self, run: DecodeRun, stop: int) -> None:
+        """Apply the run's steps one at a time, tracing each as :meth:`step` would have."""
+        tracer, pool = self._tracer, self._kv.pool
+        assert tracer is not None
+        for j in range(run.applied, stop):
+            evicted0 = pool.num_evicted
+            self._runner.apply(run, j + 1)
+            (result,) = run.results(j, j + 1)
+            tracer.evicted(result.start_s, pool.num_evicted - evicted0)
+            self._trace_step(result)
 
     def close_decode_run(self, now: float) -> DecodeRun:
         """Advance the open run to ``now`` and end it after its step in progress: the run keeps only
@@ -280,11 +308,11 @@ class Engine:
 
     @property
     def num_running(self) -> int:
-        return len(self._sched.running)
+        return len(self._queues.running)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._sched.waiting)
+        return len(self._queues.waiting)
 
     @property
     def num_waiting_tokens(self) -> int:
@@ -293,15 +321,15 @@ class Engine:
         Waiting requests count their whole context (less preloaded KV): cache hits are only known
         at admission.
         """
-        return self._sched.pending_tokens
+        return self._queues.pending_tokens
 
     @property
     def num_decoding(self) -> int:
-        return self._sched.num_decoding
+        return self._queues.num_decoding
 
     @property
     def decode_context_tokens(self) -> int:
-        return self._sched.decode_context_tokens
+        return self._queues.decode_context_tokens
 
     @property
     def kv_usage(self) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import cast
 
 from tokenomy.core import Segment
-from tokenomy.engine.block_keys import ROOT_KEY, key_chain, unique_key
+from tokenomy.engine.block_keys import ROOT_KEY, KeyChainCache, unique_key
 from tokenomy.engine.block_pool import BlockPool
 from tokenomy.engine.request_state import RequestState
 
@@ -35,14 +35,17 @@ def _cached_run(cached: dict[int, int], keys: list[int], limit: int) -> int:
 
 
 class KVManager:
-    """Paged KV with prefix caching over full blocks."""
+    """Paged KV with prefix caching over full blocks; ``chains`` memoises content key chains."""
 
-    __slots__ = ("pool", "block_size", "caching")
+    __slots__ = ("pool", "block_size", "caching", "chains")
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_caching: bool, chains: KeyChainCache | None = None
+    ) -> None:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.caching = enable_caching
+        self.chains = chains if chains is not None else KeyChainCache()
 
     # ---- keys -------------------------------------------------------------------------------
     def block_key(self, req: RequestState, index: int) -> int:
@@ -100,7 +103,7 @@ class KVManager:
         """Prompt tokens of a request with this content that would hit now (read-only)."""
         if not self.caching or not content or prompt_tokens < 1:
             return 0
-        chain = key_chain(content, self.block_size)
+        chain = self.chains.get(content, self.block_size)
         max_blocks = min((prompt_tokens - 1) // self.block_size, chain.num_full_blocks)
         chain.ensure(max_blocks)
         return _cached_run(self.pool.cached, chain.keys, max_blocks) * self.block_size

@@ -13,11 +13,10 @@ tokens afterwards (``update_from_output``).
 
 from __future__ import annotations
 
-from collections import deque
-
 from tokenomy.core import StepShape
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.kv_manager import KVManager
+from tokenomy.engine.queues import RequestQueues
 from tokenomy.engine.request_state import RequestState
 from tokenomy.engine.results import EngineStats
 
@@ -32,6 +31,7 @@ class SchedulePlan:
         "decodes",
         "prefills",
         "preempted",
+        "admitted",
         "prefill_tokens",
         "prefill_attn_pairs",
         "prefill_context_tokens",
@@ -42,6 +42,7 @@ class SchedulePlan:
         self.decodes: list[RequestState] = []
         self.prefills: list[tuple[RequestState, int]] = []
         self.preempted: list[RequestState] = []
+        self.admitted: list[tuple[RequestState, int]] = []  # (request, prefix-cache hit tokens)
         self.prefill_tokens = 0
         self.prefill_attn_pairs = 0.0
         self.prefill_context_tokens = 0
@@ -63,65 +64,40 @@ class SchedulePlan:
 
 
 class Scheduler:
-    """Queues of one instance plus the counters policies read (kept incrementally, O(1) to read)."""
+    """Decides each step over the instance's queues; changes them only through :class:`RequestQueues`."""
 
-    def __init__(self, config: EngineConfig, kv: KVManager, stats: EngineStats) -> None:
+    def __init__(self, config: EngineConfig, kv: KVManager, stats: EngineStats, queues: RequestQueues) -> None:
         self.config = config
         self.kv = kv
         self.stats = stats
-        self.waiting: deque[RequestState] = deque()
-        self.running: list[RequestState] = []
-        self.num_decoding = 0
-        self.decode_context_tokens = 0  # sum of num_tokens over decoding requests
-        self.pending_tokens = 0  # sum of RequestState.pending_tokens over unfinished requests
+        self.queues = queues
 
-    # ---- counter upkeep ---------------------------------------------------------------------
-    def start_decoding(self, req: RequestState) -> None:
-        self.pending_tokens -= req.pending_tokens
-        req.decoding = True
-        self.num_decoding += 1
-        self.decode_context_tokens += req.num_tokens
-
-    def stop_decoding(self, req: RequestState) -> None:
-        req.decoding = False
-        self.num_decoding -= 1
-        self.decode_context_tokens -= req.num_tokens
-        self.pending_tokens += req.pending_tokens
-
-    def preempt(self, req: RequestState) -> None:
-        """Drop a running request's KV and queue it at the head of waiting (recompute later)."""
-        if req.decoding:
-            self.stop_decoding(req)
-        self.pending_tokens -= req.pending_tokens
+    def _preempt_last(self) -> RequestState:
+        """Preempt the most recently admitted running request and drop its KV (blocks stay cached)."""
+        req = self.queues.preempt_last()
         self.kv.free(req)
-        req.recompute_until = max(req.recompute_until, req.num_computed)
-        req.num_computed = 0
-        req.num_preemptions += 1
         self.stats.num_preemptions += 1
-        self.pending_tokens += req.pending_tokens
-        self.waiting.appendleft(req)
+        return req
 
     # ---- the decision -----------------------------------------------------------------------
     def schedule(self) -> SchedulePlan:
         plan = SchedulePlan()
         budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
-        if self.waiting and not plan.preempted:
+        if self.queues.waiting and not plan.preempted:
             self._schedule_waiting(plan, budget)
         return plan
 
     def _grow_or_preempt(self, req: RequestState, num_tokens_with_kv: int, plan: SchedulePlan) -> bool:
         """Room for the request's next tokens, preempting from the back of running; False if it was itself preempted."""
-        running = self.running
         while not self.kv.grow(req, num_tokens_with_kv):
-            victim = running.pop()
-            self.preempt(victim)
+            victim = self._preempt_last()
             plan.preempted.append(victim)
             if victim is req:
                 return False
         return True
 
     def _schedule_running(self, plan: SchedulePlan, budget: int) -> int:
-        running, decodes = self.running, plan.decodes
+        running, decodes = self.queues.running, plan.decodes
         threshold = self.config.long_prefill_token_threshold
         bs = self.kv.block_size
         dctx = 0
@@ -152,7 +128,8 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, plan: SchedulePlan, budget: int) -> None:
-        cfg, kv, waiting, running = self.config, self.kv, self.waiting, self.running
+        cfg, kv, queues = self.config, self.kv, self.queues
+        waiting, running = queues.waiting, queues.running
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
             if req.admit_blocked is not None and kv.still_blocked(req.admit_blocked, budget):
@@ -171,11 +148,11 @@ class Scheduler:
                 req.admit_blocked = kv.blocked_state(req, len(hits), n, over_budget=False)
                 break
             req.admit_blocked = None
-            waiting.popleft()
-            running.append(req)
+            queues.admit_head()
+            plan.admitted.append((req, hit_tokens))
             self._account_admission(req, hit_tokens, start)
             if n == 1 and start >= req.prompt_tokens and req.num_tokens - start == 1:
-                self.start_decoding(req)
+                queues.start_decoding(req)
                 plan.decodes.append(req)
                 plan.decode_context_tokens += start + 1
             else:
@@ -184,7 +161,6 @@ class Scheduler:
 
     def _account_admission(self, req: RequestState, hit_tokens: int, start: int) -> None:
         """Set the request's progress to ``start`` and split its prompt by origin on first admission."""
-        self.pending_tokens -= req.pending_tokens
         if self.kv.caching:
             self.stats.prefix_cache_queries_tokens += req.num_tokens
             self.stats.prefix_cache_hits_tokens += hit_tokens
@@ -196,10 +172,8 @@ class Scheduler:
             req.recomputed_tokens = prompt - req.cache_hit_tokens - req.transferred_tokens
         elif start > hit_tokens:
             raise AssertionError("a re-admitted request has no preloaded KV")  # preload_credit was reset
-        req.preload_credit = 0
-        req.num_computed = start
+        self.queues.set_progress(req, start)
         self.kv.commit_full_blocks(req)  # preloaded blocks hold real KV: make them findable
-        self.pending_tokens += req.pending_tokens
 
     @staticmethod
     def _add_prefill(plan: SchedulePlan, req: RequestState, n: int) -> None:

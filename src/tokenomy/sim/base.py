@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tokenomy.core import SLO, Request, RequestRecord, Role, TokenUsage
-from tokenomy.engine import Engine, EngineConfig, FinishedRequest, StepResult
+from tokenomy.engine import Engine, EngineConfig, EventTrace, FinishedRequest, KeyChainCache, StepResult
 from tokenomy.perf import PerfModel
 from tokenomy.sim.config import SimConfig
 from tokenomy.sim.instance import SimInstance
@@ -27,6 +27,9 @@ class SimContext:
     slo: SLO = field(default_factory=SLO)
     itl_values: list[float] = field(default_factory=list)
     itl_weights: list[int] = field(default_factory=list)
+    # One thread drives every engine: they share key chains (the router hashes a prompt once).
+    key_chains: KeyChainCache = field(default_factory=KeyChainCache)
+    trace: EventTrace | None = None
     role_perf: dict[Role, PerfModel] = field(default_factory=dict)
     """Per-role step-time models where a role's instances differ from ``perf`` (SimConfig.role_shape)."""
 
@@ -152,7 +155,7 @@ class Deployment(ABC):
             max_num_seqs=max_num_seqs,
             enable_prefix_caching=cfg.enable_prefix_caching,
         )
-        engine = Engine(instance_id, engine_cfg, perf, role=role)
+        engine = Engine(instance_id, engine_cfg, perf, role=role, key_chains=self.ctx.key_chains, trace=self.ctx.trace)
         inst = SimInstance(engine, self.ctx.loop, self._on_step, on_run=self._on_decode_run)
         self.instances.append(inst)
         return inst

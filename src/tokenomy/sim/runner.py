@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tokenomy.core import SLO, Request, RequestRecord, Role, Session, TokenUsage
+from tokenomy.engine import EventTrace
 from tokenomy.metrics import Summary, summarize
 from tokenomy.perf import PerfModel
 from tokenomy.sim import deployments as _deployments  # noqa: F401  (registers the deployments)
@@ -82,10 +83,12 @@ def simulate(
     *,
     perf: PerfModel | None = None,
     progress: ProgressFn | None = None,
+    trace: EventTrace | None = None,
 ) -> SimResult:
     """Simulate ``sessions`` on the deployment ``config`` describes and summarise against ``slo``.
 
-    Deterministic: the same sessions and config give the same records.
+    Deterministic: the same sessions and config give the same records. ``trace`` receives every
+    engine's events (:mod:`tokenomy.engine.trace`), stamped with simulated time.
     """
     wall0 = time.perf_counter()
     perf = perf or PerfModel.from_names(config.model, config.gpu, config.tp)
@@ -95,7 +98,7 @@ def simulate(
                      for role in (Role.PREFILL, Role.DECODE)}
     loop = EventLoop()
     driver = _Driver(loop, sessions)
-    ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done, slo=slo, role_perf=role_perf)
+    ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done, slo=slo, trace=trace, role_perf=role_perf)
     deployment = get_deployment(config.deployment)(ctx)
     driver.deployment = deployment
     driver.start()
