@@ -54,7 +54,7 @@ CASES = {
     "gaia": Case("gaia", 1.0, 300.0, (150.0, 270.0), SLO(ttft_s=2.0, tpot_s=0.1)),
     # Chat at 100 requests/s with interactive SLOs (DistServe's chatbot TTFT bound of 0.25 s and
     # a 25 ms TPOT): loose SLOs let almost every topology meet them, which tests nothing.
-    "chat": Case("chat", 100.0, 45.0, (10.0, 40.0), SLO(ttft_s=0.25, tpot_s=0.025)),
+    "chat": Case("chat", 100.0, 30.0, (5.0, 25.0), SLO(ttft_s=0.25, tpot_s=0.025)),
 }
 
 
@@ -88,7 +88,7 @@ def measure(case: Case, model: str, gpu: str, topo: tuple[int, int, int, int], s
     rec = [r for r in res.records if w0 <= r.arrival_s < w1]
     ttft = [r.first_token_s - r.arrival_s for r in rec if r.first_token_s is not None]
     tpot = [(r.finish_s - r.first_token_s) / (r.output_tokens - 1) for r in rec
-            if r.finished and r.output_tokens > 1 and r.first_token_s is not None]
+            if r.finished and r.output_tokens > 1 and r.first_token_s is not None and r.finish_s is not None]
     met = 0
     for r in rec:
         if r.finished and r.first_token_s is not None and r.finish_s is not None:
@@ -110,20 +110,7 @@ def plan_topology(p: Any) -> tuple[int, int, int, int]:
     return (pools["prefill"].count, pools["prefill"].candidate.tp, pools["decode"].count, pools["decode"].candidate.tp)
 
 
-def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
-    slo = SLO(ttft_s=args.slo_ttft or case.slo.ttft_s, tpot_s=args.slo_tpot or case.slo.tpot_s)
-    topos = topologies(args.gpus)[: args.limit] if args.limit else topologies(args.gpus)
-    print(f"{case.name}: simulating {len(topos)} topologies", file=sys.stderr, flush=True)
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(measure, case, args.model, args.gpu, t, slo) for t in topos]
-        rows = []
-        for i, f in enumerate(futures):
-            rows.append(f.result())
-            print(f"  [{i + 1}/{len(topos)}] {rows[-1]}", file=sys.stderr, flush=True)
-    offered = max(r["offered_rps"] for r in rows)  # what the workload offers when served well
-    sessions = load_workload(case.name, rate_per_s=case.rate, duration_s=max(case.duration_s, 600.0), seed=0)
-    stats = workload_stats(case.name, sessions, case.rate)
-    stats = stats.scaled(offered / stats.request_rate_per_s)
+def _plan(case: Case, stats: Any, sessions: Any, slo: SLO, args: argparse.Namespace) -> tuple[Any, Any, float]:
     request = PlanRequest(args.model, {args.gpu: args.gpus}, slo)  # every mode, every TP: as simulated
     calibration = None
     if not args.no_calibrate:
@@ -132,11 +119,13 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
                                             on_progress=lambda m: print(m, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     chosen = plan(stats, request, calibration)
-    plan_s = time.perf_counter() - t0
+    return chosen, calibration, time.perf_counter() - t0
+
+
+def _result(chosen: Any, rows: list[dict[str, Any]], slo: SLO, offered: float, plan_s: float,
+            calibration: Any, total: int) -> dict[str, Any]:
     topo = plan_topology(chosen)
     by_topo = {tuple(r["topology"]): r for r in rows}
-    if topo not in by_topo:  # the plan leaves GPUs idle: simulate it as well
-        by_topo[topo] = measure(case, args.model, args.gpu, topo, slo)
     mine = by_topo[topo]
     best = max(by_topo.values(), key=lambda r: r["goodput_rps"])
     _, metric, p95_pred = chosen.bottleneck()
@@ -150,8 +139,42 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}, "binding": chosen.binding,
         "runner_up": [[o.candidate.role, o.candidate.tp, o.count] for o in chosen.runner_up.chosen]
         if chosen.runner_up else None, "planned_request_rps": offered, "plan_s": round(plan_s, 3),
+        "topologies_simulated": len(by_topo), "topologies_total": total,
         "calibration": calibration, "simulated": sorted(by_topo.values(), key=lambda r: -r["goodput_rps"]),
     }
+
+
+def run_case(case: Case, args: argparse.Namespace, on_partial: Any) -> dict[str, Any]:
+    """Simulate every topology and the plan. For single-turn workloads the offered rate is the
+    session rate, so the plan is made first, simulated first, and a partial result is written
+    after every simulation; multi-turn workloads are planned at the rate the simulations offered."""
+    slo = SLO(ttft_s=args.slo_ttft or case.slo.ttft_s, tpot_s=args.slo_tpot or case.slo.tpot_s)
+    topos = topologies(args.gpus)[: args.limit] if args.limit else topologies(args.gpus)
+    total = len(topos)
+    sessions = load_workload(case.name, rate_per_s=case.rate, duration_s=max(case.duration_s, 600.0), seed=0)
+    stats = workload_stats(case.name, sessions, case.rate)
+    chosen = None
+    if all(len(s.turns) == 1 for s in sessions):
+        offered = stats.request_rate_per_s
+        chosen, calibration, plan_s = _plan(case, stats, sessions, slo, args)
+        first = plan_topology(chosen)
+        topos = [first] + [t for t in topos if t != first]
+        total = len(topos)
+    print(f"{case.name}: simulating {len(topos)} topologies", file=sys.stderr, flush=True)
+    rows: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        futures = [pool.submit(measure, case, args.model, args.gpu, t, slo) for t in topos]
+        for i, f in enumerate(futures):
+            rows.append(f.result())
+            print(f"  [{i + 1}/{len(topos)}] {rows[-1]}", file=sys.stderr, flush=True)
+            if chosen is not None:
+                on_partial(_result(chosen, rows, slo, offered, plan_s, calibration, total))
+    if chosen is None:
+        offered = max(r["offered_rps"] for r in rows)  # what the workload offers when served well
+        chosen, calibration, plan_s = _plan(case, stats.scaled(offered / stats.request_rate_per_s), sessions, slo, args)
+        if plan_topology(chosen) not in {tuple(r["topology"]) for r in rows}:  # GPUs left idle: simulate it too
+            rows.append(measure(case, args.model, args.gpu, plan_topology(chosen), slo))
+    return _result(chosen, rows, slo, offered, plan_s, calibration, total)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out: dict[str, Any] = {"gpus": args.gpus, "gpu": args.gpu, "model": args.model, "workloads": {}}
     for name in (n.strip() for n in args.workloads.split(",") if n.strip()):
-        res = run_case(CASES[name], args)
+        def partial(res: dict[str, Any], name: str = name) -> None:
+            out["workloads"][name] = res
+            args.json.write_text(json.dumps(out, indent=1))
+
+        res = run_case(CASES[name], args, partial)
         out["workloads"][name] = res
         print(f"{name}: plan {res['plan_topology']} goodput {res['plan_goodput']:.2f}/s, best {res['best_topology']} "
               f"{res['best_goodput']:.2f}/s, ratio {res['ratio']}; {res['bottleneck']} P95 predicted "
