@@ -100,6 +100,9 @@ def add_experiment_args(p: argparse.ArgumentParser, *, default_deployments: str)
                    help=f"engine batch limit (default: {_C.max_num_seqs})")
     c.add_argument("--horizon", type=_number(strict=True), default=None,
                    help="stop the clock here; unfinished requests miss the SLO (default: run until drained)")
+    c.add_argument("--plan", type=Path, default=None,
+                   help="a plan file from `tokenomy plan --out`: its topology replaces the cluster and "
+                   "deployment flags (default: none)")
     s = p.add_argument_group("SLO")
     s.add_argument("--slo-ttft", type=_number(strict=True), default=None,
                    help=f"TTFT bound, seconds (default: {_S.ttft_s:g})")
@@ -143,6 +146,17 @@ def _given(args: argparse.Namespace, pairs: dict[str, str]) -> dict[str, Any]:
     return {field: getattr(args, flag) for flag, field in pairs.items() if getattr(args, flag, None) is not None}
 
 
+def _apply_plan(path: Path, spec: ExperimentSpec) -> ExperimentSpec:
+    """``spec`` running the topology of the plan file at ``path`` (one deployment at its own split)."""
+    from tokenomy.plan.planfile import deployment_label, sim_overrides
+
+    o = sim_overrides(path)
+    shape = {k: o[k] for k in ("model", "gpu", "tp", "instances", "prefill_tp", "decode_tp", "prefill_gpu",
+                               "decode_gpu") if k in o}
+    return replace(spec, cluster=replace(spec.cluster, **shape), fixed_split=None, splits="fixed",
+                   deployments=_deployments(deployment_label(path)))
+
+
 def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
     """The experiment the flags (and ``--spec``) describe. Raises ValueError naming the flag at fault."""
     base = load_spec(args.spec) if args.spec else ExperimentSpec(
@@ -165,6 +179,8 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
                              "every deployment runs on the same GPUs")
         fixed = (prefill, decode)
     rates = parse_rates(args.rates) if getattr(args, "rates", None) is not None else base.rates
+    if getattr(args, "plan", None) is not None:
+        return _apply_plan(args.plan, replace(base, workload=workload, cluster=cluster, slo=slo, rates=rates))
     return replace(
         base, workload=workload, cluster=cluster, slo=slo, fixed_split=fixed, rates=rates,
         deployments=_deployments(args.deployments) if args.deployments is not None else base.deployments,

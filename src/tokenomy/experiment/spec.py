@@ -71,8 +71,18 @@ class ClusterSpec:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     horizon_s: float | None = None
+    # A disaggregated deployment's roles may have their own shape (a planner's heterogeneous pools,
+    # `tokenomy plan`); None: ``tp`` and ``gpu``.
+    prefill_tp: int | None = None
+    decode_tp: int | None = None
+    prefill_gpu: str | None = None
+    decode_gpu: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("prefill_tp", "decode_tp"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"cluster {name} must be >= 1, got {v}")
         for name in ("tp", "instances", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"cluster {name} must be >= 1, got {getattr(self, name)}")
@@ -186,7 +196,8 @@ class ExperimentSpec:
         base = SimConfig(
             model=c.model, gpu=c.gpu, tp=c.tp, instances=c.instances, prefill=prefill, decode=decode,
             router=c.router, max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
-            horizon_s=c.horizon_s,
+            horizon_s=c.horizon_s, prefill_tp=c.prefill_tp, decode_tp=c.decode_tp,
+            prefill_gpu=c.prefill_gpu, decode_gpu=c.decode_gpu,
         )
         config = make_variant(dep.name, base)
         return replace(config, router=dep.router) if dep.router else config

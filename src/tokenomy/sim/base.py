@@ -33,6 +33,8 @@ class SimContext:
     key_chains: KeyChainCache = field(default_factory=KeyChainCache)
     trace: EventTrace | None = None
     decision_trace: TraceSink | None = None  # receives every policy decision (tokenomy.policy.trace)
+    role_perf: dict[Role, PerfModel] = field(default_factory=dict)
+    """Per-role step-time models where a role's instances differ from ``perf`` (SimConfig.role_shape)."""
 
 
 def usage_of(request: Request, prefill_side: FinishedRequest, output_tokens: int, extra_preempted: int = 0) -> TokenUsage:
@@ -148,16 +150,15 @@ class Deployment(ABC):
     def _make_instance(self, instance_id: str, role: Role, max_num_batched_tokens: int | None = None) -> SimInstance:
         cfg = self.ctx.config
         max_num_seqs = cfg.decode_max_num_seqs if role is Role.DECODE else cfg.max_num_seqs
+        perf = self.ctx.role_perf.get(role, self.ctx.perf)
         engine_cfg = EngineConfig(
-            num_gpu_blocks=self.ctx.perf.num_kv_blocks(cfg.block_size_tokens, cfg.gpu_memory_utilization),
+            num_gpu_blocks=perf.num_kv_blocks(cfg.block_size_tokens, cfg.gpu_memory_utilization),
             block_size_tokens=cfg.block_size_tokens,
             max_num_batched_tokens=max_num_batched_tokens or cfg.max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             enable_prefix_caching=cfg.enable_prefix_caching,
         )
-        engine = Engine(
-            instance_id, engine_cfg, self.ctx.perf, role=role, key_chains=self.ctx.key_chains, trace=self.ctx.trace
-        )
+        engine = Engine(instance_id, engine_cfg, perf, role=role, key_chains=self.ctx.key_chains, trace=self.ctx.trace)
         inst = SimInstance(engine, self.ctx.loop, self._on_step, on_run=self._on_decode_run)
         self.instances.append(inst)
         return inst
@@ -182,7 +183,12 @@ class Deployment(ABC):
 
     @property
     def num_gpus(self) -> int:
-        return len(self.instances) * self.ctx.config.tp
+        return sum(self.gpus_of(inst) for inst in self.instances)
+
+    def gpus_of(self, instance: SimInstance) -> int:
+        """GPUs one instance spans."""
+        perf = instance.engine.perf
+        return perf.tp if isinstance(perf, PerfModel) else self.ctx.config.tp
 
     @abstractmethod
     def submit(self, request: Request, now: float) -> None:

@@ -53,6 +53,9 @@ class SimConfig:
     then are recorded as unfinished (default: no cut, run until drained). ``host_kv_tier`` gives
     colocated and disaggregated deployments the host KV tier, PCIe model and retention policies
     of AMPD (``ampd``'s retention config and host memory), for fair comparisons.
+    ``prefill_tp``/``prefill_gpu`` and ``decode_tp``/``decode_gpu`` give a disaggregated
+    deployment's roles their own instance shape (default: ``tp`` and ``gpu``); only ``disagg``
+    runs them (a planner's heterogeneous pools).
     """
 
     deployment: str = "colocated"
@@ -73,6 +76,10 @@ class SimConfig:
     link_bytes_per_s: float | None = None
     horizon_s: float | None = None
     host_kv_tier: bool = False  # baselines: AMPD's host KV tier and retention policies (LMCache-style)
+    prefill_tp: int | None = None
+    decode_tp: int | None = None
+    prefill_gpu: str | None = None
+    decode_gpu: str | None = None
     ampd: AMPDOptions = field(default_factory=AMPDOptions)
 
     def __post_init__(self) -> None:
@@ -86,3 +93,22 @@ class SimConfig:
             raise ValueError(f"link_bytes_per_s must be positive, got {self.link_bytes_per_s}")
         if self.horizon_s is not None and self.horizon_s <= 0:
             raise ValueError(f"horizon_s must be positive, got {self.horizon_s}")
+        for name in ("prefill_tp", "decode_tp"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.has_role_shapes and self.deployment != "disagg":
+            raise ValueError(f"per-role tp/gpu are supported by the disagg deployment only, not {self.deployment!r}")
+
+    @property
+    def has_role_shapes(self) -> bool:
+        """Whether a role's instances differ from ``tp``/``gpu`` (see the class docstring)."""
+        shapes = (self.prefill_tp, self.decode_tp, self.prefill_gpu, self.decode_gpu)
+        return any(v is not None for v in shapes)
+
+    def role_shape(self, role: str) -> tuple[str, int]:
+        """``(gpu, tp)`` of a ``"prefill"`` or ``"decode"`` instance."""
+        if role == "prefill":
+            return self.prefill_gpu or self.gpu, self.prefill_tp or self.tp
+        if role == "decode":
+            return self.decode_gpu or self.gpu, self.decode_tp or self.tp
+        raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tokenomy.core import SLO, Request, RequestRecord, Session, TokenUsage
+from tokenomy.core import SLO, Request, RequestRecord, Role, Session, TokenUsage
 from tokenomy.engine import EventTrace
 from tokenomy.metrics import Summary, summarize
 from tokenomy.metrics.window import busy_window_s, span_s
@@ -99,10 +99,14 @@ def simulate(
     """
     wall0 = time.perf_counter()
     perf = perf or PerfModel.from_names(config.model, config.gpu, config.tp)
+    role_perf = {}
+    if config.has_role_shapes:
+        role_perf = {role: PerfModel.from_names(config.model, *config.role_shape(role.value))
+                     for role in (Role.PREFILL, Role.DECODE)}
     loop = EventLoop()
     driver = _Driver(loop, sessions)
     ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done, slo=slo, trace=trace,
-                     decision_trace=decision_trace)
+                     decision_trace=decision_trace, role_perf=role_perf)
     deployment = get_deployment(config.deployment)(ctx)
     driver.deployment = deployment
     driver.start()
@@ -122,9 +126,9 @@ def simulate(
         slo=slo,
         duration_s=window,
         num_gpus=deployment.num_gpus,
-        usd_per_gpu_hour=perf.gpu.usd_per_gpu_hour,
+        usd_per_gpu_hour=_gpu_weighted(deployment, perf, "usd_per_gpu_hour") / deployment.num_gpus,
         total_flops=sum(i.flops for i in deployment.instances),
-        peak_flops_per_s=perf.gpu.bf16_flops_per_s * deployment.num_gpus,
+        peak_flops_per_s=_gpu_weighted(deployment, perf, "bf16_flops_per_s"),
         itl_values=ctx.itl_values,
         itl_weights=ctx.itl_weights,
         rejected=driver.rejected,
@@ -140,6 +144,15 @@ def simulate(
         num_gpus=deployment.num_gpus,
         instance_busy_s={i.instance_id: i.busy_s for i in deployment.instances},
     )
+
+
+def _gpu_weighted(deployment: Deployment, perf: PerfModel, field_name: str) -> float:
+    """Sum over the deployment's GPUs of a GPUSpec field (instances may run on different GPUs)."""
+    total = 0.0
+    for inst in deployment.instances:
+        gpu = inst.engine.perf.gpu if isinstance(inst.engine.perf, PerfModel) else perf.gpu
+        total += deployment.gpus_of(inst) * getattr(gpu, field_name)
+    return total
 
 
 def _unfinished(request: Request) -> RequestRecord:

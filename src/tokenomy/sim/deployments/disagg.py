@@ -42,9 +42,13 @@ def inbound_links(ctx: SimContext, instances: list[SimInstance]) -> dict[str, KV
     bandwidth is the config's or the GPU's inter-node link times TP; each transfer pays the
     perf model's setup latency (so a lone transfer takes exactly ``perf.kv_transfer_time_s``)."""
     cfg = ctx.config
-    bw = cfg.link_bytes_per_s or ctx.perf.gpu.inter_node_bytes_per_s * cfg.tp
     setup = ctx.perf.coeffs.kv_transfer_setup_s
-    return {inst.instance_id: KVLink(bytes_per_s=bw, latency_s=setup) for inst in instances}
+    links = {}
+    for inst in instances:
+        perf = ctx.role_perf.get(inst.engine.role, ctx.perf)
+        bw = cfg.link_bytes_per_s or perf.gpu.inter_node_bytes_per_s * perf.tp
+        links[inst.instance_id] = KVLink(bytes_per_s=bw, latency_s=setup)
+    return links
 
 
 @register_deployment
@@ -102,7 +106,7 @@ class Disaggregated(Deployment):
             self._finish(_Prefilled(request, fin, instance.instance_id), None, instance.instance_id)
             return
         target = self._decode_router.choose(request, self._decode_views, now)
-        kv_bytes = request.prompt_tokens * self.ctx.perf.kv_bytes_per_token
+        kv_bytes = request.prompt_tokens * self.ctx.role_perf.get(Role.DECODE, self.ctx.perf).kv_bytes_per_token
         arrive = self._links[target].transfer(now, kv_bytes)
         state = _Prefilled(request, fin, instance.instance_id)
         self._in_transfer[request.request_id] = state

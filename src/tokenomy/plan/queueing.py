@@ -1,0 +1,201 @@
+"""Latency of one instance at a given load, from the perf model and a queueing approximation.
+
+Every workload sample is priced by :class:`~tokenomy.perf.PerfModel`; the queueing layer is:
+
+* **Prefill** (and the prefill side of a mixed instance): M/G/1, FCFS. The mean wait is
+  Pollaczek-Khinchine's ``E[W] = lambda E[S^2] / (2 (1 - rho))``; its tail is taken
+  exponential given that a request waits at all (probability ``rho``), as in M/M/1:
+  ``P(W > t) = rho exp(-t rho / E[W])``. TTFT P95 is the 95th percentile of
+  ``W + S + transfer`` over the samples (W drawn from that tail with fixed random numbers,
+  so the answer is deterministic). Batching several queued prompts into one step makes a
+  real prefill instance a little faster than this single-server view at high load; the
+  calibration factor absorbs it.
+* **Decode**: Little's law for the running batch, ``B = lambda E[output - 1] T(B)`` with
+  ``T`` the perf model's decode step at the batch's output-weighted mean context, solved by
+  fixed-point iteration; the batch fluctuates like an M/G/inf population, so its P95 is
+  ``B + 1.645 sqrt(B)``. TPOT P95 is ``T`` at that batch. The running KV at the mean batch
+  must stay under ``RHO_MAX`` of the capacity (above it requests queue for KV without bound;
+  at the P95 batch they wait briefly for admission, which the calibration factor absorbs),
+  and the P95 batch within ``decode_max_num_seqs``.
+* **Mixed** (chunked prefill): a step carries the decode batch and prefill chunks, so the
+  step stretches to ``T_dec(B) / (1 - rho_prefill)``; a prompt's service is its prefill time
+  plus one decode step per chunk.
+
+Loads above ``RHO_MAX`` are refused (P95 grows without bound as ``rho -> 1``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenomy.core.step import StepShape
+from tokenomy.perf import PerfModel
+from tokenomy.plan.stats import WorkloadStats
+
+RHO_MAX = 0.95
+"""Highest utilisation the planner accepts for a queue (a labelled default: headroom)."""
+
+Z_95 = 1.645
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One instance's predicted P95s at a load (None where the role has no such latency).
+
+    ``utilization`` is the busy fraction of the instance's binding resource (compute for
+    prefill; the larger of KV and batch slots for decode); ``kv_utilization`` is the running
+    KV at the P95 batch over the KV capacity. ``feasible`` is False when the load cannot be
+    carried at all, with ``reason`` in words.
+    """
+
+    ttft_p95_s: float | None
+    tpot_p95_s: float | None
+    utilization: float
+    kv_utilization: float
+    batch: float
+    feasible: bool
+    reason: str = ""
+
+
+def _infeasible(reason: str, utilization: float = math.inf, kv: float = 0.0) -> Prediction:
+    return Prediction(None, None, utilization, kv, 0.0, False, reason)
+
+
+def prefill_seconds(perf: PerfModel, new_tokens: int, cached_tokens: int, budget_tokens: int) -> float:
+    """Time to prefill ``new_tokens`` after ``cached_tokens`` of prefix, in chunks of ``budget_tokens``."""
+    total, done = 0.0, 0
+    while done < new_tokens:
+        chunk = min(budget_tokens, new_tokens - done)
+        total += perf.prefill_time_s(chunk, cached_tokens + done)
+        done += chunk
+    return total
+
+
+class InstanceModel:
+    """Prices one instance shape (``perf``) for one workload; see the module docstring.
+
+    ``role`` is ``"prefill"``, ``"decode"`` or ``"mixed"``. ``kv_capacity_tokens`` raises the
+    perf model's ``ValueError`` when the weights do not fit.
+    """
+
+    def __init__(self, role: str, perf: PerfModel, stats: WorkloadStats, *, max_num_batched_tokens: int,
+                 max_num_seqs: int, gpu_memory_utilization: float) -> None:
+        if role not in ("prefill", "decode", "mixed"):
+            raise ValueError(f"role must be prefill, decode or mixed, got {role!r}")
+        self.role, self.perf, self.stats = role, perf, stats
+        self.max_num_seqs = max_num_seqs
+        self.budget = max_num_batched_tokens
+        self.kv_capacity_tokens = perf.kv_capacity_tokens(gpu_memory_utilization)
+        prompt, out = stats.prompt_tokens, stats.output_tokens
+        rng = np.random.default_rng(0)
+        self._u, self._v = rng.random(len(prompt)), rng.random(len(prompt))
+        cached = stats.cached_disagg_tokens if role == "prefill" else stats.cached_mixed_tokens
+        if role != "decode":
+            hit = [prefill_seconds(perf, int(p - c), int(c), self.budget) for p, c in zip(prompt, cached, strict=True)]
+            miss = [prefill_seconds(perf, int(p), 0, self.budget) for p in prompt]
+            self._s_hit, self._s_miss = np.asarray(hit), np.asarray(miss)
+            self._chunks = np.ceil(np.maximum(prompt - cached, 1) / self.budget)
+            self._parked_kv = stats.parked_kv_tokens
+        if role == "prefill":
+            self._transfer = np.asarray([perf.kv_transfer_time_s(int(p)) for p in prompt])
+        steps = np.maximum(out - 1, 0).astype(float)
+        self._steps_mean = float(steps.mean())
+        # Output-weighted mean context of a running sequence (long answers are in the batch longer).
+        self._ctx = float((steps * (prompt + out / 2)).sum() / max(steps.sum(), 1.0))
+        self.tpot_factor = 1.0
+        self.ttft_factor = 1.0
+
+    # --- building blocks ---------------------------------------------------------------
+    def decode_step_s(self, batch: float) -> float:
+        b = max(1, round(batch))
+        return self.perf.step_time_s(StepShape(decode_seqs=b, decode_context_tokens=round(b * self._ctx)))
+
+    def _service(self, hit: float) -> np.ndarray:
+        return hit * self._s_hit + (1.0 - hit) * self._s_miss
+
+    def _mg1_p95(self, rate: float, service: np.ndarray, extra: np.ndarray | float) -> float | None:
+        rho = rate * float(service.mean())
+        if rho >= RHO_MAX:
+            return None
+        wait = np.zeros_like(service)
+        if rho > 0:
+            mean_wait = rate * float((service**2).mean()) / (2.0 * (1.0 - rho))
+            wait = np.where(self._u < rho, -np.log(1.0 - self._v) * mean_wait / rho, 0.0)
+        return float(np.percentile(wait + service + extra, 95))
+
+    def _batch(self, rate: float, stretch: float = 1.0) -> tuple[float, str]:
+        """Mean running batch solving ``B = rate E[steps] T(B) stretch``, and ``""`` or why it
+        has no solution: the batch outgrows the KV (checked first: it overflows before the
+        slot limit when contexts are long) or ``max_num_seqs``."""
+        t = self.decode_step_s(1) * stretch
+        for _ in range(200):
+            b = rate * self._steps_mean * t
+            if b * self._ctx > self.kv_capacity_tokens:
+                return b, "kv"
+            if b > self.max_num_seqs:
+                return b, "seqs"
+            t_new = self.decode_step_s(b) * stretch
+            if abs(t_new - t) < 1e-9:
+                break
+            t = t_new
+        return rate * self._steps_mean * t, ""
+
+    def hit_fraction(self, pool_instances: int) -> float:
+        """Share of cached prefixes still cached, when ``pool_instances`` hold the parked sessions' KV."""
+        if self.role == "decode" or self._parked_kv <= 0:
+            return 1.0
+        return min(1.0, pool_instances * self.kv_capacity_tokens / self._parked_kv)
+
+    # --- the prediction ------------------------------------------------------------------
+    def predict(self, rate_per_s: float, hit: float = 1.0) -> Prediction:
+        """P95s of one instance receiving ``rate_per_s`` requests per second (Poisson)."""
+        if self.role == "prefill":
+            service = self._service(hit)
+            p95 = self._mg1_p95(rate_per_s, service, self._transfer)
+            util = rate_per_s * float(service.mean())
+            if p95 is None:
+                return _infeasible(f"prefill compute saturated ({util:.0%} busy)", util)
+            return Prediction(p95 * self.ttft_factor, None, util, 0.0, 0.0, True)
+        if self.role == "decode":
+            return self._predict_decode(rate_per_s, 1.0)
+        service = self._service(hit)
+        rho_p = rate_per_s * float(service.mean())
+        if rho_p >= RHO_MAX:
+            return _infeasible(f"prefill share saturated ({rho_p:.0%} busy)", rho_p)
+        dec = self._predict_decode(rate_per_s, 1.0 / (1.0 - rho_p))
+        if not dec.feasible:
+            return dec
+        stretched = service + self._chunks * self.decode_step_s(dec.batch)
+        ttft = self._mg1_p95(rate_per_s, stretched, 0.0)
+        if ttft is None:
+            return _infeasible("prefill queue saturated by decode steps", rate_per_s * float(stretched.mean()))
+        util = max(rate_per_s * float(stretched.mean()), dec.utilization)
+        return Prediction(ttft * self.ttft_factor, dec.tpot_p95_s, util, dec.kv_utilization, dec.batch, True)
+
+    def _predict_decode(self, rate: float, stretch: float) -> Prediction:
+        batch, over = self._batch(rate, stretch)
+        if over == "kv":
+            return _infeasible("decode KV overflows (the running batch outgrows it)", math.inf, math.inf)
+        if over:
+            return _infeasible(f"decode batch above max_num_seqs={self.max_num_seqs}")
+        hi = batch + Z_95 * math.sqrt(batch)
+        kv = hi * self._ctx / self.kv_capacity_tokens
+        kv_mean = batch * self._ctx / self.kv_capacity_tokens
+        if kv_mean > RHO_MAX:
+            return _infeasible(f"decode KV overflows ({kv_mean:.0%} of capacity at the mean batch)", kv, kv)
+        if hi > self.max_num_seqs:
+            return _infeasible(f"decode batch above max_num_seqs={self.max_num_seqs}", hi / self.max_num_seqs, kv)
+        tpot = self.decode_step_s(hi) * stretch * self.tpot_factor
+        return Prediction(None, tpot, max(kv, hi / self.max_num_seqs), kv, batch, True)
+
+    def zero_load(self) -> Prediction:
+        """P95s with no queueing and a batch of one: the physical minimum of this shape."""
+        if self.role == "decode":
+            return Prediction(None, self.decode_step_s(1), 0.0, 0.0, 1.0, True)
+        extra = self._transfer if self.role == "prefill" else 0.0
+        ttft = float(np.percentile(self._s_hit + extra, 95))
+        tpot = self.decode_step_s(1) if self.role == "mixed" else None
+        return Prediction(ttft, tpot, 0.0, 0.0, 1.0, True)
