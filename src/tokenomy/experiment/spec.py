@@ -196,10 +196,13 @@ class ExperimentSpec:
         base = SimConfig(
             model=c.model, gpu=c.gpu, tp=c.tp, instances=c.instances, prefill=prefill, decode=decode,
             router=c.router, max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
-            horizon_s=c.horizon_s, prefill_tp=c.prefill_tp, decode_tp=c.decode_tp,
-            prefill_gpu=c.prefill_gpu, decode_gpu=c.decode_gpu,
+            horizon_s=c.horizon_s,
         )
         config = make_variant(dep.name, base)
+        shapes = {k: getattr(c, k) for k in ("prefill_tp", "decode_tp", "prefill_gpu", "decode_gpu")
+                  if getattr(c, k) is not None}
+        if shapes:  # after the variant: SimConfig refuses role shapes on a non-disaggregated deployment
+            config = replace(config, **shapes)
         return replace(config, router=dep.router) if dep.router else config
 
     def to_dict(self) -> dict[str, Any]:
