@@ -22,6 +22,7 @@ def run(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     (["--max-num-seqs", "0"], "--max-num-seqs"),
     (["--time-scale", "0"], "--time-scale"),
     (["--tokenizer", "/nonexistent/tokenizer.json"], "--tokenizer"),
+    (["--trace-events", "/nonexistent/dir/events.jsonl"], "--trace-events"),
 ])
 def test_bad_flags_exit_2_with_one_line(run, capsys: pytest.CaptureFixture[str], args: list[str],  # type: ignore[no-untyped-def]
                                         needle: str, tmp_path: Path) -> None:

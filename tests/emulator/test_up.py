@@ -44,10 +44,10 @@ def _wait_gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-def _start_up(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], dict]:
+def _start_up(tmp_path: Path, *args: str, own_group: bool = False) -> tuple[subprocess.Popen[bytes], dict]:
     out = tmp_path / "cluster.json"
     proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.up_cmd", *args, "--json", str(out)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=own_group)
     deadline = time.monotonic() + 90
     while not out.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -78,6 +78,8 @@ def test_cluster_file_errors_name_the_file_and_key(
     bad.write_text("pools:\n  - role: decode\n    engine: {max_num_seq: 3}\n")
     assert main(["up", str(bad)]) == 2
     assert "unknown engine key(s) max_num_seq" in capsys.readouterr().err
+    assert main(["up", "--json", str(tmp_path / "no" / "such.json")]) == 2
+    assert "--json" in capsys.readouterr().err
     base = free_port_base(1)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", base))
@@ -115,10 +117,21 @@ def test_eight_instances_serve_and_stop_cleanly_on_sigterm(tmp_path: Path) -> No
 
 
 @pytest.mark.integration
-def test_instances_die_with_a_killed_up(tmp_path: Path) -> None:
-    proc, listing = _start_up(tmp_path, "--instances", "2", "--port-base", str(free_port_base(2)))
-    children = _children(proc.pid)
-    assert len(children) == 2
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert _wait_gone(children) == []
+@pytest.mark.parametrize("how", ["sigkill-up-only", "ctrl-c-to-the-group"])
+def test_no_orphans_when_up_is_killed_or_interrupted(tmp_path: Path, how: str) -> None:
+    proc, listing = _start_up(tmp_path, "--instances", "2", "--port-base", str(free_port_base(2)),
+                              own_group=True)
+    try:
+        children = _children(proc.pid)
+        assert len(children) == 2
+        if how == "sigkill-up-only":
+            os.kill(proc.pid, signal.SIGKILL)  # the kernel's parent-death signal stops the children
+        else:
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+            assert proc.wait(15) == 0
+        proc.wait(15)
+        assert _wait_gone(children) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -51,6 +51,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per modelled second (0.1: 10x faster)")
     g.add_argument("--max-lag-ms", type=float, default=DEFAULT_MAX_LAG_S * 1e3,
                    help="how far the wall clock may fall behind the model before it re-anchors")
+    g.add_argument("--trace-events", type=Path, default=None, metavar="FILE",
+                   help="write the engine's events (admissions, preemptions, evictions, steps) as JSON lines")
     g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -62,7 +64,8 @@ def config_from_args(args: argparse.Namespace, *, port: int, instance_id: str) -
         max_num_seqs=default_max_num_seqs(Role(args.role)) if args.max_num_seqs is None else args.max_num_seqs,
         block_size_tokens=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
         num_gpu_blocks=args.num_gpu_blocks, enable_prefix_caching=not args.no_prefix_caching,
-        max_model_len=args.max_model_len, tokenizer=args.tokenizer, eos_mean_tokens=args.eos_mean_tokens,
+        max_model_len=args.max_model_len, tokenizer=args.tokenizer, trace_events=args.trace_events,
+        eos_mean_tokens=args.eos_mean_tokens,
         kv_release_timeout_s=args.kv_release_timeout,
         link_bytes_per_s=None if args.link_gbps is None else args.link_gbps * 1e9,
         time_scale=args.time_scale, max_lag_s=args.max_lag_ms / 1e3, host=args.host, port=port,
@@ -90,6 +93,12 @@ def validate(config: EmulatorConfig) -> None:
         from tokenomy.emulator.tokenizer import load_tokenizer
 
         load_tokenizer(config.tokenizer)
+    if config.trace_events is not None:
+        try:
+            with open(config.trace_events, "a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            raise CLIError(f"--trace-events {config.trace_events}: cannot write: {exc.strerror or exc}") from None
     del engine
 
 

@@ -72,6 +72,8 @@ def listing(instances: list[Instance]) -> dict[str, Any]:
 def run_up(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     instances = expand(spec, args.port_base)
+    if args.json not in (None, "-") and not Path(args.json).resolve().parent.is_dir():
+        raise CLIError(f"--json {args.json}: no such directory")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

@@ -31,6 +31,7 @@ ENGINE_KEYS = frozenset({
     "no_prefix_caching", "max_model_len", "link_gbps", "served_model_name", "tokenizer", "eos_mean_tokens",
     "kv_release_timeout", "time_scale", "max_lag_ms",
 })
+# (No ``trace_events`` here: every instance would write the same file.)
 """Keys allowed under ``engine``: the flags of ``tokenomy emulate`` (dashes as underscores)."""
 
 

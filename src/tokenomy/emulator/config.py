@@ -41,6 +41,8 @@ class EmulatorConfig:
 
     Engine knobs mirror ``tokenomy sim`` (``max_num_batched_tokens``, ``max_num_seqs``,
     ``block_size_tokens``, ``gpu_memory_utilization``, ``enable_prefix_caching``).
+    ``trace_events``: write the engine's event trace there as JSON lines (``t_s`` in modelled
+    seconds since the server started), as ``tokenomy sim --trace-events`` does.
     ``time_scale`` is wall seconds per modelled second (1.0: real time; 0.1 runs ten times
     faster; latencies in ``/metrics`` are always in modelled seconds).
     """
@@ -59,6 +61,7 @@ class EmulatorConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     tokenizer: Path | None = None
+    trace_events: Path | None = None
     eos_mean_tokens: float = DEFAULT_EOS_MEAN_TOKENS
     kv_release_timeout_s: float = DEFAULT_KV_RELEASE_TIMEOUT_S
     link_bytes_per_s: float | None = None

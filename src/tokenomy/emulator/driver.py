@@ -93,9 +93,6 @@ class EngineDriver:
     def model_now(self) -> float:
         return (self._loop.time() - self._t0) / self.time_scale
 
-    def wall_of(self, model_s: float) -> float:
-        return self._t0 + model_s * self.time_scale
-
     # ---- from request handlers ------------------------------------------------------------
     def submit(self, request: Request, arrival_wall: float | None = None, **kwargs: object) -> RequestHandle:
         """Queue ``request`` on the engine now (keyword arguments as :meth:`Engine.add_request`).

@@ -67,7 +67,7 @@ def build_app(config: EmulatorConfig) -> ASGIApp:
             "block_size": emu.engine_config.block_size_tokens, "num_gpu_blocks": emu.engine_config.num_gpu_blocks,
             "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "tokenizer": emu.tokenizer.name, "time_scale": cfg.time_scale,
-            "lag_dropped_s": emu.driver.lag_dropped_s, "steps": emu.driver.steps,
+            "lag_dropped_s": emu.driver.lag_dropped_s, "steps": emu.driver.steps, "busy_s": emu.driver.busy_s,
         })
 
     async def kv_release(request: Request) -> Response:

@@ -14,7 +14,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tokenomy.core import Request, Role
+from tokenomy.core import Request
 from tokenomy.emulator.chat import render
 from tokenomy.emulator.config import EmulatorConfig
 from tokenomy.emulator.driver import EngineDriver, RequestHandle
@@ -23,6 +23,7 @@ from tokenomy.emulator.metrics import EmulatorMetrics
 from tokenomy.emulator.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from tokenomy.emulator.tokenizer import Tokenizer, load_tokenizer
 from tokenomy.engine import Engine, FinishedRequest
+from tokenomy.engine.trace import JsonlTrace
 
 if TYPE_CHECKING:
     import httpx
@@ -67,7 +68,8 @@ class Emulator:
         self.tokenizer = tokenizer or load_tokenizer(config.tokenizer)
         self.perf = config.perf_model()
         self.engine_config = config.engine_config(self.perf)
-        self.engine = Engine(config.instance_id, self.engine_config, self.perf, config.role)
+        self._trace = JsonlTrace(config.trace_events) if config.trace_events is not None else None
+        self.engine = Engine(config.instance_id, self.engine_config, self.perf, config.role, trace=self._trace)
         self.context_window = config.context_window(self.engine_config)
         self.model_name = config.model_name
         self.prompt_tokens_total = 0
@@ -110,6 +112,8 @@ class Emulator:
             timer.cancel()
         if self._http is not None:
             await self._http.aclose()
+        if self._trace is not None:
+            self._trace.close()
 
     def _counters(self) -> list[tuple[str, str, float]]:
         return [
@@ -232,7 +236,8 @@ class Emulator:
         """After the answer is complete: a prefill-side request keeps its KV for the decode side."""
         fin = handle.finished
         assert fin is not None
-        job.cached_tokens = fin.cache_hit_tokens
+        # KV that arrived from a prefill instance counts as cached, as vLLM's decode side reports it.
+        job.cached_tokens = fin.cache_hit_tokens + fin.transferred_tokens
         if job.retain_ttl_s is not None:
             if fin.aborted:
                 with suppress(ValueError):  # an aborted request may hold no pinned KV
@@ -300,7 +305,3 @@ class Emulator:
         m.request_prompt_tokens.observe(h.prompt_tokens)
         m.request_generation_tokens.observe(fin.output_tokens)
         m.success(h.finish_reason)
-
-    @property
-    def role(self) -> Role:
-        return self.config.role
