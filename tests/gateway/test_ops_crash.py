@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 
 def _start(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.main", "serve", "--config", str(config),
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(config),
                              "--port", str(port)], stdout=log.open("ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -37,6 +37,14 @@ def _start(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError("gateway did not start")
+
+
+def _holds(db: Path) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        return int(conn.execute("SELECT count(*) FROM tk_holds").fetchone()[0])
+    finally:
+        conn.close()
 
 
 def test_sigkill_mid_load_leaves_no_reservation_held(tmp_path: Path) -> None:
@@ -74,14 +82,15 @@ def test_sigkill_mid_load_leaves_no_reservation_held(tmp_path: Path) -> None:
             for t in threads:
                 t.start()
             deadline = time.monotonic() + 30
-            while not done and time.monotonic() < deadline:  # some finished, others in flight
+            while time.monotonic() < deadline:  # kill once some finished and others hold budget
+                if done and _holds(db) > 0:
+                    break
                 time.sleep(0.01)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
             for t in threads:
                 t.join(30)
-            with sqlite3.connect(db) as conn:
-                held_before = conn.execute("SELECT count(*) FROM tk_holds").fetchone()[0]
+            held_before = _holds(db)
             proc = _start(config, port, log)  # the restart reconciles the dead process's holds
             with sqlite3.connect(db) as conn:
                 holds = conn.execute("SELECT count(*) FROM tk_holds").fetchone()[0]

@@ -30,7 +30,7 @@ from tokenomy.gateway.budget import Budgets, PriceLike, worst_case_cost_usd
 from tokenomy.gateway.budget_seed import seed_from_ledger
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.guard import Admission, AdmitRequest, SettledUsage
-from tokenomy.gateway.limits import InProcessRateLimits, RateGrant
+from tokenomy.gateway.limits import InProcessRateLimits, RateGrant, RateLimits
 from tokenomy.gateway.ops_config import GatewayConfigLike, OpsConfig, ops_config, secret_of
 from tokenomy.gateway.ops_metrics import OpsMetrics
 from tokenomy.gateway.reservations import InProcessReservations, Reservations
@@ -65,7 +65,7 @@ class OpsGuard:
         self.store = store
         self.price_of = price_of
         self.clock = clock
-        self.limits = InProcessRateLimits()
+        self.limits: RateLimits = InProcessRateLimits()
         self.budgets = Budgets(reservations, config.alerts.budget_thresholds, config.hold_ttl_s)
         self.breakers = Breakers(config.breaker)
         self.admission = PriorityAdmission(config.admission)
@@ -339,5 +339,3 @@ def build_guard(config: GatewayConfigLike, *, engine: Engine | None = None, db_u
         reservations = memory
     return OpsGuard(ops, store, reservations, config.price, clock=clock,
                     metrics=OpsMetrics(registry) if registry is not None else None, alerter=alerter)
-
-

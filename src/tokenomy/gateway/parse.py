@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 
 from tokenomy.gateway.errors import GatewayError
@@ -64,7 +65,7 @@ async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
     if not raw:
         raise _bad("request body is empty; expected a JSON object", code="invalid_json")
     try:
-        body = json.loads(raw)
+        body = orjson.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _bad(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):

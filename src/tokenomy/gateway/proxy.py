@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -177,7 +178,7 @@ class Proxy:
         route = await self.pd.route(req) if self.pd is not None else None
         if route is not None and route.kv_transfer_params is not None:
             req.body["kv_transfer_params"] = route.kv_transfer_params
-        payload = json.dumps(req.body, separators=(",", ":")).encode()
+        payload = orjson.dumps(req.body)
         headers = {"content-type": "application/json", "x-request-id": req.request_id}
         tried: set[str] = set()
         for _attempt in range(self.config.server.retries + 1):
@@ -240,7 +241,7 @@ class Proxy:
     async def _complete(self, flight: Flight, resp: UpstreamResponse) -> Response:
         req = flight.req
         try:
-            data = json.loads(resp.content)
+            data = orjson.loads(resp.content)
         except ValueError:
             flight.backend.finished(req.request_id, None, 0)
             raise GatewayError(502, "backend answered with invalid JSON", "server_error", "upstream_error") from None

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from starlette.responses import StreamingResponse
 
 from tokenomy.gateway.errors import GatewayError
@@ -77,7 +78,7 @@ async def _relay(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> AsyncI
                     if data == b"[DONE]":
                         break
                     try:
-                        obj = json.loads(data)
+                        obj = orjson.loads(data)
                     except ValueError:
                         yield event
                         continue
@@ -95,7 +96,7 @@ async def _relay(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> AsyncI
                         continue
                     if obj.get("usage") and not req.client_wants_usage:
                         obj["usage"] = None
-                        event = b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+                        event = b"data: " + orjson.dumps(obj) + b"\n\n"
                     n = _count(choices)
                     if n:
                         now = time.perf_counter()
