@@ -59,7 +59,9 @@ def _up_args(mode: str, args: argparse.Namespace, tmp: Path) -> list[str]:
     return [str(spec)]
 
 
-def live_mode(mode: str, sessions: list[Session], args: argparse.Namespace, slo: SLO) -> float | None:
+def live_mode(mode: str, sessions: list[Session], args: argparse.Namespace, slo: SLO
+              ) -> tuple[float | None, dict[str, Any]]:
+    """Attainment of ``mode`` live, and the bench's errors (count and first message by status)."""
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         with cluster(_up_args(mode, args, tmp)) as urls:
@@ -96,9 +98,10 @@ def live_mode(mode: str, sessions: list[Session], args: argparse.Namespace, slo:
                                                       api_key=key, slo=slo, gpus=3, seed=args.seed))
             finally:
                 _stop(gw)
+    errors = {"by_status": rep.errors_by_status, "examples": rep.extras.get("error_examples", {})}
     if rep.errors_by_status:
-        print(f"{mode}: errors {rep.errors_by_status}", file=sys.stderr)
-    return rep.summary.slo_attainment
+        print(f"{mode}: errors {errors}", file=sys.stderr)
+    return rep.summary.slo_attainment, errors
 
 
 def main() -> int:
@@ -129,12 +132,13 @@ def main() -> int:
     sim = {m: a for m, a in simulated(sessions, args, slo).items() if m in modes}
     print(f"sim attainment: {sim}", flush=True)
     live: dict[str, Any] = {}
+    errors: dict[str, Any] = {}
     for m in modes:
-        live[m] = live_mode(m, sessions, args, slo)
+        live[m], errors[m] = live_mode(m, sessions, args, slo)
         print(f"live {m}: {live[m]}", flush=True)
     out = {"sim": sim, "live": live, "diff": {m: None if live[m] is None or sim[m] is None else live[m] - sim[m]
                                                for m in modes},
-           "config": {k: str(v) for k, v in vars(args).items()}}
+           "live_errors": errors, "config": {k: str(v) for k, v in vars(args).items()}}
     print(json.dumps(out))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

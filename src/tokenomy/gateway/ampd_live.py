@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 RETAIN_PATH = "/v1/tokenomy/retain"
 """The emulator's KV retention extension (docs/ampd-live.md)."""
 
-_TRACE_MEMORY = 1000  # decisions kept for GET /tokenomy/decisions-style inspection and tests
+_TRACE_MEMORY = 1000  # latest decisions kept in memory (AmpdLive.decisions; also logged at debug level)
 
 
 def ampd_policy_config(config: RoutingConfig) -> AmpdPolicyConfig:
