@@ -20,6 +20,9 @@ as vLLM v1 does).
 | ``vllm:inter_token_latency_seconds`` | histogram | gap between consecutive tokens of a request |
 | ``vllm:e2e_request_latency_seconds`` | histogram | arrival to last token |
 | ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens`` | histogram | per finished request |
+| ``tokenomy:kv_transfers_total`` | counter | remote prefills whose KV this instance pulled (P/D decode side; vLLM counts these in its KV connector's stats) |
+| ``tokenomy:kv_transfer_tokens_total`` | counter | tokens of KV pulled (what was not already in the prefix cache) |
+| ``tokenomy:kv_retained_requests_total`` | counter | requests pinned after finishing by a ``/v1/tokenomy/retain`` hint |
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``GET /tokenomy/info`` and ``POST /tokenomy/kv_release``
-(PD: a decode instance says it pulled a request's KV). A client that disconnects, during a
+(PD: a decode instance says it pulled a request's KV), and ``POST /v1/tokenomy/retain`` (a
+gateway's KV retention hint, see ``RETAIN_PATH``). A client that disconnects, during a
 stream or while waiting for a whole answer, aborts its request: its KV is freed at once.
 """
 
@@ -21,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tokenomy.emulator.config import EmulatorConfig
 from tokenomy.emulator.metrics import CONTENT_TYPE
 from tokenomy.emulator.protocol import APIError
-from tokenomy.emulator.service import KV_RELEASE_PATH, Emulator
+from tokenomy.emulator.service import KV_RELEASE_PATH, RETAIN_PATH, Emulator
 from tokenomy.emulator.streaming import generate_handler
 
 
@@ -79,6 +80,18 @@ def build_app(config: EmulatorConfig) -> ASGIApp:
         released = state["emu"].release(str(rid))
         return JSONResponse({"released": released})
 
+    async def retain(request: Request) -> Response:
+        try:
+            data = json.loads(await request.body())
+            rid, ttl = str(data["request_id"]), float(data["ttl_s"])
+            if not rid or not 0 <= ttl < float("inf"):
+                raise ValueError
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+            return error_response(APIError(400, "expected a JSON object with request_id and ttl_s >= 0",
+                                           param="request_id"))
+        state["emu"].retain_hint(rid, ttl)
+        return JSONResponse({"accepted": True})
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return error_response(APIError(404, f"Not found: {request.url.path}"))
 
@@ -92,6 +105,7 @@ def build_app(config: EmulatorConfig) -> ASGIApp:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/tokenomy/info", info, methods=["GET"]),
         Route(KV_RELEASE_PATH, kv_release, methods=["POST"]),
+        Route(RETAIN_PATH, retain, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
 

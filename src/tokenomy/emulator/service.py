@@ -33,6 +33,12 @@ log = logging.getLogger(__name__)
 KV_RELEASE_PATH = "/tokenomy/kv_release"
 """Where a decode instance tells the prefill instance that it pulled a request's KV."""
 
+RETAIN_PATH = "/v1/tokenomy/retain"
+"""Extension: ``{"request_id": <the x-request-id of a coming request>, "ttl_s": s}`` pins that
+request's KV for ``ttl_s`` modelled seconds after it finishes (a gateway's retention hint)."""
+
+_RETAIN_HINTS = 10_000  # pending hints remembered (oldest forgotten first)
+
 
 @dataclass(slots=True)
 class Job:
@@ -46,6 +52,8 @@ class Job:
     cached_tokens: int = 0
     transfer_s: float = 0.0
     kv_transfer_params: dict[str, Any] | None = field(default=None)
+    client_request_id: str = ""  # the x-request-id the client sent
+    retain_ttl_s: float | None = None  # a retention hint applied to this job
 
     @property
     def prompt_tokens(self) -> int:
@@ -73,7 +81,11 @@ class Emulator:
         )
         self._ids = itertools.count()
         self._prefix = f"{config.instance_id}-{os.getpid()}-"
-        self._held: dict[str, asyncio.TimerHandle] = {}  # prefill side: KV kept for a decode instance
+        self._held: dict[str, asyncio.TimerHandle] = {}  # KV kept for a decode instance or by a hint
+        self._retain_hints: dict[str, float] = {}  # client request id -> ttl_s
+        self.kv_transfers_total = 0  # remote prefills pulled by this instance (P/D decode side)
+        self.kv_transfer_tokens_total = 0
+        self.kv_retained_total = 0  # requests pinned after finishing by a retention hint
         self._http: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -107,7 +119,19 @@ class Emulator:
         return [
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens_total),
             ("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens_total),
+            ("tokenomy:kv_transfers", "Remote prefills whose KV this instance pulled (P/D decode side).",
+             self.kv_transfers_total),
+            ("tokenomy:kv_transfer_tokens", "Prompt tokens of KV pulled from prefill instances.",
+             self.kv_transfer_tokens_total),
+            ("tokenomy:kv_retained_requests", "Requests whose KV was pinned after finishing by a retention hint.",
+             self.kv_retained_total),
         ]
+
+    def retain_hint(self, client_request_id: str, ttl_s: float) -> None:
+        """Pin the KV of the coming request with this x-request-id for ``ttl_s`` after it finishes."""
+        self._retain_hints[client_request_id] = ttl_s
+        while len(self._retain_hints) > _RETAIN_HINTS:
+            self._retain_hints.pop(next(iter(self._retain_hints)))
 
     # ---- preparing a request --------------------------------------------------------------
     def prepare(self, body: CompletionRequest | ChatCompletionRequest) -> Job:
@@ -179,6 +203,8 @@ class Emulator:
             preloaded = n_prompt - 1  # the last prompt token is recomputed to sample the first output token
             cached = self.engine.cached_prefix_tokens(content, n_prompt)
             job.transfer_s = self.perf.kv_transfer_time_s(max(0, preloaded - cached), self.config.link_bytes_per_s)
+            self.kv_transfers_total += 1
+            self.kv_transfer_tokens_total += max(0, preloaded - cached)
             await asyncio.sleep(job.transfer_s * self.config.time_scale)
             self._notify_pulled(job.remote_prefill)
             kwargs["preloaded_tokens"] = preloaded
@@ -196,6 +222,9 @@ class Emulator:
         handle.finish_reason = job.plan.finish_reason
         if job.remote_decode:
             self.engine.retain(job.request_id)
+        elif job.client_request_id and job.client_request_id in self._retain_hints:
+            job.retain_ttl_s = self._retain_hints.pop(job.client_request_id)
+            self.engine.retain(job.request_id)
         return handle
 
     def abort(self, handle: RequestHandle) -> None:
@@ -209,6 +238,14 @@ class Emulator:
         assert fin is not None
         # KV that arrived from a prefill instance counts as cached, as vLLM's decode side reports it.
         job.cached_tokens = fin.cache_hit_tokens + fin.transferred_tokens
+        if job.retain_ttl_s is not None:
+            if fin.aborted:
+                with suppress(ValueError):  # an aborted request may hold no pinned KV
+                    self.engine.release(job.request_id)
+            else:
+                self.kv_retained_total += 1
+                self._held[job.request_id] = asyncio.get_running_loop().call_later(
+                    job.retain_ttl_s * self.config.time_scale, self.release, job.request_id)
         if job.remote_decode and not fin.aborted:
             bs = self.engine_config.block_size_tokens
             loop = asyncio.get_running_loop()

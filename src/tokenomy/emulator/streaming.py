@@ -120,6 +120,13 @@ def _parse(raw: bytes, chat: bool) -> CompletionRequest | ChatCompletionRequest:
         raise validation_error(exc) from None
 
 
+def _request_id(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            return str(value.decode("latin-1"))
+    return ""
+
+
 def generate_handler(get_emulator: Callable[[], Emulator], chat: bool
                      ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     """The ASGI handler of one generate route."""
@@ -130,6 +137,7 @@ def generate_handler(get_emulator: Callable[[], Emulator], chat: bool
         try:
             body = _parse(await _read_body(receive), chat)
             job = emu.prepare(body)
+            job.client_request_id = _request_id(scope)
         except APIError as err:
             await send_json(send, err.status, err.body())
             return

@@ -29,6 +29,7 @@ from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.guard import Guard
 from tokenomy.gateway.ledger import Ledger, SqlLedger
 from tokenomy.gateway.openapi import spec
+from tokenomy.gateway.pd import build_pd_router
 from tokenomy.gateway.prom import CONTENT_TYPE, GatewayMetrics
 from tokenomy.gateway.proxy import Proxy
 from tokenomy.gateway.upstream import UpstreamPool
@@ -133,6 +134,7 @@ def build_app(
     upstream = UpstreamPool(connect_timeout_s=5.0, read_timeout_s=config.server.upstream_timeout_s,
                             max_idle_per_host=config.server.max_connections_per_backend)
     proxy = Proxy(config, pool, router, the_ledger, guard, metrics, upstream)
+    proxy.pd = build_pd_router(config.routing, pool, upstream, router, client)
     openapi = spec(config.models())
 
     async def chat(request: Request) -> Response:

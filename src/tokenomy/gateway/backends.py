@@ -40,6 +40,7 @@ class Backend:
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
         self.instance_id = config.id
+        self.role = Role(config.role)
         self.url = config.url
         self.models = frozenset(config.models)
         self.block_size_tokens = config.block_size_tokens

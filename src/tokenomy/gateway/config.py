@@ -13,10 +13,12 @@ through as a mapping otherwise.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tokenomy.gateway.routing_config import RoutingConfig
 
 DEFAULT_MODEL = "llama-3.1-8b"  # what `tokenomy up` serves by default
 
@@ -34,6 +36,7 @@ class BackendConfig(_Strict):
     block_size_tokens: int = Field(default=16, ge=1)
     total_blocks: int = Field(default=10_000, ge=1)  # labelled default: only scales kv_usage into blocks for routers
     api_key: str | None = None  # sent to the backend as a bearer token, when it needs one
+    role: Literal["mixed", "prefill", "decode"] = "mixed"  # P/D pools of routing.mode disagg/ampd
 
     @field_validator("url")
     @classmethod
@@ -109,6 +112,7 @@ class GatewayConfig(_Strict):
         BackendConfig(id=f"emu-{i}", url=f"http://127.0.0.1:{8100 + i}") for i in range(4)
     )
     router: RouterConfig = RouterConfig()
+    routing: RoutingConfig = RoutingConfig()
     health: HealthConfig = HealthConfig()
     ledger: LedgerConfig = LedgerConfig()
     prices: dict[str, Price] = Field(default_factory=dict)
@@ -123,6 +127,11 @@ class GatewayConfig(_Strict):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"backends: duplicate id {dup[0]!r}")
+        roles = {b.role for b in self.backends}
+        if self.routing.mode != "colocated" and "decode" not in roles:
+            raise ValueError(f"routing.mode {self.routing.mode}: needs backends with role: decode")
+        if self.routing.mode == "disagg" and "prefill" not in roles:
+            raise ValueError("routing.mode disagg: needs backends with role: prefill")
         return self
 
     def price(self, model: str) -> Price:

@@ -40,6 +40,7 @@ from tokenomy.gateway.metering import (
     usage_numbers,
 )
 from tokenomy.gateway.parse import ParsedRequest, parse_request, read_json
+from tokenomy.gateway.pd import PdRoute, PdRouter
 from tokenomy.gateway.prom import GatewayMetrics
 from tokenomy.gateway.streaming import stream_response
 from tokenomy.gateway.upstream import (
@@ -103,6 +104,7 @@ class Proxy:
         self.sessions = SessionTracker()
         self.known_models = frozenset(config.models())
         self.background: set[asyncio.Task[None]] = set()
+        self.pd: PdRouter | None = None  # routing.mode disagg/ampd (tokenomy.gateway.pd)
 
     # -- entry point -----------------------------------------------------------------------
     async def handle(self, request: Request, endpoint: str) -> Response:
@@ -153,7 +155,9 @@ class Proxy:
             body["stream_options"] = opts
 
     # -- routing and forwarding ------------------------------------------------------------
-    def _choose(self, req: ParsedRequest, tried: frozenset[str]) -> Backend:
+    def _choose(self, req: ParsedRequest, tried: frozenset[str], route: PdRoute | None = None) -> Backend:
+        if self.pd is not None and route is not None:
+            return self.pd.choose_decode(req, route, tried)
         now = time.monotonic()
         cands = self.pool.candidates(req.model, now, tried)
         if not cands:
@@ -171,11 +175,14 @@ class Proxy:
         return self.pool.by_id[self.router.choose(core, cands, now)]
 
     async def _dispatch(self, req: ParsedRequest, ticket: Ticket, t0: float) -> Response:
+        route = await self.pd.route(req) if self.pd is not None else None
+        if route is not None and route.kv_transfer_params is not None:
+            req.body["kv_transfer_params"] = route.kv_transfer_params
         payload = orjson.dumps(req.body)
         headers = {"content-type": "application/json", "x-request-id": req.request_id}
         tried: set[str] = set()
         for _attempt in range(self.config.server.retries + 1):
-            backend = self._choose(req, frozenset(tried))
+            backend = self._choose(req, frozenset(tried), route)
             tried.add(backend.instance_id)
             flight = Flight(req, ticket, backend, t0)
             if backend.config.api_key:
@@ -266,6 +273,8 @@ class Proxy:
         classes = classify(prev, prompt, out, cached)
         if req.session_id and outcome == "ok":
             self.sessions.put(key, _state(classes))
+        if self.pd is not None and outcome == "ok":
+            self.pd.finished(req)
         c = cost(classes, self.config.price(req.model))
         ttft = None if flight.first_token_s is None else flight.first_token_s - flight.t0
         tpot = None

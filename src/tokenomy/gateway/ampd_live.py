@@ -1,0 +1,231 @@
+"""AMPD on live traffic: the simulator's policy objects, fed the gateway's views of its backends.
+
+Every decision comes from the objects ``tokenomy.policy.ampd.build_ampd_policies`` builds from
+the ``AMPD_POLICIES`` registry, the same call the simulator makes (``sim/deployments/policies.py``);
+this module only gathers views and applies decisions:
+
+* **binding**: ``SessionBinder.bind`` picks a session's decode backend (``x-session-id``, or the
+  body's ``session_id`` / ``metadata.session_id``); later turns return to it while it has room.
+* **placement**: ``AdaptivePlacement.decide`` runs each turn's (incremental) prefill locally on the
+  bound decode backend (one plain request: its prefix cache holds the session's history) or
+  remotely on a prefill backend (the ``kv_transfer_params`` hand-off of :mod:`tokenomy.gateway.pd`).
+  Views are :class:`tokenomy.gateway.backends.Backend` objects: ``/metrics`` scrapes (queue
+  lengths, KV usage) plus the gateway's own accounting (prompt tokens in flight, which
+  conversation prefixes each backend served); the history a decode backend holds is the context
+  the gateway last saw it finish for the conversation.
+* **prefill dispatch**: remote prefills wait in a gateway queue per prefill backend;
+  ``PrefillDispatch.decide`` releases the next one (look-ahead reorder, with its deferral cap)
+  while the prompt tokens released to that backend and not yet answered stay under one step.
+* **retention hints**: ``KVRetentionPolicy.decide`` on the expected tool time
+  (``ToolLatencyEstimator``, from the gaps between a session's turns) decides to keep a turn's KV
+  pinned across its tool call; a KEEP goes to the decode backend as
+  ``POST /v1/tokenomy/retain {"request_id", "ttl_s"}`` before its decode request (our emulator's
+  extension; a 404 marks the backend as not supporting it, and nothing more is sent there).
+
+Times are ``time.monotonic()`` seconds; SLOs and estimates are in the engines' modelled seconds
+(equal to wall seconds unless the emulators run with ``time_scale`` != 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from tokenomy.core import SLO
+from tokenomy.gateway.backends import Backend, BackendPool
+from tokenomy.gateway.parse import ParsedRequest
+from tokenomy.gateway.pd import core_request
+from tokenomy.gateway.routing_config import RoutingConfig
+from tokenomy.policy.ampd import (
+    AmpdPolicies,
+    AmpdPolicyConfig,
+    DispatchConfig,
+    PlacementConfig,
+    PrefillDispatch,
+    PrefillTask,
+    Retention,
+    ToolLatencyConfig,
+    build_ampd_policies,
+)
+from tokenomy.policy.ampd.reorder import ReorderConfig
+
+log = logging.getLogger(__name__)
+
+RETAIN_PATH = "/v1/tokenomy/retain"
+"""The emulator's KV retention extension (docs/ampd-live.md)."""
+
+_TRACE_MEMORY = 1000  # latest decisions kept in memory (AmpdLive.decisions; also logged at debug level)
+
+
+def ampd_policy_config(config: RoutingConfig) -> AmpdPolicyConfig:
+    """The policy config of the ``routing.ampd`` section (the simulator's defaults otherwise)."""
+    a = config.ampd
+    return AmpdPolicyConfig(
+        placement=PlacementConfig(local_budget_tokens=a.local_budget_tokens,
+                                  prefill_budget_tokens=a.prefill_budget_tokens, itl_bound_factor=a.itl_bound_factor),
+        reorder=ReorderConfig() if a.reorder else None,
+        dispatch=DispatchConfig(engine_budget_tokens=a.prefill_budget_tokens),
+        tool_latency=ToolLatencyConfig(prior_s=a.tool_latency_prior_s),
+    )
+
+
+class GatedPrefillQueue:
+    """Remote prefills waiting for one prefill backend; ``PrefillDispatch`` releases them."""
+
+    def __init__(self, dispatch: PrefillDispatch, instance_id: str) -> None:
+        self.dispatch = dispatch
+        self.instance_id = instance_id
+        self.tasks: list[PrefillTask] = []
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self.released: dict[str, int] = {}  # request id -> prompt tokens, released and not answered
+
+    @property
+    def queued_tokens(self) -> int:
+        return sum(t.new_tokens for t in self.tasks) + sum(self.released.values())
+
+    async def acquire(self, task: PrefillTask) -> None:
+        """Wait until ``task`` is released; a cancelled wait leaves the queue."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.tasks.append(task)
+        self._waiters[task.request_id] = fut
+        self.pump()
+        try:
+            await fut
+        except BaseException:
+            if task in self.tasks:
+                self.tasks.remove(task)
+            self._waiters.pop(task.request_id, None)
+            self.done(task.request_id)
+            raise
+
+    def done(self, request_id: str) -> None:
+        """The released prefill answered (or failed): its tokens leave the backend's budget."""
+        if self.released.pop(request_id, None) is not None:
+            self.pump()
+
+    def pump(self) -> None:
+        while True:
+            d = self.dispatch.decide(self.tasks, engine_waiting_tokens=sum(self.released.values()),
+                                     in_flight_tokens=0, now=time.monotonic(), prefill_instance=self.instance_id)
+            if d is None:
+                return
+            task = self.tasks.pop(d.index)
+            self.released[task.request_id] = task.new_tokens
+            fut = self._waiters.pop(task.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+
+class AmpdLive:
+    """Applies AMPD's decisions to the gateway's backends (module docstring)."""
+
+    def __init__(self, config: RoutingConfig, pool: BackendPool, http: httpx.AsyncClient,
+                 policies: AmpdPolicies) -> None:
+        self.config = config
+        self.pool = pool
+        self.http = http
+        self.policies = policies
+        self.slo = SLO(ttft_s=config.slo.ttft_s, tpot_s=config.slo.tpot_s)
+        self.queues: dict[str, GatedPrefillQueue] = {}
+        self.decisions: deque[Mapping[str, Any]] = deque(maxlen=_TRACE_MEMORY)
+        self._queued_on: dict[str, GatedPrefillQueue] = {}  # request id -> queue it was released by
+        self._no_retain: set[str] = set()  # backends that answered 404 to a retention hint
+
+    @classmethod
+    def build(cls, config: RoutingConfig, pool: BackendPool, http: httpx.AsyncClient) -> AmpdLive:
+        """Build the policies exactly as the simulator does: ``build_ampd_policies`` on a PerfModel."""
+        from tokenomy.perf import PerfModel
+
+        perf = PerfModel.from_names(config.perf.model, config.perf.gpu, config.perf.tp)
+        live = cls.__new__(cls)
+        policies = build_ampd_policies(ampd_policy_config(config), perf,
+                                       pcie_bytes_per_s=perf.gpu.pcie_bytes_per_s * config.perf.tp,
+                                       trace=live._record)
+        cls.__init__(live, config, pool, http, policies)
+        return live
+
+    def _record(self, event: Mapping[str, Any]) -> None:
+        self.decisions.append(event)
+        log.debug("ampd decision %s", event)
+
+    def _queue(self, backend: Backend) -> GatedPrefillQueue:
+        q = self.queues.get(backend.instance_id)
+        if q is None:
+            q = self.queues[backend.instance_id] = GatedPrefillQueue(self.policies.dispatch, backend.instance_id)
+        return q
+
+    async def place(self, req: ParsedRequest, decodes: list[Backend],
+                    prefills: list[Backend]) -> tuple[str, list[Backend], str]:
+        """(decode backend id, prefill backends to try in order (empty: local), reason).
+
+        Returns once a remote prefill was released by its queue (the caller must then call
+        :meth:`prefill_done`).
+        """
+        p = self.policies
+        now = time.monotonic()
+        sid = req.session_id
+        if sid:
+            p.tool_latency.on_arrival(sid, now)
+        request = core_request(req, now)
+        if p.binder is not None:
+            decode_id = p.binder.bind(request, decodes, now).instance_id
+        else:
+            decode_id = min(decodes, key=lambda b: (b.in_flight, b.instance_id)).instance_id
+        decode = self.pool.by_id[decode_id]
+        on_decode = decode.cached_prefix_tokens(request.content, request.prompt_tokens)
+        request = core_request(req, now, history_tokens=on_decode)
+        await self._retention_hint(req, decode, now)
+        if p.placement is None:
+            order, reason = sorted(prefills, key=lambda b: b.instance_id), "placement off: remote"
+        else:
+            backlog = {b.instance_id: self._queue(b).queued_tokens for b in prefills}
+            d = p.placement.decide(request, decode=decode, prefills=prefills, slo=self.slo, now=now,
+                                   history_cached_tokens_on_decode=on_decode, prefill_backlog_tokens=backlog)
+            if d.local:
+                return decode_id, [], d.reason
+            first = self.pool.by_id[str(d.prefill_instance)]
+            order = [first, *sorted((b for b in prefills if b is not first), key=lambda b: b.instance_id)]
+            reason = d.reason
+        if not order:
+            return decode_id, [], "no prefill backend: local"
+        q = self._queue(order[0])
+        cached = min(order[0].cached_prefix_tokens(request.content, request.prompt_tokens), request.prompt_tokens - 1)
+        await q.acquire(PrefillTask(req.request_id, now, now + self.slo.ttft_s,
+                                    request.prompt_tokens - cached, cached))
+        self._queued_on[req.request_id] = q
+        return decode_id, order, reason
+
+    def prefill_done(self, req: ParsedRequest) -> None:
+        q = self._queued_on.pop(req.request_id, None)
+        if q is not None:
+            q.done(req.request_id)
+
+    def turn_ended(self, req: ParsedRequest) -> None:
+        if req.session_id:
+            self.policies.tool_latency.on_turn_end(req.session_id, time.monotonic())
+
+    async def _retention_hint(self, req: ParsedRequest, decode: Backend, now: float) -> None:
+        """Ask ``decode`` to keep this turn's KV across the session's next tool call, when decided."""
+        retention = self.policies.retention
+        if (retention is None or not self.config.ampd.retention_hints or not req.session_id
+                or decode.instance_id in self._no_retain):
+            return
+        expected = self.policies.tool_latency.estimate(now).expected_s
+        d = retention.decide(session_id=req.session_id, kv_tokens=req.prompt_tokens_estimate + (req.max_tokens or 1),
+                             expected_tool_latency_s=expected, kv_usage=decode.kv_usage, now=now)
+        if d.action is not Retention.KEEP:
+            return  # the engine's own LRU frees it (offload needs a host tier the engine lacks)
+        try:
+            r = await self.http.post(decode.url + RETAIN_PATH, json={"request_id": req.request_id, "ttl_s": d.ttl_s},
+                                     timeout=1.0)
+        except httpx.HTTPError as exc:
+            log.debug("retention hint to %s failed: %s", decode.instance_id, exc)
+            return
+        if r.status_code == 404:
+            self._no_retain.add(decode.instance_id)

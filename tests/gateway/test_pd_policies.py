@@ -1,0 +1,133 @@
+"""The gateway's P/D routing without processes: the vLLM hand-off body, config errors, the gated
+prefill queue (look-ahead release with its deferral cap), and the registry test: the gateway's
+AMPD mode and the simulator build their decisions from the same ``AMPD_POLICIES`` entries."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+
+from tokenomy.core import SLO
+from tokenomy.gateway.ampd_live import AmpdLive, GatedPrefillQueue, ampd_policy_config
+from tokenomy.gateway.backends import BackendPool
+from tokenomy.gateway.config import HealthConfig, config_from_dict
+from tokenomy.gateway.pd import prefill_body
+from tokenomy.gateway.routing_config import RoutingConfig
+from tokenomy.perf import PerfModel
+from tokenomy.policy.ampd import AMPD_POLICIES, DispatchConfig, PrefillDispatch, PrefillTask
+from tokenomy.policy.ampd.reorder import LookaheadReorder, ReorderConfig
+from tokenomy.sim import SimConfig, simulate
+from tokenomy.sim.variants import make_variant
+from tokenomy.workload.registry import load_workload
+
+PERF = PerfModel.from_names("llama-3.1-8b", "h100", 1)
+
+
+def test_prefill_request_is_vllms_remote_decode_handoff() -> None:
+    body = {"model": "m", "messages": [], "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": 300, "max_completion_tokens": 300}
+    out = prefill_body(body)
+    assert out["kv_transfer_params"]["do_remote_decode"] is True
+    assert out["kv_transfer_params"]["do_remote_prefill"] is False
+    assert (out["stream"], out["max_tokens"], out["max_completion_tokens"]) == (False, 1, 1)
+    assert "stream_options" not in out
+    assert body["max_tokens"] == 300 and body["stream"] is True  # the decode request is untouched
+
+
+@pytest.mark.parametrize(("routing", "roles", "message"), [
+    ({"mode": "ampd"}, ["mixed"], "routing.mode ampd: needs backends with role: decode"),
+    ({"mode": "disagg"}, ["decode"], "routing.mode disagg: needs backends with role: prefill"),
+    ({"mode": "pd"}, ["decode"], "routing.mode: Input should be"),
+    ({"mode": "ampd", "slo": {"tpot_s": 0}}, ["decode"], "routing.slo.tpot_s"),
+])
+def test_bad_routing_sections_are_one_line_errors(routing: dict[str, Any], roles: list[str], message: str) -> None:
+    backends = [{"id": f"b{i}", "url": f"http://127.0.0.1:{9000 + i}", "role": r} for i, r in enumerate(roles)]
+    with pytest.raises(ValueError, match=message) as err:
+        config_from_dict({"backends": backends, "routing": routing}, source="gw.yaml")
+    assert str(err.value).startswith("gw.yaml: ") and "\n" not in str(err.value)
+
+
+def _task(rid: str, deadline_in_s: float, tokens: int) -> PrefillTask:
+    now = time.monotonic()  # the queue decides on the monotonic clock
+    return PrefillTask(rid, now, now + deadline_in_s, tokens, 0)
+
+
+def test_gated_queue_releases_within_budget_and_reorders_up_to_the_deferral_cap() -> None:
+    async def run() -> list[str]:
+        dispatch = PrefillDispatch(DispatchConfig(engine_budget_tokens=900),
+                                   LookaheadReorder(ReorderConfig(max_deferrals=1), PERF))
+        q = GatedPrefillQueue(dispatch, "prefill-0")
+        order: list[str] = []
+
+        async def one(task: PrefillTask) -> None:
+            await q.acquire(task)
+            order.append(task.request_id)
+
+        first = asyncio.ensure_future(one(_task("a", 100.0, 900)))
+        await asyncio.sleep(0)
+        assert order == ["a"] and q.released == {"a": 900}  # an idle backend gets work at once
+        # while "a" fills the budget, a long task with a late deadline queues before two urgent short ones
+        waiting = [asyncio.ensure_future(one(t)) for t in
+                   (_task("long", 1000.0, 6000), _task("u1", 0.3, 50), _task("u2", 0.3, 50))]
+        await asyncio.sleep(0)
+        assert order == ["a"] and [t.request_id for t in q.tasks] == ["long", "u1", "u2"]
+        q.done("a")
+        await asyncio.sleep(0)
+        # u1 overtakes the long task (deferred once: the cap), which then goes before u2
+        assert order == ["a", "u1", "long"]
+        for rid in ("u1", "long"):
+            q.done(rid)
+        await asyncio.gather(first, *waiting)
+        return order
+
+    assert asyncio.run(run()) == ["a", "u1", "long", "u2"]
+
+
+@pytest.fixture
+def spied_registry(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
+    built: dict[str, list[Any]] = {name: [] for name in AMPD_POLICIES.names()}
+    for name in AMPD_POLICIES.names():
+        factory = AMPD_POLICIES.get(name)
+
+        def spy(cfg: Any, deps: Any, _f: Any = factory, _n: str = name) -> Any:
+            obj = _f(cfg, deps)
+            built[_n].append(obj)
+            return obj
+
+        monkeypatch.setitem(AMPD_POLICIES._items, name, spy)
+    return built
+
+
+def test_gateway_ampd_and_simulator_build_decisions_from_the_same_registry_entries(
+    spied_registry: dict[str, list[Any]]
+) -> None:
+    sessions = load_workload("gaia", rate_per_s=1.0, duration_s=4.0, seed=3)
+    simulate(sessions, make_variant("ampd", SimConfig(instances=4, prefill=2, decode=2, gpu_memory_utilization=0.3)),
+             SLO(), perf=PERF)
+    sim_built = {name: objs[0] for name, objs in spied_registry.items()}
+
+    async def build() -> AmpdLive:
+        cfg = config_from_dict({"backends": [{"id": "d", "url": "http://127.0.0.1:1", "role": "decode"}],
+                                "routing": {"mode": "ampd"}})
+        async with httpx.AsyncClient() as http:
+            return AmpdLive.build(cfg.routing, BackendPool(cfg.backends, HealthConfig(), http), http)
+
+    live = asyncio.run(build())
+    assert set(live.policies.built_from) == set(AMPD_POLICIES.names())
+    assert all(len(objs) == 2 for objs in spied_registry.values()), spied_registry  # one by each path
+    for name, objs in spied_registry.items():
+        assert type(objs[1]) is type(sim_built[name]), name  # the same policy classes
+    assert live.policies.placement is spied_registry["placement"][1]  # the live path uses what it built
+    # the live defaults are the simulator's (docs/ampd.md), except the decode node's chunk budget:
+    # the simulator's decode engines chunk at 512 tokens, vLLM's (and the emulator's) at 2048+
+    default = ampd_policy_config(RoutingConfig())
+    assert default.placement is not None
+    assert replace(default.placement, local_budget_tokens=512) == sim_built["placement"].config
+    assert default.binding == sim_built["binding"].config
+    assert default.retention == sim_built["retention"].config
+    assert default.reorder == sim_built["dispatch"].reorder.config
