@@ -134,6 +134,10 @@ class EngineDriver:
             elif now - start > self.max_lag_s:
                 self.lag_dropped_s += now - self.max_lag_s - start
                 start = now - self.max_lag_s
+            # Invariant: a step never starts before the previous one ended. The wall clock can read
+            # a little before ``_last_end`` (the loop's timer wakes up to ~1 ms early), and the
+            # engine refuses an overlapping step, which would stop this loop for good.
+            start = max(start, self._last_end)
             result = engine.step(start)
             if result is None:
                 self._next_start = None
