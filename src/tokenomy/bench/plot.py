@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tokenomy.core import SLO, RequestRecord
+from tokenomy.metrics.report import save_figure
 
 
 def plot_timeline(records: Sequence[RequestRecord], slo: SLO, path: str | Path) -> Path:
@@ -32,11 +33,4 @@ def plot_timeline(records: Sequence[RequestRecord], slo: SLO, path: str | Path) 
         ax.set_yscale("symlog", linthresh=1.0)
         ax.legend(loc="upper right")
     axes[-1].set_xlabel("request sent at (s since start)")
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fig.tight_layout()
-        fig.savefig(target, dpi=100)
-    finally:
-        plt.close(fig)
-    return target
+    return save_figure(plt, fig, path)

@@ -63,7 +63,24 @@ class Tokenizer(Protocol):
         ...
 
 
-class WordTokenizer:
+class _PaletteLookup:
+    """``piece``/``palette`` over the ids the emulator generates (``_pieces``, ``_palette``)."""
+
+    _pieces: dict[int, str]
+    _palette: tuple[int, ...]
+
+    def piece(self, token_id: int) -> str:
+        try:
+            return self._pieces[token_id]
+        except KeyError:
+            raise ValueError(f"token id {token_id} is not one the emulator generates") from None
+
+    @property
+    def palette(self) -> tuple[int, ...]:
+        return self._palette
+
+
+class WordTokenizer(_PaletteLookup):
     """The built-in deterministic tokenizer (see the module docstring)."""
 
     name = "tokenomy-ws-v1"
@@ -113,18 +130,9 @@ class WordTokenizer:
                     out[i] = spaced[piece] = hash_id(" " + piece)
         return out  # type: ignore[return-value]  # no None left
 
-    def piece(self, token_id: int) -> str:
-        try:
-            return self._pieces[token_id]
-        except KeyError:
-            raise ValueError(f"token id {token_id} is not one the emulator generates") from None
-
-    @property
-    def palette(self) -> tuple[int, ...]:
-        return self._palette
 
 
-class HFTokenizer:
+class HFTokenizer(_PaletteLookup):
     """A Hugging Face ``tokenizers`` file (``tokenizer.json``); needs the optional ``tokenizers`` package.
 
     The palette is the :data:`WORDS` whose ``" " + word`` is one token of this vocabulary; the
@@ -166,15 +174,6 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
-    def piece(self, token_id: int) -> str:
-        try:
-            return self._pieces[token_id]
-        except KeyError:
-            raise ValueError(f"token id {token_id} is not one the emulator generates") from None
-
-    @property
-    def palette(self) -> tuple[int, ...]:
-        return self._palette
 
 
 def load_tokenizer(path: Path | None) -> Tokenizer:

@@ -201,7 +201,7 @@ def plot_comparison(
     axes[2].set_title("requests meeting both SLOs")
     if title:
         fig.suptitle(title)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def plot_sweep(
@@ -235,10 +235,11 @@ def plot_sweep(
     if title:
         ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
-def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+def save_figure(plt: Any, fig: Any, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` (parent folders made), always closing it; returns the path."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
