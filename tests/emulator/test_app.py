@@ -182,3 +182,33 @@ def test_event_trace_in_modelled_seconds(tmp_path: Path) -> None:
     assert kinds[0] == "queued" and "admit" in kinds and kinds.count("step") == 3 and kinds[-1] == "finish"
     steps = [e for e in events if e["kind"] == "step"]
     assert all(b["t_s"] >= a["t_s"] for a, b in zip(steps, steps[1:], strict=False))
+
+
+def test_an_engine_crash_mid_stream_ends_the_stream_with_an_error_and_later_requests_get_503(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tokenomy.engine import Engine
+
+    real_step, calls = Engine.step, [0]
+
+    def step(self: Engine, now: float):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == 5:
+            raise RuntimeError("engine bug")
+        return real_step(self, now)
+
+    monkeypatch.setattr(Engine, "step", step)
+    config = EmulatorConfig(time_scale=FAST, instance_id="unit-0", port=9)
+    with TestClient(build_app(config)) as client:
+        assert client.get("/health").status_code == 200
+        r = client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 40, "ignore_eos": True,
+                                                 "stream": True})
+        assert r.status_code == 200  # the stream had started
+        events = sse_events(r.text)
+        assert events[-1] == "[DONE]"
+        assert isinstance(events[-2], dict) and events[-2]["error"]["code"] == 503
+        texts = [e["choices"][0]["text"] for e in events[:-2] if isinstance(e, dict)]
+        assert 0 < len(texts) < 40  # some tokens came before the crash, not all of them
+        after = client.post("/v1/completions", json={"prompt": "anyone?", "max_tokens": 2})
+        assert after.status_code == 503 and after.json()["error"]["type"] == "ServiceUnavailableError"
+        assert client.get("/health").status_code == 503

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tokenomy.core import Request, StepShape
-from tokenomy.emulator.driver import EngineDriver
+from tokenomy.emulator.driver import EngineDriver, EngineStopped
 from tokenomy.engine import Engine, EngineConfig
 
 
@@ -41,3 +43,38 @@ def test_a_clock_reading_before_the_last_step_end_does_not_stop_the_driver() -> 
 
     emitted = asyncio.run(asyncio.wait_for(scenario(), timeout=10))
     assert emitted == 2  # the first token came from the step taken by hand above
+
+
+class BrokenEngine(Engine):
+    """An engine whose third step raises, as a bug in the engine would."""
+
+    def __init__(self) -> None:
+        super().__init__("e0", EngineConfig(num_gpu_blocks=100, block_size_tokens=16), TenMsSteps())
+        self.calls = 0
+
+    def step(self, now: float):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("engine bug")
+        return super().step(now)
+
+
+def test_a_crashed_driver_fails_requests_in_flight_and_refuses_new_ones() -> None:
+    async def scenario() -> tuple[int, str]:
+        driver = EngineDriver(BrokenEngine(), time_scale=0.001)
+        handle = driver.submit(Request("r1", 0.0, 32, 50))
+        task = asyncio.create_task(driver.run())
+        try:
+            while True:  # bounded: the engine raises at its third step
+                await handle.wait()
+        except EngineStopped as exc:
+            message = str(exc)
+        seen = handle.emitted
+        with pytest.raises(RuntimeError, match="engine bug"):
+            await task
+        with pytest.raises(EngineStopped):
+            driver.submit(Request("r2", 0.0, 8, 2))
+        return seen, message
+
+    seen, message = asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert seen == 2 and "stopped" in message  # two steps delivered tokens, then the failure

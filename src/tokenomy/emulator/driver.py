@@ -19,6 +19,10 @@ from tokenomy.core import Request
 from tokenomy.engine import Engine, FinishedRequest, StepResult
 
 
+class EngineStopped(RuntimeError):
+    """The engine driver stopped (crashed or shut down) before the request completed."""
+
+
 class RequestHandle:
     """A request's live state as the server sees it; the driver updates it at each step end.
 
@@ -27,7 +31,7 @@ class RequestHandle:
     """
 
     __slots__ = ("request_id", "arrival_wall", "first_token_wall", "last_token_wall", "emitted",
-                 "finished", "prompt_tokens", "finish_reason", "_waiter", "_news")
+                 "finished", "prompt_tokens", "finish_reason", "error", "_waiter", "_news")
 
     def __init__(self, request_id: str, arrival_wall: float) -> None:
         self.request_id = request_id
@@ -38,15 +42,20 @@ class RequestHandle:
         self.finished: FinishedRequest | None = None
         self.prompt_tokens = 0  # set by the server, for metrics
         self.finish_reason = "length"
+        self.error: EngineStopped | None = None  # set when the driver stopped with this request in flight
         self._waiter: asyncio.Future[None] | None = None
         self._news = False
 
     async def wait(self) -> None:
-        """Return once something new happened (tokens, finish) since the previous call."""
+        """Return once something new happened (tokens, finish) since the previous call.
+
+        Raises :class:`EngineStopped` once the driver stopped with this request unfinished."""
         if not self._news:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
         self._news = False
+        if self.error is not None:
+            raise self.error
 
     def _wake(self) -> None:
         self._news = True
@@ -86,6 +95,7 @@ class EngineDriver:
         self._next_start: float | None = None
         self._last_end = float("-inf")
         self._idle_arrival: float | None = None  # earliest modelled arrival submitted while idle
+        self.stopped = False
         self.lag_dropped_s = 0.0
         self.steps = 0
         self.busy_s = 0.0
@@ -100,7 +110,10 @@ class EngineDriver:
         ``arrival_wall``: when the request reached the server (before parsing and tokenizing). An
         idle engine starts its next step at that time's model equivalent (at most ``max_lag_s`` in
         the past), so the server's own CPU work does not add to the modelled TTFT.
-        Raises ValueError as ``add_request`` does (the request never entered the engine)."""
+        Raises ValueError as ``add_request`` does (the request never entered the engine), and
+        :class:`EngineStopped` once :meth:`run` has ended."""
+        if self.stopped:
+            raise EngineStopped("the engine is not running")
         self.engine.add_request(request, self.model_now(), **kwargs)  # type: ignore[arg-type]
         if arrival_wall is not None and self._next_start is None:
             arrival = (arrival_wall - self._t0) / self.time_scale
@@ -121,7 +134,22 @@ class EngineDriver:
 
     # ---- the loop -------------------------------------------------------------------------
     async def run(self) -> None:
-        """Step the engine forever (cancel the task to stop)."""
+        """Step the engine forever (cancel the task to stop).
+
+        However it ends (cancelled, or an exception from the engine), every request still in
+        flight is failed with :class:`EngineStopped`, so no handler waits forever, and later
+        :meth:`submit` calls raise it at once."""
+        try:
+            await self._steps()
+        finally:
+            self.stopped = True
+            error = EngineStopped("the engine stopped before the request completed")
+            handles, self._handles = self._handles, {}
+            for handle in handles.values():
+                handle.error = error
+                handle._wake()
+
+    async def _steps(self) -> None:
         engine, sleep = self.engine, asyncio.sleep
         while True:
             now = self.model_now()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tokenomy.core import Request
 from tokenomy.emulator.chat import render
 from tokenomy.emulator.config import EmulatorConfig
-from tokenomy.emulator.driver import EngineDriver, RequestHandle
+from tokenomy.emulator.driver import EngineDriver, EngineStopped, RequestHandle
 from tokenomy.emulator.generation import OutputPlan, content_of, plan_output
 from tokenomy.emulator.metrics import EmulatorMetrics
 from tokenomy.emulator.protocol import APIError, ChatCompletionRequest, CompletionRequest
@@ -106,7 +106,8 @@ class Emulator:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with suppress(asyncio.CancelledError):
+            # A crashed driver's exception was logged by _driver_done; shutting down is not an error.
+            with suppress(asyncio.CancelledError, Exception):
                 await self._task
         for timer in self._held.values():
             timer.cancel()
@@ -216,6 +217,8 @@ class Emulator:
             handle = self.driver.submit(request, since, **kwargs)
         except ValueError as exc:
             raise APIError(400, str(exc), param="prompt") from None
+        except EngineStopped as exc:
+            raise APIError(503, str(exc)) from None
         handle.arrival_wall = arrival_wall
         handle.last_token_wall = arrival_wall
         handle.prompt_tokens = n_prompt

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from tokenomy.emulator.driver import RequestHandle
+from tokenomy.emulator.driver import EngineStopped, RequestHandle
 from tokenomy.emulator.protocol import APIError, ChatCompletionRequest, CompletionRequest, validation_error
 from tokenomy.emulator.service import Emulator, Job
 
@@ -211,7 +211,15 @@ class _Run:
             await send({"type": "http.response.body", "body": fmt.first_chunk(), "more_body": True})
         sent = 0
         while True:
-            await handle.wait()
+            try:
+                await handle.wait()
+            except EngineStopped as exc:  # as vLLM does: an error event, then the end of the stream
+                # Tokens delivered by the last step before the crash still go out first.
+                tokens = fmt.chunk("".join(pieces[sent:handle.emitted]), None) if handle.emitted > sent else b""
+                err = json.dumps(APIError(503, str(exc)).body()).encode()
+                await send({"type": "http.response.body",
+                            "body": tokens + b"data: " + err + b"\n\ndata: [DONE]\n\n", "more_body": False})
+                return
             n = handle.emitted
             done = handle.finished is not None
             if n > sent or done:
@@ -228,8 +236,13 @@ class _Run:
         handle = await self._start(send)
         if handle is None:
             return
-        while handle.finished is None:
-            await handle.wait()
+        try:
+            while handle.finished is None:
+                await handle.wait()
+        except EngineStopped as exc:
+            self.started = True
+            await send_json(send, 503, APIError(503, str(exc)).body())
+            return
         self.emu.finish_job(self.job, handle)
         n = handle.emitted
         self.started = True
