@@ -1,6 +1,6 @@
 """Domain types shared by every package. Depends on nothing."""
 
-from tokenomy.core.instance import InstanceSpec, Role
+from tokenomy.core.instance import Role
 from tokenomy.core.records import RequestRecord
 from tokenomy.core.request import Request, Segment, Session, Turn
 from tokenomy.core.slo import SLO
@@ -9,7 +9,6 @@ from tokenomy.core.usage import TokenUsage
 
 __all__ = [
     "SLO",
-    "InstanceSpec",
     "Request",
     "RequestRecord",
     "Role",

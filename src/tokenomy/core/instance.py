@@ -1,8 +1,7 @@
-"""Instances and their roles."""
+"""The roles an engine instance can play."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -12,18 +11,3 @@ class Role(StrEnum):
     MIXED = "mixed"
     PREFILL = "prefill"
     DECODE = "decode"
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceSpec:
-    """One engine instance: a model on ``tp`` GPUs of one kind, in one role."""
-
-    instance_id: str
-    role: Role
-    model: str
-    gpu: str
-    tp: int = 1
-
-    def __post_init__(self) -> None:
-        if self.tp < 1:
-            raise ValueError(f"tp must be >= 1, got {self.tp}")

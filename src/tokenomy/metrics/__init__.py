@@ -5,15 +5,12 @@ from tokenomy.metrics.goodput import (
     max_rate_at_attainment,
     max_rate_per_gpu_at_attainment,
 )
-from tokenomy.metrics.ledger import MeterTotals, TokenLedger
 from tokenomy.metrics.percentiles import percentile, weighted_mean, weighted_percentile, weighted_percentiles
 from tokenomy.metrics.summary import Summary, summarize
 
 __all__ = [
     "DEFAULT_ATTAINMENT_TARGET",
-    "MeterTotals",
     "Summary",
-    "TokenLedger",
     "max_rate_at_attainment",
     "max_rate_per_gpu_at_attainment",
     "percentile",
