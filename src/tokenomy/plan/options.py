@@ -1,9 +1,10 @@
 """Candidate instance shapes and the (shape, count) options the MILP chooses among.
 
 A candidate is a role (prefill, decode or mixed) on one GPU type at one TP degree within a
-node. An option is a candidate run ``count`` times: the demand splits evenly over the
-instances (a load-balancing router), and its predicted P95s come from
-:class:`~tokenomy.plan.queueing.InstanceModel` at that per-instance load. Its *score* is its
+node. An option is a candidate run ``count`` times behind one load-aware router: each
+instance carries ``1/count`` of the demand on average, and the pool queues as one M/G/c
+queue with ``c = count`` (:class:`~tokenomy.plan.queueing.InstanceModel`), not as ``count``
+independent queues. Its *score* is its
 P95 over the SLO bound (TTFT for prefill, TPOT for decode, the larger of both for mixed):
 1.0 means exactly at the SLO.
 """
@@ -100,9 +101,9 @@ def score_of(role: str, p: Prediction, slo: SLO) -> float:
 
 
 def evaluate(cand: Candidate, model: InstanceModel, count: int, stats: WorkloadStats, slo: SLO) -> Option:
-    """``count`` instances of ``cand`` sharing the demand evenly (score ``inf`` if infeasible)."""
+    """``count`` instances of ``cand`` behind one router, pooled (score ``inf`` if infeasible)."""
     hit = model.hit_fraction(count)
-    p = model.predict(stats.request_rate_per_s / count, hit)
+    p = model.predict(stats.request_rate_per_s / count, hit, servers=count)
     return Option(cand, count, p, score_of(cand.role, p, slo) if p.feasible else float("inf"), hit)
 
 

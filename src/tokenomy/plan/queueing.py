@@ -1,15 +1,21 @@
-"""Latency of one instance at a given load, from the perf model and a queueing approximation.
+"""Latency of a pool of identical instances at a given load, from the perf model and queueing.
 
-Every workload sample is priced by :class:`~tokenomy.perf.PerfModel`; the queueing layer is:
+Every workload sample is priced by :class:`~tokenomy.perf.PerfModel`. A pool is ``servers``
+instances of one shape behind one load-aware router (the simulator's ``least_loaded`` and
+``prefix_aware`` send a request to the instance with the least queued work), each receiving
+``rate_per_s`` on average. The queueing layer is:
 
-* **Prefill** (and the prefill side of a mixed instance): M/G/1, FCFS. The mean wait is
-  Pollaczek-Khinchine's ``E[W] = lambda E[S^2] / (2 (1 - rho))``; its tail is taken
-  exponential given that a request waits at all (probability ``rho``), as in M/M/1:
-  ``P(W > t) = rho exp(-t rho / E[W])``. TTFT P95 is the 95th percentile of
-  ``W + S + transfer`` over the samples (W drawn from that tail with fixed random numbers,
-  so the answer is deterministic). Batching several queued prompts into one step makes a
-  real prefill instance a little faster than this single-server view at high load; the
-  calibration factor absorbs it.
+* **Prefill** (and the prefill side of a mixed instance): the pool is one M/G/c queue, FCFS,
+  with ``c = servers`` (:mod:`tokenomy.plan.mgc`): Allen-Cunneen's mean wait
+  ``E[W] = C(c, a) E[S] / (c - a) * (1 + Cs^2) / 2``, ``a = c * rate * E[S]``, Erlang C for the
+  probability of waiting, ``Cs^2`` the squared coefficient of variation of the service time
+  over the workload's samples (long prompts make it large). The wait of a request that waits
+  is exponential with mean ``E[W] / C``. TTFT P95 is the 95th percentile of
+  ``W + S + transfer`` over the samples (W drawn from that law with fixed random numbers, so
+  the answer is deterministic): the percentile of the sum, not the sum of percentiles. With
+  ``c = 1`` this is M/G/1 (Pollaczek-Khinchine). Batching several queued prompts into one
+  step makes a real prefill instance a little faster than this one-prompt-per-server view at
+  high load; the calibration factor absorbs it.
 * **Decode**: Little's law for the running batch, ``B = lambda E[output - 1] T(B)`` with
   ``T`` the perf model's decode step at the batch's output-weighted mean context, solved by
   fixed-point iteration; the batch fluctuates like an M/G/inf population, so its P95 is
@@ -19,7 +25,7 @@ Every workload sample is priced by :class:`~tokenomy.perf.PerfModel`; the queuei
   and the P95 batch within ``decode_max_num_seqs``.
 * **Mixed** (chunked prefill): a step carries the decode batch and prefill chunks, so the
   step stretches to ``T_dec(B) / (1 - rho_prefill)``; a prompt's service is its prefill time
-  plus one decode step per chunk.
+  plus one decode step per chunk, queued M/G/c over the pool as for prefill.
 
 Loads above ``RHO_MAX`` are refused (P95 grows without bound as ``rho -> 1``).
 """
@@ -33,6 +39,7 @@ import numpy as np
 
 from tokenomy.core.step import StepShape
 from tokenomy.perf import PerfModel
+from tokenomy.plan.mgc import allen_cunneen
 from tokenomy.plan.stats import WorkloadStats
 
 RHO_MAX = 0.95
@@ -116,14 +123,18 @@ class InstanceModel:
     def _service(self, hit: float) -> np.ndarray:
         return hit * self._s_hit + (1.0 - hit) * self._s_miss
 
-    def _mg1_p95(self, rate: float, service: np.ndarray, extra: np.ndarray | float) -> float | None:
-        rho = rate * float(service.mean())
+    def _pool_p95(self, rate: float, servers: int, service: np.ndarray, extra: np.ndarray | float) -> float | None:
+        """P95 of ``W + S + extra`` in an M/G/c pool of ``servers``, each offered ``rate`` (None: saturated)."""
+        mean_s = float(service.mean())
+        rho = rate * mean_s
         if rho >= RHO_MAX:
             return None
         wait = np.zeros_like(service)
         if rho > 0:
-            mean_wait = rate * float((service**2).mean()) / (2.0 * (1.0 - rho))
-            wait = np.where(self._u < rho, -np.log(1.0 - self._v) * mean_wait / rho, 0.0)
+            scv = float(service.var()) / mean_s**2
+            law = allen_cunneen(servers, servers * rate, mean_s, scv)
+            if law.p_wait > 0:
+                wait = np.where(self._u < law.p_wait, -np.log(1.0 - self._v) * law.mean_wait_s / law.p_wait, 0.0)
         return float(np.percentile(wait + service + extra, 95))
 
     def _batch(self, rate: float, stretch: float = 1.0) -> tuple[float, str]:
@@ -150,11 +161,14 @@ class InstanceModel:
         return min(1.0, pool_instances * self.kv_capacity_tokens / self._parked_kv)
 
     # --- the prediction ------------------------------------------------------------------
-    def predict(self, rate_per_s: float, hit: float = 1.0) -> Prediction:
-        """P95s of one instance receiving ``rate_per_s`` requests per second (Poisson)."""
+    def predict(self, rate_per_s: float, hit: float = 1.0, servers: int = 1) -> Prediction:
+        """P95s of each of ``servers`` instances behind one router, each receiving ``rate_per_s``
+        requests per second on average (the pool: Poisson at ``servers * rate_per_s``)."""
+        if servers < 1:
+            raise ValueError(f"servers must be >= 1, got {servers}")
         if self.role == "prefill":
             service = self._service(hit)
-            p95 = self._mg1_p95(rate_per_s, service, self._transfer)
+            p95 = self._pool_p95(rate_per_s, servers, service, self._transfer)
             util = rate_per_s * float(service.mean())
             if p95 is None:
                 return _infeasible(f"prefill compute saturated ({util:.0%} busy)", util)
@@ -169,7 +183,7 @@ class InstanceModel:
         if not dec.feasible:
             return dec
         stretched = service + self._chunks * self.decode_step_s(dec.batch)
-        ttft = self._mg1_p95(rate_per_s, stretched, 0.0)
+        ttft = self._pool_p95(rate_per_s, servers, stretched, 0.0)
         if ttft is None:
             return _infeasible("prefill queue saturated by decode steps", rate_per_s * float(stretched.mean()))
         util = max(rate_per_s * float(stretched.mean()), dec.utilization)
