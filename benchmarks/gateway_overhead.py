@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=3000, help="requests per path at concurrency 1")
     ap.add_argument("--rounds", type=int, default=6, help="alternations of direct and gateway at c=1")
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per throughput run at c=32")
-    ap.add_argument("--reservations", default="sql", choices=["sql", "memory"],
-                    help="where budget holds live (sql: durable across a crash, the default)")
+    ap.add_argument("--reservations", default="memory", choices=["sql", "memory"],
+                    help="where budget holds live (memory: the default, spend rebuilt from the ledger; sql: shared by processes)")
     ap.add_argument("--upstream", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.upstream:

@@ -38,9 +38,11 @@ from tokenomy.gateway.metering import SessionState
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UsageEvent:
-    """One request, metered (see :mod:`tokenomy.gateway.metering` for the classes)."""
+    """One request, metered (see :mod:`tokenomy.gateway.metering` for the classes). Treat it as
+    immutable once recorded; not frozen because a frozen dataclass of 27 fields costs ~7 us more
+    to build, once per request."""
 
     request_id: str
     ts_s: float  # wall-clock time the request finished (Unix seconds)

@@ -122,13 +122,19 @@ class _Conn(asyncio.Protocol):
     async def wait(self, timeout_s: float) -> None:
         if self.error is not None:
             raise self.error
-        self.waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, self._timeout, waiter, timeout_s)  # cheaper than wait_for
         try:
-            await asyncio.wait_for(self.waiter, timeout_s)
-        except TimeoutError:
-            raise UpstreamTimeout(f"no data from upstream for {timeout_s}s") from None
+            await waiter
         finally:
+            timer.cancel()
             self.waiter = None
+
+    @staticmethod
+    def _timeout(waiter: asyncio.Future[None], timeout_s: float) -> None:
+        if not waiter.done():
+            waiter.set_exception(UpstreamTimeout(f"no data from upstream for {timeout_s}s"))
 
     def take(self) -> bytes:
         data = b"".join(self.chunks)
