@@ -194,6 +194,9 @@ def build_app(
                     await task
             await client.aclose()
             await upstream.aclose()
+            aclose = getattr(guard, "aclose", None)  # token operations: post queued alerts, stop the webhook
+            if aclose is not None:
+                await aclose()
             if own_ledger:
                 the_ledger.close()
 

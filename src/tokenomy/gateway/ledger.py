@@ -16,6 +16,12 @@ nothing is dropped silently. Two writers keep that contract:
 * ``thread``: one writer thread owns a connection and commits whatever has queued while the
   previous commit ran. For ``synchronous=FULL`` (an fsync a commit) and for network databases,
   where a commit must not stall the loop.
+
+Checkpoints (copying the WAL into the database file, with an fsync of each at ``NORMAL``) stay
+off the event loop: a ``ledger-checkpoint`` thread runs a passive checkpoint every
+``_CHECKPOINT_S`` seconds, which neither blocks nor is blocked by the writer (SQLite releases the
+GIL while it copies); the inline writer's own automatic checkpoint starts only at
+``_FALLBACK_CHECKPOINT_PAGES``, should that thread fall behind.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import contextlib
 import logging
 import operator
 import queue
+import sqlite3
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -155,6 +162,37 @@ _SQLITE_INSERT = (
 )
 
 
+_CHECKPOINT_S = 0.5
+_FALLBACK_CHECKPOINT_PAGES = 20_000  # SQLite's default is 1000 (4 MB of WAL at 4 KB pages)
+
+
+class _Checkpointer:
+    """A daemon thread that checkpoints an SQLite file's WAL every ``period_s`` until stopped."""
+
+    def __init__(self, path: str, period_s: float = _CHECKPOINT_S) -> None:
+        self._path = path
+        self._period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ledger-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA busy_timeout=5000")
+            while not self._stop.wait(self._period_s):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error:
+                    log.exception("ledger: checkpoint failed (the WAL grows until one succeeds)")
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 class SqlLedger:
     """SQLAlchemy ledger with group commit (see the module docstring for the two writers)."""
 
@@ -178,6 +216,10 @@ class SqlLedger:
         self._raw: Any = None  # the inline writer's DBAPI connection
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
+        self._checkpointer: _Checkpointer | None = None
+        db_file = self.engine.url.database
+        if writer == "inline" and db_file and db_file != ":memory:":
+            self._checkpointer = _Checkpointer(db_file)
         if writer == "thread":
             self._writer = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
             self._writer.start()
@@ -203,7 +245,7 @@ class SqlLedger:
         error: BaseException | None = None
         try:
             if self._raw is None:
-                self._raw = self.engine.raw_connection()
+                self._raw = self._inline_connection()
             cur = self._raw.cursor()
             if len(batch) == 1:
                 cur.execute(_SQLITE_INSERT, _ROW(batch[0][0]))
@@ -222,6 +264,14 @@ class SqlLedger:
                 fut.set_result(None)
             else:
                 fut.set_exception(RuntimeError(f"ledger write failed: {error}"))
+
+    def _inline_connection(self) -> Any:
+        raw = self.engine.raw_connection()
+        if self._checkpointer is not None:  # the checkpoint thread does it, off the event loop
+            cur = raw.cursor()
+            cur.execute(f"PRAGMA wal_autocheckpoint={_FALLBACK_CHECKPOINT_PAGES}")
+            cur.close()
+        return raw
 
     def record_sync(self, events: Sequence[UsageEvent]) -> None:
         """Write ``events`` now, from a thread that is not the writer (tests, imports)."""
@@ -280,7 +330,7 @@ class SqlLedger:
     async def exists(self, request_id: str) -> bool:
         if self._writer is None:  # inline: a primary-key lookup on the loop's own connection (~20 us)
             if self._raw is None:
-                self._raw = self.engine.raw_connection()
+                self._raw = self._inline_connection()
             cur = self._raw.cursor()
             cur.execute("SELECT 1 FROM usage_events WHERE request_id = ?", (request_id,))
             return cur.fetchone() is not None
@@ -328,6 +378,8 @@ class SqlLedger:
         if self._writer is not None:
             self._queue.put(None)
             self._writer.join(timeout=10)
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
         if self._raw is not None:
             self._raw.close()
         self.engine.dispose()
