@@ -94,8 +94,11 @@ class UsageFilter:
 
 
 class Ledger(Protocol):
-    async def record(self, event: UsageEvent) -> None:
-        """Store ``event`` durably; a second event with the same request id is ignored."""
+    async def record(self, event: UsageEvent, alone: bool = False) -> None:
+        """Store ``event`` durably; a second event with the same request id is ignored.
+
+        ``alone``: the caller knows no other request can record in the meantime (none is in
+        flight), so waiting to group this event with others would only add a loop turn."""
         ...
 
     async def session_state(self, key_id: str, session_id: str) -> SessionState | None:
@@ -224,9 +227,12 @@ class SqlLedger:
             self._writer = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
             self._writer.start()
 
-    async def record(self, event: UsageEvent) -> None:
+    async def record(self, event: UsageEvent, alone: bool = False) -> None:
         if self._closed:
             raise RuntimeError("ledger is closed")
+        if alone and self._writer is None and not self._pending:
+            self._commit_inline([event])  # durable on return, without a future and two loop turns
+            return
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         if self._writer is not None:
@@ -244,19 +250,9 @@ class SqlLedger:
         batch, self._pending = self._pending, []
         error: BaseException | None = None
         try:
-            if self._raw is None:
-                self._raw = self._inline_connection()
-            cur = self._raw.cursor()
-            if len(batch) == 1:
-                cur.execute(_SQLITE_INSERT, _ROW(batch[0][0]))
-            else:
-                cur.executemany(_SQLITE_INSERT, [_ROW(ev) for ev, _ in batch])
-            self._raw.commit()
+            self._commit_inline([ev for ev, _ in batch])
         except Exception as exc:
-            log.exception("ledger: commit of %d events failed", len(batch))
             error = exc
-            with contextlib.suppress(Exception):
-                self._raw.rollback()
         for _, fut in batch:
             if fut.done():
                 continue
@@ -264,6 +260,24 @@ class SqlLedger:
                 fut.set_result(None)
             else:
                 fut.set_exception(RuntimeError(f"ledger write failed: {error}"))
+
+    def _commit_inline(self, events: list[UsageEvent]) -> None:
+        """Insert ``events`` in one transaction on the loop's connection; raises when it failed."""
+        try:
+            if self._raw is None:
+                self._raw = self._inline_connection()
+            cur = self._raw.cursor()
+            if len(events) == 1:
+                cur.execute(_SQLITE_INSERT, _ROW(events[0]))
+            else:
+                cur.executemany(_SQLITE_INSERT, [_ROW(ev) for ev in events])
+            self._raw.commit()
+        except Exception:
+            log.exception("ledger: commit of %d events failed", len(events))
+            if self._raw is not None:
+                with contextlib.suppress(Exception):
+                    self._raw.rollback()
+            raise
 
     def _inline_connection(self) -> Any:
         raw = self.engine.raw_connection()

@@ -332,7 +332,8 @@ class Proxy:
         )
         settled = SettledUsage(prompt, out, classes.cached_tokens, c.total_usd, status)
         try:
-            await self.ledger.record(ev)
+            # alone: no request is at a backend, so none can join this event's group commit
+            await self.ledger.record(ev, alone=not any(b.in_flight for b in self.pool.backends))
         except Exception:
             await self.guard.settle(adm, settled)  # charge what the backend did, even unrecorded
             self.metrics.errors.labels("ledger_write_failed").inc()
