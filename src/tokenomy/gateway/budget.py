@@ -94,9 +94,10 @@ class Budgets:
             return hit[1], hit[2]
         charges = tuple((n.id, self._periods[n.limits.budget_period]) for n in path)
         budgets = {c: n.limits.budget_usd for c, n in zip(charges, path, strict=True) if n.limits.budget_usd is not None}
-        if len(self._by_path) >= 100_000:
-            self._by_path.clear()
-        self._by_path[id(path)] = (path, charges, budgets)  # holding ``path`` keeps its id unique
+        if isinstance(path, tuple):  # immutable: safe to remember (the tree's tuples are)
+            if len(self._by_path) >= 100_000:
+                self._by_path.clear()
+            self._by_path[id(path)] = (path, charges, budgets)  # holding ``path`` keeps its id unique
         return charges, budgets
 
     def charges(self, path: Sequence[Node], now_s: float) -> tuple[Charge, ...]:
