@@ -1,6 +1,8 @@
 """Crash safety: SIGKILL the gateway under load and restart it.
 
-Every request a client saw complete is in the ledger exactly once, and no budget hold is left.
+Every request a client saw complete is in the ledger exactly once, and no budget hold is left
+(holds in SQLite here, where a dead process can leave them; ``test_ops_crash.py`` covers both
+stores through the admin API).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def test_sigkill_under_load_loses_no_acknowledged_request_and_leaves_no_hold(tmp
             "server": {"port": port},
             "backends": [{"id": "b1", "url": up_url}],
             "ledger": {"url": f"sqlite:///{db}"},
-            "ops": {"server_secret": "crash-test-secret-0123", "tenants": [
+            "ops": {"server_secret": "crash-test-secret-0123", "reservations": "sql", "tenants": [
                 {"org": "o", "limits": {"budget_usd": 100.0},
                  "teams": [{"name": "t", "keys": [{"name": "k", "key": key}]}]}]},
         }))

@@ -133,3 +133,36 @@ def test_guard_emits_spend_rate_alerts_and_counts_refusals_and_trips(tmp_path):
     assert 'tokenomy_gateway_ops_refusals_total{code="breaker_repetition"} 1.0' in text
     assert 'tokenomy_gateway_ops_refusals_total{code="missing_api_key"} 1.0' in text
     assert 'tokenomy_gateway_alerts_total{kind="spend_rate"} 1.0' in text
+
+
+@pytest.mark.integration
+def test_gateway_shutdown_posts_the_alerts_still_queued(tmp_path):
+    """The app's lifespan closes token operations: an alert queued at shutdown still reaches the webhook."""
+    from tokenomy.gateway.app import build_app
+    from tokenomy.gateway.config import config_from_dict
+
+    async def main() -> list[dict]:
+        bodies: list[dict] = []
+        server, port = await _receiver(bodies)
+        cfg = config_from_dict({
+            "backends": [{"id": "b1", "url": "http://127.0.0.1:9"}],
+            "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
+            "ops": {"server_secret": "s" * 32, "alerts": {"webhook_url": f"http://127.0.0.1:{port}/hook"}},
+        })
+        app = build_app(cfg)
+        inbox: asyncio.Queue[dict] = asyncio.Queue()
+        outbox: asyncio.Queue[dict] = asyncio.Queue()
+        lifespan = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}},
+                                           inbox.get, outbox.put))
+        await inbox.put({"type": "lifespan.startup"})
+        assert (await asyncio.wait_for(outbox.get(), 10))["type"] == "lifespan.startup.complete"
+        for i in range(3):
+            app.state.guard.alerter.emit(Alert("breaker_trip", f"key k{i}", "test", 0.0, {}))
+        await inbox.put({"type": "lifespan.shutdown"})  # at once: the webhook task has posted nothing yet
+        assert (await asyncio.wait_for(outbox.get(), 10))["type"] == "lifespan.shutdown.complete"
+        await asyncio.wait_for(lifespan, 10)
+        server.close()
+        return bodies
+
+    bodies = asyncio.run(main())
+    assert [b["subject"] for b in bodies] == ["key k0", "key k1", "key k2"]

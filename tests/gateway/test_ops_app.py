@@ -116,3 +116,34 @@ def test_bad_and_revoked_keys_and_usage_isolation(rig: Rig) -> None:
         assert http.post(f"/admin/keys/{key_b}/revoke", headers=admin).status_code == 200
         r = http.post("/v1/chat/completions", json=chat_body(), headers={"authorization": f"Bearer {rig.keys['b']}"})
         assert r.status_code == 401
+
+
+def test_a_reused_request_id_is_refused_and_charges_nothing(rig: Rig) -> None:
+    """409 for an id already recorded or in flight; the budget is charged once per served id."""
+    guard = rig.app.state.guard
+    headers = {"authorization": f"Bearer {rig.keys['a']}", "x-request-id": "once"}
+
+    def budget() -> tuple[float, float]:
+        key_id = guard.store.authenticate(rig.keys["a"]).id
+        return guard.budgets.store.usage((key_id, period_key("month", guard.clock())))
+
+    async def main() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=rig.url, timeout=30) as client:
+            first = await client.post("/v1/chat/completions", json=chat_body(), headers=headers)
+            assert first.status_code == 200
+            spent = budget()
+            again = await client.post("/v1/chat/completions", json=chat_body(), headers=headers)
+            assert (again.status_code, again.json()["error"]["code"]) == (409, "duplicate_request_id")
+            assert budget() == spent
+            rig.upstream.response_delay_s = 0.3  # the first twin is still in flight when the others arrive
+            twins = {**headers, "x-request-id": "twin"}
+            return await asyncio.gather(*(client.post("/v1/chat/completions", json=chat_body(), headers=twins)
+                                          for _ in range(5)))
+
+    twins = asyncio.run(main())
+    assert sorted(r.status_code for r in twins) == [200, 409, 409, 409, 409]
+    events = {e.request_id: e for e in rig.ledger.query(UsageFilter())}
+    assert sorted(events) == ["once", "twin"] and len(rig.upstream.usages) == 2
+    spent, held = budget()
+    assert spent == pytest.approx(events["once"].cost_usd + events["twin"].cost_usd, abs=1e-12)
+    assert held == pytest.approx(0.0, abs=1e-12)

@@ -60,6 +60,7 @@ def test_revoking_a_team_revokes_its_keys(tmp_path):
     guard = make_guard(tmp_path)
     raw, key_id = add_key(guard)
     team_id = guard.store.tree.get(key_id).parent_id
+    admit(guard, request(raw, "r0"))  # the key is known live (remembered) before its team is revoked
     guard.store.revoke(team_id)
     with pytest.raises(GatewayError):
         admit(guard, request(raw, "r1"))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,3 +153,23 @@ def test_a_reused_request_id_is_refused_not_served_twice(rig: Rig) -> None:
     assert [e.request_id for e in rig.events()] == ["same"] and len(rig.upstream.usages) == 1
     long_id = rig.http.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "x" * 129})
     assert long_id.status_code == 400 and long_id.json()["error"]["param"] == "x-request-id"
+
+
+def test_a_failed_ledger_commit_answers_500_and_still_charges(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Alone (one request in flight: committed at once) and grouped (concurrent: one commit)."""
+
+    def broken(events: Any) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(rig.ledger, "_commit_inline", broken)
+    r = rig.http.post("/v1/chat/completions", json=chat(), headers={"x-request-id": "alone"})
+    assert (r.status_code, r.json()["error"]["code"]) == (500, "ledger_write_failed")
+
+    async def many() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=str(rig.http.base_url), timeout=30) as client:
+            return await asyncio.gather(*(client.post("/v1/chat/completions", json=chat(),
+                                                      headers={"x-request-id": f"g{i}"}) for i in range(8)))
+
+    assert {r.status_code for r in asyncio.run(many())} == {500}
+    assert set(rig.guard.settled) == {"alone", *(f"g{i}" for i in range(8))} and not rig.guard.open
+    assert rig.events() == []

@@ -8,6 +8,7 @@ tests pass their own guard and ledger.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import logging
 import time
@@ -86,9 +87,21 @@ def build_guard(config: GatewayConfig, metrics: GatewayMetrics, ledger: Ledger) 
     return guard, admin
 
 
+class _Incoming:
+    """The request as the proxy reads it: headers (lower-case names; the first of repeated ones)
+    decoded once into a dict, and the ASGI ``receive``. Cheaper than a Starlette ``Request``."""
+
+    __slots__ = ("headers", "receive")
+
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(scope["headers"])}
+        self.receive = receive
+
+
 class GatewayApp:
     """The ASGI app: the two completion routes go straight to the proxy (no routing table, no
-    middleware stack: ~10% of a request's CPU); everything else, lifespan included, to Starlette."""
+    middleware stack, no Starlette ``Request``: ~15% of a request's CPU); everything else,
+    lifespan included, to Starlette."""
 
     _FAST = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 
@@ -102,9 +115,8 @@ class GatewayApp:
         if endpoint is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        request = Request(scope, receive, send)
         try:
-            response = await self.proxy.handle(request, endpoint)
+            response = await self.proxy.handle(_Incoming(scope, receive), endpoint)
         except GatewayError as err:
             self.proxy.metrics.errors.labels(err.code or err.type).inc()
             response = _error_response(err)
@@ -171,6 +183,8 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         pool.start()
+        gc.collect()
+        gc.freeze()  # start-up objects live as long as the process: the collector need not scan them
         try:
             yield
         finally:
@@ -180,6 +194,9 @@ def build_app(
                     await task
             await client.aclose()
             await upstream.aclose()
+            aclose = getattr(guard, "aclose", None)  # token operations: post queued alerts, stop the webhook
+            if aclose is not None:
+                await aclose()
             if own_ledger:
                 the_ledger.close()
 

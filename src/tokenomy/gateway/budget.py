@@ -79,13 +79,29 @@ class Budgets:
         self.crossings: list[Crossing] = []  # drained by the owner (alerts)
         self._day = -1
         self._periods: dict[str, str] = {}
+        # per path (by identity: the tenant tree hands out one tuple per key until it changes),
+        # its charges and budgets for the current day
+        self._by_path: dict[int, tuple[Sequence[Node], tuple[Charge, ...], dict[Charge, float]]] = {}
 
-    def charges(self, path: Sequence[Node], now_s: float) -> tuple[Charge, ...]:
+    def _plan(self, path: Sequence[Node], now_s: float) -> tuple[tuple[Charge, ...], dict[Charge, float]]:
         day = int(now_s // 86400)
         if day != self._day:  # period keys change only at UTC midnight
             self._day = day
             self._periods = {p: period_key(p, now_s) for p in ("day", "month")}
-        return tuple((n.id, self._periods[n.limits.budget_period]) for n in path)
+            self._by_path.clear()
+        hit = self._by_path.get(id(path))
+        if hit is not None and hit[0] is path:
+            return hit[1], hit[2]
+        charges = tuple((n.id, self._periods[n.limits.budget_period]) for n in path)
+        budgets = {c: n.limits.budget_usd for c, n in zip(charges, path, strict=True) if n.limits.budget_usd is not None}
+        if isinstance(path, tuple):  # immutable: safe to remember (the tree's tuples are)
+            if len(self._by_path) >= 100_000:
+                self._by_path.clear()
+            self._by_path[id(path)] = (path, charges, budgets)  # holding ``path`` keeps its id unique
+        return charges, budgets
+
+    def charges(self, path: Sequence[Node], now_s: float) -> tuple[Charge, ...]:
+        return self._plan(path, now_s)[0]
 
     def reserve(self, request_id: str, path: Sequence[Node], amount_usd: float, now_s: float) -> Hold:
         """Hold ``amount_usd`` on every node of ``path`` or raise 429 ``budget_exceeded``.
@@ -94,9 +110,7 @@ class Budgets:
         (``retry-after: 1``); one that spend alone shuts out waits for the next period
         (``retry-after`` to its start, ``x-should-retry: false``).
         """
-        charges = self.charges(path, now_s)
-        budgets = {c: n.limits.budget_usd for c, n in zip(charges, path, strict=True)
-                   if n.limits.budget_usd is not None}
+        charges, budgets = self._plan(path, now_s)
         hold = Hold(request_id, charges, amount_usd, now_s + self.hold_ttl_s)
         refusal = self.store.reserve(hold, budgets)
         if refusal is None:

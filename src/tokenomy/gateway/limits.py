@@ -85,14 +85,21 @@ class RateLimits(Protocol):
 def _headers(buckets: Sequence[tuple[TokenBucket, int, str]]) -> dict[str, str]:
     """OpenAI's ``x-ratelimit-*`` for the tightest bucket of each kind (``requests``, ``tokens``)."""
     out: dict[str, str] = {}
-    for kind in (RPM, TPM):
-        mine = [(b.level, cap, b) for b, cap, k in buckets if k == kind]
-        if mine:
-            level, cap, bucket = min(mine, key=lambda x: x[0])
-            out[f"x-ratelimit-limit-{kind}"] = str(cap)
-            out[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(level)))
-            out[f"x-ratelimit-reset-{kind}"] = openai_duration(bucket.reset_s())
+    for kind, names in _HEADER_NAMES:
+        best: TokenBucket | None = None
+        best_cap = 0
+        for b, cap, k in buckets:
+            if k == kind and (best is None or b.level < best.level):
+                best, best_cap = b, cap
+        if best is not None:
+            out[names[0]] = str(best_cap)
+            out[names[1]] = str(max(0, math.floor(best.level)))
+            out[names[2]] = openai_duration(best.reset_s())
     return out
+
+
+_HEADER_NAMES = tuple((kind, (f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}",
+                              f"x-ratelimit-reset-{kind}")) for kind in (RPM, TPM))
 
 
 class InProcessRateLimits:

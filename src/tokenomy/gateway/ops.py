@@ -183,7 +183,7 @@ class OpsGuard:
         if node is None:
             raise GatewayError(401, "invalid or revoked API key", type="authentication_error",
                                code="invalid_api_key")
-        path = tuple(self.store.tree.get(i) for i in self.store.tree.path(node.id))
+        path = self.store.tree.path_nodes(node.id)
         eff = self.store.tree.effective(node.id)
         if eff.allowed_models is not None and request.model not in eff.allowed_models:
             raise GatewayError(403, f"model {request.model!r} is not allowed for this key",
@@ -262,7 +262,7 @@ class OpsGuard:
     def signals(self, key_id: str, path: tuple[Node, ...] | None = None) -> AdmissionSignals:
         """Priority, remaining budget share and consumption rate of a key (for admission and routing)."""
         tree = self.store.tree
-        path = path or tuple(tree.get(i) for i in tree.path(key_id))
+        path = path or tree.path_nodes(key_id)
         now = self.clock()
         tier = self.budgets.tier_priority(path, now)
         prio = tree.effective(key_id).priority

@@ -29,7 +29,7 @@ class OpsConfig(BaseModel):
     admin_key: str | None = Field(default=None, min_length=16, description="bearer key of /admin; None: off")
     db_url: str | None = Field(default=None, description="SQLAlchemy URL; None: the ledger's database")
     reservations: Literal["sql", "memory"] = Field(
-        default="sql", description="sql: holds and spend in the database, reconciled after a crash, shared "
+        default="memory", description="sql: holds and spend in the database, reconciled after a crash, shared "
                                    "by processes on one file; memory: in process, spend rebuilt from the "
                                    "ledger at start-up (one process; fewer statements per request)")
     hold_ttl_s: float = Field(default=3600.0, gt=0, description="a hold older than this is reconciled")

@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
-from starlette.requests import Request
+from starlette.types import Receive
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.metering import estimate_tokens
@@ -22,6 +23,16 @@ SESSION_HEADER = "x-session-id"
 REQUEST_ID_HEADER = "x-request-id"
 _MAX_ID_CHARS = 128
 _KEY_MASK = (1 << 62) - 1
+
+
+class Incoming(Protocol):
+    """What the request path reads of an HTTP request (a Starlette ``Request`` is one)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...  # lower-case names
+
+    @property
+    def receive(self) -> Receive: ...
 
 
 @dataclass(slots=True)
@@ -44,7 +55,7 @@ def _bad(message: str, param: str | None = None, code: str = "invalid_value", st
     return GatewayError(status, message, "invalid_request_error", code, param)
 
 
-async def read_json(request: Request, max_body_bytes: int) -> dict[str, Any]:
+async def read_json(request: Incoming, max_body_bytes: int) -> dict[str, Any]:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise _bad(f"request body is larger than {max_body_bytes} bytes", code="body_too_large", status=413)
@@ -120,7 +131,7 @@ def _int_field(body: dict[str, Any], name: str) -> int | None:
     return v
 
 
-def _session_id(request: Request, body: dict[str, Any]) -> str:
+def _session_id(request: Incoming, body: dict[str, Any]) -> str:
     sid = request.headers.get(SESSION_HEADER)
     if not sid:
         meta = body.get("metadata")
@@ -138,7 +149,7 @@ def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
-def parse_request(request: Request, body: dict[str, Any], endpoint: str, known_models: frozenset[str]) -> ParsedRequest:
+def parse_request(request: Incoming, body: dict[str, Any], endpoint: str, known_models: frozenset[str]) -> ParsedRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' must be a non-empty string", "model", "missing_field" if model is None else "invalid_type")

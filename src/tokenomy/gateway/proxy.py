@@ -3,7 +3,10 @@
 Order for every request (the Guard contract of :mod:`tokenomy.gateway.guard`)::
 
     parse -> guard.admit -> route (retry other backends on connection errors)
-          -> forward -> meter -> ledger.record (durable) -> guard.settle -> client sees completion
+          -> forward -> meter -> ledger.record (durable) -> client sees completion -> guard.settle
+
+(a stream settles before its final chunk; a plain response settles right after it is written,
+in the same task, so the next request a client sends finds the request settled.)
 
 A failure before any usage, or a client that leaves before its first token, ends in
 ``guard.release``; a stream cut by ``guard.on_tokens`` or left by its client after tokens were
@@ -15,15 +18,17 @@ chunk is held until the ledger row is durable and passed on only if the client a
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from tokenomy.core import Request as CoreRequest
 from tokenomy.gateway.backends import Backend, BackendPool
@@ -39,7 +44,7 @@ from tokenomy.gateway.metering import (
     cost,
     usage_numbers,
 )
-from tokenomy.gateway.parse import ParsedRequest, parse_request, read_json
+from tokenomy.gateway.parse import Incoming, ParsedRequest, parse_request, read_json
 from tokenomy.gateway.pd import PdRoute, PdRouter
 from tokenomy.gateway.prom import GatewayMetrics
 from tokenomy.gateway.streaming import stream_response
@@ -55,6 +60,31 @@ from tokenomy.policy.router import Router
 log = logging.getLogger(__name__)
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+class JsonBytes(Response):
+    """A JSON body already encoded, with headers given as ``str`` pairs (encoded here once).
+
+    ``after`` runs once the response is written, also when writing it fails (settling a request
+    off the client's critical path)."""
+
+    def __init__(self, body: bytes, status: int, headers: dict[str, str],
+                 after: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.status_code = status
+        self.background = None
+        self.body = body
+        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        raw += ((b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()))
+        self.raw_headers = raw
+        self.after = after
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": self.body})
+        finally:
+            if self.after is not None:
+                await self.after()
 
 
 @dataclass(slots=True)
@@ -107,7 +137,7 @@ class Proxy:
         self.pd: PdRouter | None = None  # routing.mode disagg/ampd (tokenomy.gateway.pd)
 
     # -- entry point -----------------------------------------------------------------------
-    async def handle(self, request: Request, endpoint: str) -> Response:
+    async def handle(self, request: Incoming, endpoint: str) -> Response:
         t0 = time.perf_counter()
         body = await read_json(request, self.config.server.max_body_bytes)
         req = parse_request(request, body, endpoint, self.known_models)
@@ -236,7 +266,7 @@ class Proxy:
             msg = f"backend {flight.backend.instance_id} answered {resp.status_code}"
             content = json.dumps(GatewayError(status, msg, "server_error", "upstream_error").body()).encode()
         await self.release(flight.ticket, f"upstream {resp.status_code}")
-        return Response(content, status, media_type="application/json", headers={"x-request-id": flight.req.request_id})
+        return JsonBytes(content, status, {"x-request-id": flight.req.request_id})
 
     async def _complete(self, flight: Flight, resp: UpstreamResponse) -> Response:
         req = flight.req
@@ -249,16 +279,25 @@ class Proxy:
         prompt, out, cached = usage_numbers(usage, req.prompt_tokens_estimate, 0)
         flight.backend.finished(req.request_id, req.stream_key, prompt + out)
         up1 = time.perf_counter()
-        await self.finish(flight, prompt, out, cached, status=200, outcome="ok", end_s=up1)
+        ev, settled = await self.record(flight, prompt, out, cached, status=200, outcome="ok", end_s=up1)
         headers = {"x-request-id": req.request_id, **flight.admission.headers}
         self.metrics.added_latency.observe(max(0.0, time.perf_counter() - flight.t0 - flight.upstream_s))
-        return Response(resp.content, 200, media_type="application/json", headers=headers)
+        return JsonBytes(resp.content, 200, headers, after=functools.partial(self.settle, flight, ev, settled))
 
     # -- metering --------------------------------------------------------------------------
     async def finish(
         self, flight: Flight, prompt: int, out: int, cached: int, status: int, outcome: str, end_s: float
     ) -> UsageEvent:
         """Meter, make the event durable, then settle. Called exactly once per admitted flight."""
+        ev, settled = await self.record(flight, prompt, out, cached, status, outcome, end_s)
+        await self.settle(flight, ev, settled)
+        return ev
+
+    async def record(
+        self, flight: Flight, prompt: int, out: int, cached: int, status: int, outcome: str, end_s: float
+    ) -> tuple[UsageEvent, SettledUsage]:
+        """Meter and make the event durable; :meth:`settle` must follow (``finish`` does both).
+        When the ledger write fails the request is settled here and a 500 GatewayError raised."""
         if flight.ticket.done:
             raise RuntimeError(f"request {flight.req.request_id} finished twice")
         flight.ticket.done = True
@@ -293,15 +332,19 @@ class Proxy:
         )
         settled = SettledUsage(prompt, out, classes.cached_tokens, c.total_usd, status)
         try:
-            await self.ledger.record(ev)
+            # alone: no request is at a backend, so none can join this event's group commit
+            await self.ledger.record(ev, alone=not any(b.in_flight for b in self.pool.backends))
         except Exception:
             await self.guard.settle(adm, settled)  # charge what the backend did, even unrecorded
             self.metrics.errors.labels("ledger_write_failed").inc()
             raise GatewayError(500, "usage could not be recorded", "server_error", "ledger_write_failed") from None
-        await self.guard.settle(adm, settled)
-        self.metrics.count_request(req.model, status)
+        return ev, settled
+
+    async def settle(self, flight: Flight, ev: UsageEvent, settled: SettledUsage) -> None:
+        """Replace the admission's holds by the recorded usage; count the request in the metrics."""
+        await self.guard.settle(flight.admission, settled)
+        self.metrics.count_request(ev.model, ev.status)
         self.metrics.observe_event(ev)
-        return ev
 
     def spawn(self, coro: Any) -> None:
         """Run ``coro`` to completion even if the task that started it is cancelled."""

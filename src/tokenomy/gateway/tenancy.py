@@ -89,6 +89,7 @@ class TenantTree:
         self._nodes: dict[str, Node] = {}
         # memoised per tree (the request path asks for the same keys again and again)
         self._paths: dict[str, tuple[str, ...]] = {}
+        self._path_nodes: dict[str, tuple[Node, ...]] = {}
         self._effective: dict[str, EffectiveLimits] = {}
         for node in nodes or []:
             self._nodes[node.id] = node
@@ -120,6 +121,13 @@ class TenantTree:
             cur = self.get(cur).parent_id
         path = self._paths[node_id] = tuple(reversed(out))
         return path
+
+    def path_nodes(self, node_id: str) -> tuple[Node, ...]:
+        """The nodes of :meth:`path`; the same tuple object until the tree changes."""
+        cached = self._path_nodes.get(node_id)
+        if cached is None:
+            cached = self._path_nodes[node_id] = tuple(self.get(i) for i in self.path(node_id))
+        return cached
 
     def subtree(self, node_id: str) -> set[str]:
         """``node_id`` and every node below it."""
@@ -191,9 +199,11 @@ class TenantTree:
     def put(self, node: Node) -> None:
         self._nodes[node.id] = node
         self._paths.clear()
+        self._path_nodes.clear()
         self._effective.clear()
 
     def remove(self, node_id: str) -> None:
         self._nodes.pop(node_id, None)
         self._paths.clear()
+        self._path_nodes.clear()
         self._effective.clear()

@@ -5,10 +5,14 @@ every change through to the database. Changes made by another process (``tokenom
 against the same file) are picked up on the next ``authenticate``: every write bumps
 ``tk_meta.version`` and ``authenticate`` reloads when it differs, so a revocation is effective on
 the next request wherever it was made.
+
+Hot keys skip the HMAC: a key that authenticated is remembered under a keyed BLAKE2b MAC of it
+(never the raw key) until the next reload, which every change — a revocation included — causes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import sqlite3
@@ -21,6 +25,7 @@ from tokenomy.gateway.keys import KeyIndex, key_hint, new_api_key
 from tokenomy.gateway.tenancy import Node, NodeKind, NodeLimits, TenantTree
 
 METADATA = sa.MetaData()
+_LIVE_CACHE_KEYS = 100_000  # bound on remembered keys (~100 bytes each)
 
 NODES = sa.Table(
     "tk_nodes", METADATA,
@@ -96,6 +101,8 @@ class TenantStore:
         self.engine = engine
         self.tree = TenantTree()
         self.keys = KeyIndex(server_secret)
+        self._mac_key = hashlib.blake2b(b"tk-live-cache:" + server_secret, digest_size=32).digest()
+        self._live: dict[bytes, Node] = {}  # MAC of a raw key -> its live key node, until the next reload
         self._version = -1
         METADATA.create_all(engine)
         with engine.begin() as conn:
@@ -119,6 +126,7 @@ class TenantStore:
             if r["key_digest"] and not node.revoked:
                 self.keys.add(r["key_digest"], node.id)
         self.tree = tree
+        self._live = {}
         self._version = version
 
     def refresh_if_changed(self) -> None:
@@ -130,12 +138,19 @@ class TenantStore:
     def authenticate(self, raw_key: str) -> Node | None:
         """The key's node when ``raw_key`` is a live key (not revoked, ancestors not revoked)."""
         self.refresh_if_changed()
+        mac = hashlib.blake2b(raw_key.encode(), key=self._mac_key, digest_size=16).digest()
+        node = self._live.get(mac)
+        if node is not None:
+            return node
         node_id = self.keys.lookup(raw_key)
         if node_id is None:
             return None
         if any(self.tree.get(i).revoked for i in self.tree.path(node_id)):
             return None
-        return self.tree.get(node_id)
+        node = self.tree.get(node_id)
+        if len(self._live) < _LIVE_CACHE_KEYS:
+            self._live[mac] = node
+        return node
 
     def key_hints(self) -> dict[str, str]:
         with self.engine.connect() as conn:

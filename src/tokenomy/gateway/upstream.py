@@ -122,13 +122,19 @@ class _Conn(asyncio.Protocol):
     async def wait(self, timeout_s: float) -> None:
         if self.error is not None:
             raise self.error
-        self.waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, self._timeout, waiter, timeout_s)  # cheaper than wait_for
         try:
-            await asyncio.wait_for(self.waiter, timeout_s)
-        except TimeoutError:
-            raise UpstreamTimeout(f"no data from upstream for {timeout_s}s") from None
+            await waiter
         finally:
+            timer.cancel()
             self.waiter = None
+
+    @staticmethod
+    def _timeout(waiter: asyncio.Future[None], timeout_s: float) -> None:
+        if not waiter.done():
+            waiter.set_exception(UpstreamTimeout(f"no data from upstream for {timeout_s}s"))
 
     def take(self) -> bytes:
         data = b"".join(self.chunks)
@@ -193,6 +199,7 @@ class UpstreamPool:
         self.read_timeout_s = read_timeout_s
         self.max_idle_per_host = max_idle_per_host
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._targets: dict[str, tuple[tuple[str, int], str]] = {}
         self._closed = False
 
     async def _connect(self, key: tuple[str, int]) -> _Conn:
@@ -211,14 +218,22 @@ class UpstreamPool:
         conn._reset()
         idle.append(conn)
 
+    def _target(self, url: str) -> tuple[tuple[str, int], str]:
+        """((host, port), "path?query") of ``url``, parsed once per URL."""
+        hit = self._targets.get(url)
+        if hit is None:
+            parts = urlsplit(url)
+            if parts.scheme != "http":
+                raise UpstreamConnectError(f"only http:// backends are supported by the fast client, got {url}")
+            key = (parts.hostname or "127.0.0.1", parts.port or 80)
+            hit = (key, parts.path + (f"?{parts.query}" if parts.query else ""))
+            if len(self._targets) < 10_000:
+                self._targets[url] = hit
+        return hit
+
     async def request(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
-        parts = urlsplit(url)
-        host = parts.hostname or "127.0.0.1"
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        if parts.scheme != "http":
-            raise UpstreamConnectError(f"only http:// backends are supported by the fast client, got {url}")
-        key = (host, port)
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        key, path = self._target(url)
+        host, port = key
         head = [f"{method} {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"]
         head += [f"{k}: {v}\r\n" for k, v in headers.items()]
         raw = ("".join(head) + "\r\n").encode("latin-1") + body
