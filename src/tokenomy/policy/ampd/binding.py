@@ -89,6 +89,13 @@ class BindingDecision:
         return fields_dict(self)
 
 
+def history_follows(config: BindingConfig | None, home: str | None, target: str) -> bool:
+    """Whether a session's history KV held on ``home`` should be sent to ``target``, where its
+    next turn runs: only when they differ and ``move_history_on_rebind`` is on (also used by the
+    host-tier baselines, whose router rather than a binder moves sessions)."""
+    return config is not None and config.move_history_on_rebind and home is not None and home != target
+
+
 def blocks_needed(request: Request, view: InstanceView) -> int:
     """Free blocks ``request`` would take on ``view``: its uncached prompt plus its output."""
     cached = min(view.cached_prefix_tokens(request.content, request.prompt_tokens), request.prompt_tokens)
@@ -144,7 +151,7 @@ class SessionBinder:
         chosen, why = self._pick(request, candidates or decode_instances)
         self._bound[sid] = chosen
         cause = "bound instance gone" if bound is None else "bound instance out of KV room"
-        move = bound is not None and self.config.move_history_on_rebind
+        move = bound is not None and history_follows(self.config, bound_id, chosen)
         if move:
             why += "; history KV follows"
         return BindingDecision(

@@ -19,6 +19,7 @@ or drops it. When the binding policy moves a session to another instance and ask
 history to follow (``BindingDecision.move_history``), :meth:`KVKeeper.move_history` sends what
 the old instance holds (GPU prefix cache or host copy) over the new instance's inbound KV link
 into the new instance's host tier; the next turn reloads it from there once it has arrived.
+The host-tier baselines, whose router moves sessions, get the same by :meth:`KVKeeper.follow`.
 
 Without retention (the baseline), every finished turn behaves like DROP.
 """
@@ -29,7 +30,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from tokenomy.core import Request
-from tokenomy.policy.ampd import AmpdPolicies, HostCopyView, RetainedKV, Retention, RetentionDecision
+from tokenomy.policy.ampd import (
+    AmpdPolicies,
+    HostCopyView,
+    RetainedKV,
+    Retention,
+    RetentionDecision,
+    history_follows,
+)
 from tokenomy.sim.base import SimContext
 from tokenomy.sim.deployments.policies import pcie_bytes_per_s
 from tokenomy.sim.instance import SimInstance
@@ -63,6 +71,8 @@ class KVKeeper:
         self.policy = policies.retention
         self._tools = policies.tool_latency
         self._eviction = policies.host_eviction
+        self._binding = policies.config.binding
+        self._home: dict[str, str] = {}  # session -> instance that ended its last turn
         pcie = pcie_bytes_per_s(ctx)
         self._by_id = {d.instance_id: d for d in decodes}
         # PCIe is full duplex: copies to host and reloads from host do not queue behind each other.
@@ -100,6 +110,15 @@ class KVKeeper:
         start = max(now, self.history_ready_s(request.session_id))
         ready = self._from_host[decode.instance_id].transfer(start, missing * self.ctx.perf.kv_bytes_per_token)
         return ready, host
+
+    def follow(self, request: Request, target: SimInstance, link: KVLink, now: float) -> int:
+        """A router sent the session's turn to ``target``: if its history is on another instance
+        and ``history_follows`` says so, move it there (:meth:`move_history`); tokens sent."""
+        home = self._home.get(request.session_id)
+        if not history_follows(self._binding, home, target.instance_id) or home not in self._by_id:
+            return 0
+        self._home[request.session_id] = target.instance_id
+        return self.move_history(request, self._by_id[home], target, link, now)
 
     def history_ready_s(self, session_id: str) -> float:
         """When the session's host copy can be read (0 without one; later while a moved copy travels)."""
@@ -159,6 +178,7 @@ class KVKeeper:
         answer): decide what to do with them while the tool runs. ``tool_starts`` False: the
         answer is not complete yet (a prefill node's part), so the tool's clock does not start."""
         sid = request.session_id
+        self._home[sid] = instance.instance_id
         if tool_starts:
             self.tool_started(sid, now)
         self._unpin(sid)
