@@ -53,6 +53,7 @@ def test_rebinds_when_bound_instance_runs_out_of_kv() -> None:
     d = b.bind(make_request(prompt_tokens=5000, history_tokens=1100), [a, other], now=5.0)
     assert (d.rebound, d.from_instance, d.to_instance) == (True, "a", "b")
     assert "out of KV room" in d.reason
+    assert d.move_history, "the history on a should follow the session to b"
     assert b.bound_instance("s1") == "b"
     # and the new binding is sticky in turn
     d = b.bind(make_request(prompt_tokens=5500, history_tokens=5100), [a, other], now=9.0)
@@ -65,6 +66,16 @@ def test_rebinds_when_bound_instance_is_gone() -> None:
     d = b.bind(make_request(prompt_tokens=2000, history_tokens=1100), [FakeView("b"), FakeView("c")], now=1.0)
     assert (d.rebound, d.from_instance, d.instance_id) == (True, "a", "b")
     assert "gone" in d.reason
+    assert not d.move_history  # nothing to fetch from an instance that is gone
+
+
+def test_history_stays_behind_when_moving_it_is_switched_off() -> None:
+    b = SessionBinder(BindingConfig(move_history_on_rebind=False))
+    a, other = FakeView("a"), FakeView("b", num_running=5)
+    b.bind(make_request(prompt_tokens=1000), [a, other], now=0.0)
+    a.free_blocks, a.cached_tokens = 100, 1000
+    d = b.bind(make_request(prompt_tokens=5000, history_tokens=1100), [a, other], now=5.0)
+    assert (d.rebound, d.move_history) == (True, False)
 
 
 def test_stays_when_no_other_instance_has_room() -> None:

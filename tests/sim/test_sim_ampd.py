@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from tokenomy.core import SLO, Session, Turn
+from tokenomy.core import SLO, Session, TokenUsage, Turn
 from tokenomy.perf import PerfModel
-from tokenomy.policy.ampd import PlacementConfig
+from tokenomy.policy.ampd import BindingConfig, PlacementConfig
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.variants import VARIANTS, make_variant
 from tokenomy.workload.registry import load_workload
@@ -85,6 +85,39 @@ def test_kv_retention_cuts_recompute_when_the_gpu_cannot_hold_sessions_across_to
     lost_recomputed, _ = recomputed("ampd-binding-placement-reorder")
     assert kept_recomputed < lost_recomputed
     assert kept_transferred > 0
+
+
+def moved_turns(variant: str, gpu_memory_utilization: float, *, move: bool) -> list[TokenUsage]:
+    """Usage of the later turns that ran on another instance than the session's previous turn."""
+    sessions = [agent_session(f"s{i}", 100 + i, start_s=0.05 * i) for i in range(24)]
+    cfg = replace(make_variant(variant, BASE), gpu_memory_utilization=gpu_memory_utilization)
+    cfg = replace(cfg, ampd=replace(cfg.ampd, binding_config=BindingConfig(move_history_on_rebind=move)))
+    res = simulate(sessions, cfg, SLO(), perf=PERF)
+    last: dict[str, str] = {}
+    moved = []
+    for rec in sorted(res.records, key=lambda r: (r.session_id, r.turn)):
+        if rec.turn > 0 and last[rec.session_id] != rec.decode_instance:
+            moved.append(rec.usage)
+        last[rec.session_id] = rec.decode_instance
+    return moved
+
+
+def test_a_rebound_session_takes_its_history_along_instead_of_recomputing_it() -> None:
+    # Decode memory so tight that sessions outgrow their instance and are rebound mid-session.
+    with_history, without = moved_turns("ampd", 0.25, move=True), moved_turns("ampd", 0.25, move=False)
+    assert with_history and without
+    # Only the new tokens are computed after a rebind that carries the history ...
+    assert all(u.recomputed_tokens <= u.incremental_prefill_tokens + 16 for u in with_history)
+    # ... while without it the new instance recomputes the session's history.
+    assert sum(u.recomputed_tokens for u in without) > 2 * sum(u.incremental_prefill_tokens for u in without)
+
+
+def test_the_host_tier_baseline_moves_history_with_a_session_its_router_moves() -> None:
+    with_history = moved_turns("colocated-offload", 0.23, move=True)
+    without = moved_turns("colocated-offload", 0.23, move=False)
+    assert with_history and len(with_history) == len(without)
+    assert sum(u.transferred_tokens for u in with_history) > 0 == sum(u.transferred_tokens for u in without)
+    assert sum(u.recomputed_tokens for u in with_history) < sum(u.recomputed_tokens for u in without)
 
 
 def test_unknown_variant_is_a_clear_error() -> None:

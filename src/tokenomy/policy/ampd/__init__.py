@@ -3,7 +3,7 @@ prefill dispatch, tool-latency estimation, and KV retention across tool calls (k
 drop, host-tier eviction). Pure decision objects; docs/ampd.md states their rules.
 ``build_ampd_policies`` builds them all from the ``AMPD_POLICIES`` registry."""
 
-from tokenomy.policy.ampd.binding import BindingConfig, BindingDecision, SessionBinder
+from tokenomy.policy.ampd.binding import BindingConfig, BindingDecision, SessionBinder, history_follows
 from tokenomy.policy.ampd.dispatch import DispatchConfig, DispatchDecision, PrefillDispatch
 from tokenomy.policy.ampd.factory import (
     AMPD_POLICIES,
@@ -53,4 +53,5 @@ __all__ = [
     "ToolLatencyEstimate",
     "ToolLatencyEstimator",
     "build_ampd_policies",
+    "history_follows",
 ]

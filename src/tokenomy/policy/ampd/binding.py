@@ -18,6 +18,12 @@ Rules (docs/ampd.md, "Session binding"):
   rule picks among the others (its ``need`` counts the whole context, since the history
   must be transferred or recomputed there). If no other instance has room either, the
   session stays where its history is (moving would not help) and the decision says so.
+* **History follows a rebind** (``move_history_on_rebind``, default on): when a session moves
+  away from an instance that still exists, the decision asks for its history KV (what the old
+  instance holds on GPU or in its host tier) to be sent to the new instance over the KV network
+  (as Mooncake's store or Dynamo's KVBM serve a remote node's KV), so the next turns reload it
+  instead of recomputing it. Sending 40k tokens of Llama-3.1-8B KV at 50 GB/s takes ~0.1 s,
+  recomputing them ~1.5 s of a whole GPU.
 """
 
 from __future__ import annotations
@@ -40,10 +46,13 @@ class BindingConfig:
     the session (our choice, 0.1, leaves room for the session to grow over its turns).
     ``rebind_headroom_fraction``: free blocks below which a bound session moves (0.0: only
     when its grown context no longer fits).
+    ``move_history_on_rebind``: a rebound session's history KV follows it (module docstring;
+    our default True; False: the new instance recomputes it, the behaviour before 2026-12-01).
     """
 
     kv_headroom_fraction: float = 0.1
     rebind_headroom_fraction: float = 0.0
+    move_history_on_rebind: bool = True
 
     def __post_init__(self) -> None:
         for name in ("kv_headroom_fraction", "rebind_headroom_fraction"):
@@ -59,6 +68,8 @@ class BindingDecision:
     ``instance_id`` is the decode instance (the ``to`` of a rebind); ``rebound`` is True when
     the session moved away from ``from_instance``; ``new_binding`` is True for a session's
     first binding (False for stateless requests, which are never remembered).
+    ``move_history`` True: send the session's history KV from ``from_instance`` (GPU or host
+    tier) to ``instance_id`` (only on a rebind away from an instance that still exists).
     """
 
     session_id: str
@@ -67,6 +78,7 @@ class BindingDecision:
     from_instance: str | None = None
     new_binding: bool = False
     reason: str = ""
+    move_history: bool = False
 
     @property
     def to_instance(self) -> str:
@@ -75,6 +87,13 @@ class BindingDecision:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields, for the decision trace."""
         return fields_dict(self)
+
+
+def history_follows(config: BindingConfig | None, home: str | None, target: str) -> bool:
+    """Whether a session's history KV held on ``home`` should be sent to ``target``, where its
+    next turn runs: only when they differ and ``move_history_on_rebind`` is on (also used by the
+    host-tier baselines, whose router rather than a binder moves sessions)."""
+    return config is not None and config.move_history_on_rebind and home is not None and home != target
 
 
 def blocks_needed(request: Request, view: InstanceView) -> int:
@@ -132,7 +151,12 @@ class SessionBinder:
         chosen, why = self._pick(request, candidates or decode_instances)
         self._bound[sid] = chosen
         cause = "bound instance gone" if bound is None else "bound instance out of KV room"
-        return BindingDecision(sid, chosen, rebound=True, from_instance=bound_id, reason=f"{cause}; {why}")
+        move = bound is not None and history_follows(self.config, bound_id, chosen)
+        if move:
+            why += "; history KV follows"
+        return BindingDecision(
+            sid, chosen, rebound=True, from_instance=bound_id, reason=f"{cause}; {why}", move_history=move
+        )
 
     @staticmethod
     def _has_room(request: Request, view: InstanceView, headroom_fraction: float) -> bool:

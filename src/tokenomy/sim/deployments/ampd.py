@@ -106,7 +106,12 @@ class AMPD(Deployment):
     def _bind(self, request: Request, now: float) -> SimInstance:
         if self._binder is None:
             return self._by_id[self._decode_router.choose(request, self._decode_views, now)]
-        return self._by_id[self._binder.bind(request, self._decode_views, now).instance_id]
+        decision = self._binder.bind(request, self._decode_views, now)
+        decode = self._by_id[decision.instance_id]
+        if decision.move_history and decision.from_instance in self._by_id and self._keeper is not None:
+            old = self._by_id[decision.from_instance]
+            self._keeper.move_history(request, old, decode, self._links[decode.instance_id], now)
+        return decode
 
     def _run_local(self, turn: _Turn, now: float) -> None:
         decode = self._by_id[turn.decode_id]
@@ -147,7 +152,8 @@ class AMPD(Deployment):
             prefill.submit(req, now, preloaded_tokens=preloaded, prefill_only=True)
             return
         queue.in_flight_tokens += todo
-        arrive = self._links[prefill.instance_id].transfer(now, from_decode * self.ctx.perf.kv_bytes_per_token)
+        sent = now if self._keeper is None else max(now, self._keeper.history_ready_s(req.session_id))
+        arrive = self._links[prefill.instance_id].transfer(sent, from_decode * self.ctx.perf.kv_bytes_per_token)
 
         def start() -> None:
             queue.in_flight_tokens -= todo

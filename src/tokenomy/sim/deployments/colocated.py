@@ -3,7 +3,9 @@
 With ``SimConfig.host_kv_tier`` every instance also gets AMPD's host KV tier (LMCache-style
 CPU offload): at the end of each turn the retention policy keeps, offloads or drops the
 session's KV, and the session's next turn reloads what its instance's GPU cache lost from host
-memory over PCIe instead of recomputing it. Same policies, host memory and PCIe model as AMPD.
+memory over PCIe instead of recomputing it. Same policies, host memory and PCIe model as AMPD;
+like AMPD's rebinding, a session the router moves to another instance takes its history KV along
+over that instance's inbound KV link (``KVKeeper.follow``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from tokenomy.core import Request, Role
 from tokenomy.engine import FinishedRequest
 from tokenomy.policy.router import make_router
 from tokenomy.sim.base import Deployment, SimContext, register_deployment, single_record
+from tokenomy.sim.deployments.disagg import inbound_links
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.instance import SimInstance
@@ -32,6 +35,7 @@ class Colocated(Deployment):
         self._router = make_router(ctx.config.router)
         self._inflight: dict[str, Request] = {}
         self._keeper = KVKeeper(ctx, self.instances, sim_policies(ctx)) if ctx.config.host_kv_tier else None
+        self._links = inbound_links(ctx, self.instances) if self._keeper is not None else {}
 
     def submit(self, request: Request, now: float) -> None:
         target = self._by_id[self._router.choose(request, self._views, now)]
@@ -40,6 +44,7 @@ class Colocated(Deployment):
             target.submit(request, now)
             return
         self._keeper.on_arrival(request, now)
+        self._keeper.follow(request, target, self._links[target.instance_id], now)
         ready, preloaded = self._keeper.reload(request, target, now)
         if ready > now:
             self.ctx.loop.at(ready, lambda: target.submit(request, ready, preloaded_tokens=preloaded))

@@ -15,7 +15,11 @@ simulated instances (AMPD's decode instances, or every instance of a host-tier b
 * DROP pins nothing: the blocks stay in the LRU prefix cache like any finished request's.
 
 A KEEP pin whose TTL runs out (the tool is late) is handed back to the policy, which offloads
-or drops it.
+or drops it. When the binding policy moves a session to another instance and asks for its
+history to follow (``BindingDecision.move_history``), :meth:`KVKeeper.move_history` sends what
+the old instance holds (GPU prefix cache or host copy) over the new instance's inbound KV link
+into the new instance's host tier; the next turn reloads it from there once it has arrived.
+The host-tier baselines, whose router moves sessions, get the same by :meth:`KVKeeper.follow`.
 
 Without retention (the baseline), every finished turn behaves like DROP.
 """
@@ -26,7 +30,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from tokenomy.core import Request
-from tokenomy.policy.ampd import AmpdPolicies, HostCopyView, RetainedKV, Retention, RetentionDecision
+from tokenomy.policy.ampd import (
+    AmpdPolicies,
+    HostCopyView,
+    RetainedKV,
+    Retention,
+    RetentionDecision,
+    history_follows,
+)
 from tokenomy.sim.base import SimContext
 from tokenomy.sim.deployments.policies import pcie_bytes_per_s
 from tokenomy.sim.instance import SimInstance
@@ -46,6 +57,7 @@ class _HostCopy:
     instance_id: str
     kv_tokens: int
     expire_s: float
+    ready_s: float = 0.0  # when the copy is usable there (a moved copy is still on the network before)
 
 
 class KVKeeper:
@@ -59,6 +71,8 @@ class KVKeeper:
         self.policy = policies.retention
         self._tools = policies.tool_latency
         self._eviction = policies.host_eviction
+        self._binding = policies.config.binding
+        self._home: dict[str, str] = {}  # session -> instance that ended its last turn
         pcie = pcie_bytes_per_s(ctx)
         self._by_id = {d.instance_id: d for d in decodes}
         # PCIe is full duplex: copies to host and reloads from host do not queue behind each other.
@@ -70,6 +84,7 @@ class KVKeeper:
         self._host_capacity_bytes = int(cfg.ampd.host_kv_bytes_per_gpu * cfg.tp)
         self.decisions: dict[Retention, int] = {r: 0 for r in Retention}
         self.reloaded_tokens = 0
+        self.moved_tokens = 0
         self.host_evictions = 0
 
     def on_arrival(self, request: Request, now: float) -> None:
@@ -92,8 +107,64 @@ class KVKeeper:
             return now, 0
         missing = host - on_gpu
         self.reloaded_tokens += missing
-        ready = self._from_host[decode.instance_id].transfer(now, missing * self.ctx.perf.kv_bytes_per_token)
+        start = max(now, self.history_ready_s(request.session_id))
+        ready = self._from_host[decode.instance_id].transfer(start, missing * self.ctx.perf.kv_bytes_per_token)
         return ready, host
+
+    def follow(self, request: Request, target: SimInstance, link: KVLink, now: float) -> int:
+        """A router sent the session's turn to ``target``: if its history is on another instance
+        and ``history_follows`` says so, move it there (:meth:`move_history`); tokens sent."""
+        home = self._home.get(request.session_id)
+        if not history_follows(self._binding, home, target.instance_id) or home not in self._by_id:
+            return 0
+        self._home[request.session_id] = target.instance_id
+        return self.move_history(request, self._by_id[home], target, link, now)
+
+    def history_ready_s(self, session_id: str) -> float:
+        """When the session's host copy can be read (0 without one; later while a moved copy travels)."""
+        copy = self._host.get(session_id)
+        return 0.0 if copy is None else copy.ready_s
+
+    def move_history(self, request: Request, old: SimInstance, new: SimInstance, link: KVLink, now: float) -> int:
+        """Send the session's history that ``old`` holds (GPU prefix cache or host copy) to ``new``'s
+        host tier over ``link`` (``new``'s inbound KV link); returns the tokens sent.
+
+        Applies a binding decision with ``move_history``; the old instance's pin and copy are released.
+        """
+        sid = request.session_id
+        history = request.history_tokens
+        copy = self._host.get(sid)
+        on_host = min(copy.kv_tokens, history) if copy is not None and copy.instance_id == old.instance_id else 0
+        on_gpu = old.engine.cached_prefix_tokens(request.content, history) if history > 0 else 0
+        tokens = max(on_host, on_gpu)
+        self._unpin(sid)
+        if tokens <= 0:
+            return 0
+        kv_bytes = self.ctx.perf.kv_bytes_per_token
+        nbytes = tokens * kv_bytes
+        if nbytes > self._host_capacity_bytes:
+            return 0
+        expire = copy.expire_s if copy is not None else now
+        self._drop_host(sid)
+        self._make_room(sid, new.instance_id, nbytes, now)
+        arrived = link.transfer(now, nbytes)
+        self._host[sid] = _HostCopy(new.instance_id, tokens, expire, ready_s=arrived)
+        self._host_bytes[new.instance_id] += nbytes
+        self.moved_tokens += tokens
+        return tokens
+
+    def _make_room(self, session_id: str, instance_id: str, nbytes: int, now: float) -> None:
+        """Evict host copies on ``instance_id`` as the host-eviction policy decides, for ``nbytes`` more."""
+        kv_bytes = self.ctx.perf.kv_bytes_per_token
+        copies = [
+            HostCopyView(sid, c.kv_tokens * kv_bytes, c.expire_s)
+            for sid, c in self._host.items()
+            if c.instance_id == instance_id
+        ]
+        room = self._eviction.decide(session_id, nbytes, copies=copies, capacity_bytes=self._host_capacity_bytes, now=now)
+        for sid in room.evict:
+            self._drop_host(sid)
+            self.host_evictions += 1
 
     # ---- end of a turn: the tool call starts -------------------------------------------------
     def tool_started(self, session_id: str, now: float) -> None:
@@ -107,6 +178,7 @@ class KVKeeper:
         answer): decide what to do with them while the tool runs. ``tool_starts`` False: the
         answer is not complete yet (a prefill node's part), so the tool's clock does not start."""
         sid = request.session_id
+        self._home[sid] = instance.instance_id
         if tool_starts:
             self.tool_started(sid, now)
         self._unpin(sid)
@@ -136,18 +208,11 @@ class KVKeeper:
         stored = old.kv_tokens if old is not None and old.instance_id == iid else 0
         if nbytes > self._host_capacity_bytes:
             return
+        ready = old.ready_s if old is not None and old.instance_id == iid else 0.0
         self._drop_host(decision.session_id)
-        copies = [
-            HostCopyView(sid, c.kv_tokens * kv_bytes, c.expire_s) for sid, c in self._host.items() if c.instance_id == iid
-        ]
-        room = self._eviction.decide(
-            decision.session_id, nbytes, copies=copies, capacity_bytes=self._host_capacity_bytes, now=now
-        )
-        for sid in room.evict:
-            self._drop_host(sid)
-            self.host_evictions += 1
+        self._make_room(decision.session_id, iid, nbytes, now)
         self._to_host[iid].transfer(now, max(0, kv_tokens - stored) * kv_bytes)
-        self._host[decision.session_id] = _HostCopy(iid, kv_tokens, now + decision.ttl_s)
+        self._host[decision.session_id] = _HostCopy(iid, kv_tokens, now + decision.ttl_s, ready_s=ready)
         self._host_bytes[iid] += nbytes
 
     def _drop_host(self, session_id: str) -> None:
