@@ -27,7 +27,7 @@ def test_importing_every_policy_module_loads_nothing_from_sim() -> None:
     assert out.returncode == 0, out.stderr
     loaded = out.stdout.split()
     # the walk did import the package, the decision-makers sim and gateway share among them
-    for module in ("placement", "dispatch", "tool_latency", "host_tier", "retention", "factory"):
+    for module in ("placement", "dispatch", "tool_latency", "host_tier", "retention", "admission", "factory"):
         assert f"tokenomy.policy.ampd.{module}" in loaded
     assert "tokenomy.policy.trace" in loaded
     leaked = [m for m in loaded if m.startswith(FORBIDDEN_PACKAGES)]

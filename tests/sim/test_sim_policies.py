@@ -44,7 +44,7 @@ def test_ampd_builds_every_decision_maker_from_the_registry(spied_registry: dict
     simulate(sessions, make_variant("ampd", BASE), SLO(), perf=PERF, decision_trace=events.append)
     assert all(len(objs) == 1 for objs in spied_registry.values()), spied_registry
     kinds = Counter(e["kind"] for e in events)
-    for kind in ("binding", "placement", "dispatch", "retention", "tool_latency"):
+    for kind in ("binding", "placement", "dispatch", "retention", "tool_latency", "admission"):
         assert kinds[kind] > 0, kinds
     # each placement the simulator applied carries its reason and names its request
     placements = [e for e in events if e["kind"] == "placement"]

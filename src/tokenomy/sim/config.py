@@ -11,6 +11,8 @@ from tokenomy.policy.ampd import BindingConfig, PlacementConfig, ReorderConfig, 
 class AMPDOptions:
     """Which AMPD mechanisms run (each can be switched off for ablation) and their policy configs.
 
+    ``admission``: turns waiting for a memory-full decode instance are admitted in slack order
+    (:class:`~tokenomy.policy.ampd.SlackAdmission`) instead of FIFO.
     With every switch off, ``ampd`` degenerates to PD disaggregation that ships only the KV the
     decode side lacks. ``tool_latency_prior_s`` is the expected tool time assumed for a session
     before any tool call has been observed (a labelled default; afterwards the running mean of
@@ -23,6 +25,7 @@ class AMPDOptions:
     placement: bool = True
     reorder: bool = True
     retention: bool = True
+    admission: bool = True
     binding_config: BindingConfig = field(default_factory=BindingConfig)
     # Decode-side chunks of 512 tokens (decodes included) keep a local prefill's ITL cost small;
     # 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).

@@ -16,9 +16,11 @@ from tokenomy.sim.config import AMPDOptions, SimConfig
 Variant = Callable[[SimConfig], SimConfig]
 
 
-def _ampd(binding: bool, placement: bool, reorder: bool, retention: bool) -> Variant:
+def _ampd(binding: bool, placement: bool, reorder: bool, retention: bool, admission: bool = False) -> Variant:
     def make(base: SimConfig) -> SimConfig:
-        opts = replace(base.ampd, binding=binding, placement=placement, reorder=reorder, retention=retention)
+        opts = replace(
+            base.ampd, binding=binding, placement=placement, reorder=reorder, retention=retention, admission=admission
+        )
         return replace(base, deployment="ampd", ampd=opts)
 
     return make
@@ -35,7 +37,8 @@ VARIANTS: dict[str, Variant] = {
     "ampd-binding": _ampd(True, False, False, False),
     "ampd-binding-placement": _ampd(True, True, False, False),
     "ampd-binding-placement-reorder": _ampd(True, True, True, False),
-    "ampd": _ampd(True, True, True, True),
+    "ampd-fifo-admission": _ampd(True, True, True, True),
+    "ampd": _ampd(True, True, True, True, True),
 }
 
 

@@ -3,6 +3,7 @@ prefill dispatch, tool-latency estimation, and KV retention across tool calls (k
 drop, host-tier eviction). Pure decision objects; docs/ampd.md states their rules.
 ``build_ampd_policies`` builds them all from the ``AMPD_POLICIES`` registry."""
 
+from tokenomy.policy.ampd.admission import AdmissionDecision, AdmissionTask, SlackAdmission
 from tokenomy.policy.ampd.binding import BindingConfig, BindingDecision, SessionBinder, history_follows
 from tokenomy.policy.ampd.dispatch import DispatchConfig, DispatchDecision, PrefillDispatch
 from tokenomy.policy.ampd.factory import (
@@ -27,6 +28,8 @@ from tokenomy.policy.ampd.tool_latency import ToolLatencyConfig, ToolLatencyEsti
 __all__ = [
     "AMPD_POLICIES",
     "AdaptivePlacement",
+    "AdmissionDecision",
+    "AdmissionTask",
     "AmpdPolicies",
     "AmpdPolicyConfig",
     "BindingConfig",
@@ -49,6 +52,7 @@ __all__ = [
     "RetentionConfig",
     "RetentionDecision",
     "SessionBinder",
+    "SlackAdmission",
     "ToolLatencyConfig",
     "ToolLatencyEstimate",
     "ToolLatencyEstimator",

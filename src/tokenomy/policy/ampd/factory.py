@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenomy.policy.ampd.admission import SlackAdmission
 from tokenomy.policy.ampd.binding import BindingConfig, SessionBinder
 from tokenomy.policy.ampd.dispatch import DispatchConfig, PrefillDispatch
 from tokenomy.policy.ampd.host_tier import HostEvictionPolicy
@@ -28,7 +29,7 @@ from tokenomy.policy.trace import TraceSink
 
 @dataclass(frozen=True)
 class AmpdPolicyConfig:
-    """Which AMPD mechanisms run (None: off) and their configs. Defaults are docs/ampd.md's."""
+    """Which AMPD mechanisms run (None / False: off) and their configs. Defaults are docs/ampd.md's."""
 
     binding: BindingConfig | None = field(default_factory=BindingConfig)
     placement: PlacementConfig | None = field(default_factory=PlacementConfig)
@@ -36,6 +37,7 @@ class AmpdPolicyConfig:
     retention: RetentionConfig | None = field(default_factory=RetentionConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     tool_latency: ToolLatencyConfig = field(default_factory=ToolLatencyConfig)
+    admission: bool = True  # slack-ordered admission on a full decode instance
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,11 @@ def _host_eviction(cfg: AmpdPolicyConfig, deps: PolicyDeps) -> HostEvictionPolic
     return HostEvictionPolicy(trace=deps.trace)
 
 
+@AMPD_POLICIES.register("admission")
+def _admission(cfg: AmpdPolicyConfig, deps: PolicyDeps) -> SlackAdmission | None:
+    return SlackAdmission(deps.estimator, trace=deps.trace) if cfg.admission else None
+
+
 @dataclass
 class AmpdPolicies:
     """Every AMPD decision-maker of one deployment; ``built_from`` lists the registry entries used."""
@@ -96,6 +103,7 @@ class AmpdPolicies:
     retention: KVRetentionPolicy | None
     tool_latency: ToolLatencyEstimator
     host_eviction: HostEvictionPolicy
+    admission: SlackAdmission | None
     config: AmpdPolicyConfig
     built_from: tuple[str, ...]
 
@@ -117,6 +125,7 @@ def build_ampd_policies(
         retention=built["retention"],
         tool_latency=built["tool_latency"],
         host_eviction=built["host_eviction"],
+        admission=built["admission"],
         config=config,
         built_from=tuple(built),
     )

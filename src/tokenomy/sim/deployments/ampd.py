@@ -4,7 +4,8 @@ Decode instances are bound to sessions and keep their history KV; each turn's pr
 either on a prefill instance (remote: ship the history the prefill node lacks, prefill the
 new tokens, ship only the new KV back) or on the bound decode instance itself (local), by the
 slack rule of :class:`~tokenomy.policy.ampd.AdaptivePlacement`. Prefill queues are reordered
-within a look-ahead window, and KV is kept, offloaded or dropped across tool calls. Every
+within a look-ahead window, turns waiting for a memory-full decode instance are admitted in
+slack order (:class:`~tokenomy.policy.ampd.SlackAdmission`), and KV is kept, offloaded or dropped across tool calls. Every
 mechanism is a policy object from :mod:`tokenomy.policy.ampd` and can be switched off in
 :class:`~tokenomy.sim.config.AMPDOptions` for ablation.
 """
@@ -15,9 +16,10 @@ from dataclasses import dataclass
 
 from tokenomy.core import Request, Role
 from tokenomy.engine import FinishedRequest
-from tokenomy.policy.ampd import PlacementDecision, PrefillTask
+from tokenomy.policy.ampd import AdmissionTask, PlacementDecision, PrefillTask
 from tokenomy.policy.router import make_router
 from tokenomy.sim.base import Deployment, SimContext, register_deployment, single_record, split_record
+from tokenomy.sim.deployments.decode_queue import DecodeAdmissionQueue
 from tokenomy.sim.deployments.disagg import inbound_links
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.policies import sim_policies
@@ -62,6 +64,10 @@ class AMPD(Deployment):
         self._router = make_router(cfg.router)
         self._queues = {p.instance_id: PrefillQueue(p, self.policies.dispatch) for p in self.prefills}
         self._links = inbound_links(ctx, self.instances)
+        admission = self.policies.admission
+        self._admit = {} if admission is None else {
+            d.instance_id: DecodeAdmissionQueue(d, admission, ctx.slo) for d in self.decodes
+        }
         self._keeper = KVKeeper(ctx, self.decodes, self.policies) if opts.retention else None
         self._turns: dict[str, _Turn] = {}
         self.local_prefills = 0
@@ -119,9 +125,38 @@ class AMPD(Deployment):
         if self._keeper is not None:
             ready, preloaded = self._keeper.reload(turn.request, decode, now)
         if ready > now:
-            self.ctx.loop.at(ready, lambda: decode.submit(turn.request, ready, preloaded_tokens=preloaded))
+            self.ctx.loop.at(ready, lambda: self._admit_on_decode(turn, ready, preloaded, streaming=False))
         else:
-            decode.submit(turn.request, now, preloaded_tokens=preloaded)
+            self._admit_on_decode(turn, now, preloaded, streaming=False)
+
+    def _admit_on_decode(self, turn: _Turn, now: float, preloaded: int, *, streaming: bool) -> None:
+        """Hand ``turn`` to its decode instance, through the admission queue when there is one."""
+        req = turn.request
+        decode = self._by_id[turn.decode_id]
+
+        def submit(at: float) -> None:
+            if streaming:
+                # The client already streams this request: it goes ahead of local prefills waiting there.
+                decode.submit(req, at, preloaded_tokens=req.prompt_tokens, emitted_tokens=1, continuation=True)
+            else:
+                decode.submit(req, at, preloaded_tokens=preloaded)
+
+        queue = self._admit.get(turn.decode_id)
+        if queue is None:
+            submit(now)
+            return
+        cached = max(preloaded, decode.engine.cached_prefix_tokens(req.content, req.prompt_tokens))
+        bs = decode.engine.block_size_tokens
+        task = AdmissionTask(
+            request_id=req.request_id,
+            since_s=now if streaming else req.arrival_s,
+            streaming=streaming,
+            prefill_tokens=0 if streaming else req.prompt_tokens - cached,
+            cached_tokens=cached,
+            output_tokens=req.max_output_tokens,
+            blocks=-(-(req.prompt_tokens + req.max_output_tokens - (0 if streaming else cached)) // bs),
+        )
+        queue.push(task, submit, now)
 
     # ---- remote prefill ----------------------------------------------------------------------
     def _enqueue_remote(self, turn: _Turn, now: float) -> None:
@@ -169,6 +204,9 @@ class AMPD(Deployment):
             self._after_prefill(turn, instance, fin)
         else:
             self._after_decode(turn, instance, fin)
+            queue = self._admit.get(instance.instance_id)
+            if queue is not None:
+                queue.pump(fin.finish_s)
 
     def _after_prefill(self, turn: _Turn, instance: SimInstance, fin: FinishedRequest) -> None:
         turn.prefill = fin
@@ -185,11 +223,7 @@ class AMPD(Deployment):
     def _arrive_on_decode(self, turn: _Turn) -> None:
         now = self.ctx.loop.now
         turn.kv_arrived_s = now
-        req = turn.request
-        # The client already streams this request: it goes ahead of local prefills waiting there.
-        self._by_id[turn.decode_id].submit(
-            req, now, preloaded_tokens=req.prompt_tokens, emitted_tokens=1, continuation=True
-        )
+        self._admit_on_decode(turn, now, turn.request.prompt_tokens, streaming=True)
 
     def _after_decode(self, turn: _Turn, instance: SimInstance, fin: FinishedRequest) -> None:
         if self._keeper is not None:

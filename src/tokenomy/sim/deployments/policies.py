@@ -38,6 +38,7 @@ def ampd_policy_config(config: SimConfig) -> AmpdPolicyConfig:
         retention=opts.retention_config if opts.retention else None,
         dispatch=DispatchConfig(engine_budget_tokens=budget),
         tool_latency=ToolLatencyConfig(prior_s=opts.tool_latency_prior_s),
+        admission=opts.admission,
     )
 
 

@@ -1,0 +1,103 @@
+"""Decode admission order: which waiting turn a memory-full decode instance takes next.
+
+A decode instance admits turns (local incremental prefills and remote turns whose KV arrived)
+in FIFO order in the engine. When its KV memory is full, turns queue in front of it and
+:class:`SlackAdmission` picks the next one to release:
+
+* **gate**: release while the engine has no request waiting for admission, or while its free
+  KV blocks cover the pick's blocks plus the blocks of what still waits in the engine;
+* **pick**: the task of least slack that can still meet its SLO (``slack_s >= 0``); tasks that
+  cannot (hopeless) go last, oldest first. Slack (``AdmissionTask``): a new turn's TTFT deadline
+  minus now minus its estimated prefill; a streaming turn's (remote, first token already sent)
+  TPOT budget left: ``(slo.tpot_s - itl_s) * (output_tokens - 1)`` minus the time it already
+  waited since its KV arrived.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokenomy.core import SLO
+from tokenomy.policy.estimator import Estimator
+from tokenomy.policy.trace import TraceSink, emit, fields_dict
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionTask:
+    """A turn waiting to be admitted on a decode instance.
+
+    ``streaming``: its first token was already sent (remote prefill), ``since_s`` is when its KV
+    arrived; else ``since_s`` is its arrival and ``prefill_tokens`` what it still computes there.
+    ``blocks``: KV blocks it needs to be admitted.
+    """
+
+    request_id: str
+    since_s: float
+    streaming: bool
+    prefill_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionDecision:
+    """Release ``queue[index]`` (``request_id``) to the decode engine now; ``slack_s`` its slack."""
+
+    index: int
+    request_id: str
+    slack_s: float
+    reason: str
+    decode_instance: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return fields_dict(self)
+
+
+class SlackAdmission:
+    """Gates and orders admission on a full decode instance (module docstring)."""
+
+    def __init__(self, estimator: Estimator, *, trace: TraceSink | None = None) -> None:
+        self.estimator = estimator
+        self.trace = trace
+
+    def slack_s(self, task: AdmissionTask, slo: SLO, now: float, itl_s: float) -> float:
+        """Seconds ``task`` may still wait and meet ``slo`` (negative: hopeless), decode steps taking ``itl_s``."""
+        if task.streaming:
+            budget = (slo.tpot_s - itl_s) * max(1, task.output_tokens - 1)
+            return budget - (now - task.since_s)
+        service = self.estimator.prefill_time_s(task.prefill_tokens, task.cached_tokens)
+        return task.since_s + slo.ttft_s - now - service
+
+    def decide(
+        self,
+        queue: Sequence[AdmissionTask],
+        *,
+        engine_waiting: int,
+        engine_waiting_blocks: int,
+        free_blocks: int,
+        itl_s: float,
+        slo: SLO,
+        now: float,
+        decode_instance: str = "",
+    ) -> AdmissionDecision | None:
+        """The task to release now, or None (empty queue, or the engine cannot take it yet).
+
+        ``engine_waiting``: requests the engine holds unadmitted; ``engine_waiting_blocks``: an
+        upper bound of the KV blocks they need; ``itl_s``: the instance's current decode step time.
+        """
+        if not queue:
+            return None
+        slacks = [self.slack_s(t, slo, now, itl_s) for t in queue]
+        index = min(range(len(queue)), key=lambda i: (slacks[i] < 0, slacks[i] if slacks[i] >= 0 else queue[i].since_s, i))
+        task = queue[index]
+        if engine_waiting > 0 and free_blocks < engine_waiting_blocks + task.blocks:
+            return None
+        reason = "least slack that can still meet its SLO" if slacks[index] >= 0 else "every waiting turn is late"
+        slack = slacks[index] if math.isfinite(slacks[index]) else 0.0
+        decision = AdmissionDecision(index, task.request_id, slack, reason, decode_instance)
+        emit(self.trace, "admission", now, decision)
+        return decision

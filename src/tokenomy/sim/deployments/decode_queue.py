@@ -1,0 +1,68 @@
+"""Turns waiting to be admitted on one decode instance, held in front of its engine.
+
+When to release a turn and which one is :class:`~tokenomy.policy.ampd.SlackAdmission`'s decision
+(gate on the engine's waiting requests and free KV, slack order); this queue only applies it.
+It is pumped when a turn is pushed and whenever a request on the instance finishes (memory frees).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tokenomy.core import SLO
+from tokenomy.policy.ampd import AdmissionTask, SlackAdmission
+from tokenomy.sim.instance import SimInstance
+
+Submit = Callable[[float], None]
+
+
+@dataclass(slots=True)
+class _Held:
+    task: AdmissionTask
+    submit: Submit
+
+
+class DecodeAdmissionQueue:
+    """Turns waiting for one decode instance; ``pump`` releases them as the policy decides."""
+
+    def __init__(self, instance: SimInstance, policy: SlackAdmission, slo: SLO) -> None:
+        self.instance = instance
+        self._slo = slo
+        self._policy = policy
+        self._items: list[_Held] = []
+        self._released_blocks = 0  # blocks of turns released since the engine last had none waiting
+        self.reordered = 0  # releases that overtook an older held turn
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def push(self, task: AdmissionTask, submit: Submit, now: float) -> None:
+        self._items.append(_Held(task, submit))
+        self.pump(now)
+
+    def pump(self, now: float) -> None:
+        engine = self.instance.engine
+        while self._items:
+            if engine.num_waiting == 0:
+                self._released_blocks = 0
+            seqs = engine.num_decoding
+            itl = self._policy.estimator.decode_step_time_s(
+                max(1, seqs), engine.decode_context_tokens / seqs if seqs else 0.0
+            )
+            decision = self._policy.decide(
+                [h.task for h in self._items],
+                engine_waiting=engine.num_waiting,
+                engine_waiting_blocks=self._released_blocks,
+                free_blocks=engine.free_blocks,
+                itl_s=itl,
+                slo=self._slo,
+                now=now,
+                decode_instance=self.instance.instance_id,
+            )
+            if decision is None:
+                return
+            held = self._items.pop(decision.index)
+            self.reordered += decision.index > 0
+            self._released_blocks += held.task.blocks
+            held.submit(now)
