@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,29 @@ def test_event_trace_in_modelled_seconds(tmp_path: Path) -> None:
     assert kinds[0] == "queued" and "admit" in kinds and kinds.count("step") == 3 and kinds[-1] == "finish"
     steps = [e for e in events if e["kind"] == "step"]
     assert all(b["t_s"] >= a["t_s"] for a, b in zip(steps, steps[1:], strict=False))
+
+
+def test_a_request_waiting_for_pinned_kv_runs_once_the_pin_is_released() -> None:
+    # 12 blocks of 16 tokens: the pinned prefill (about 120 tokens) leaves too few for the next one.
+    config = EmulatorConfig(time_scale=FAST, num_gpu_blocks=12, kv_release_timeout_s=86400.0)
+    with TestClient(build_app(config)) as c:
+        held = c.post("/v1/completions", json={"prompt": "pinned words " * 50, "max_tokens": 1,
+                                               "kv_transfer_params": {"do_remote_decode": True}}).json()
+        assert held["usage"]["prompt_tokens"] > 6 * 16
+        answer: dict[str, object] = {}
+        waiter = threading.Thread(target=lambda: answer.update(c.post(
+            "/v1/completions", json={"prompt": "waiting words " * 50, "max_tokens": 4}).json()))
+        waiter.start()
+        for _ in range(500):  # bounded: until the second request is queued behind the pinned KV
+            if metric(c.get("/metrics").text, "vllm:num_requests_waiting") == 1:
+                break
+        assert not answer
+        rid = held["kv_transfer_params"]["remote_request_id"]
+        assert c.post("/tokenomy/kv_release", json={"remote_request_id": rid}).json() == {"released": True}
+        waiter.join(timeout=10)
+        stuck = waiter.is_alive()
+        if stuck:  # the engine slept until the next arrival: send one, so the app can shut down
+            c.post("/v1/completions", json={"prompt": "wake", "max_tokens": 1})
+            waiter.join(timeout=10)
+        assert not stuck, "the released KV did not wake the idle engine"
+        assert answer["usage"]["completion_tokens"] == 4  # type: ignore[index]

@@ -242,6 +242,7 @@ class Emulator:
             if fin.aborted:
                 with suppress(ValueError):  # an aborted request may hold no pinned KV
                     self.engine.release(job.request_id)
+                    self.driver.kick()
             else:
                 self.kv_retained_total += 1
                 self._held[job.request_id] = asyncio.get_running_loop().call_later(
@@ -269,6 +270,7 @@ class Emulator:
             return False
         timer.cancel()
         self.engine.release(request_id)
+        self.driver.kick()  # the freed blocks may admit a request that waits for KV
         return True
 
     def _notify_pulled(self, params: dict[str, Any]) -> None:
