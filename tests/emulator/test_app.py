@@ -209,3 +209,23 @@ def test_a_request_waiting_for_pinned_kv_runs_once_the_pin_is_released() -> None
             waiter.join(timeout=10)
         assert not stuck, "the released KV did not wake the idle engine"
         assert answer["usage"]["completion_tokens"] == 4  # type: ignore[index]
+
+
+def test_a_prefill_with_history_tokens_pulls_that_kv_instead_of_recomputing_it(client: TestClient) -> None:
+    prompt = "history words " * 60 + "then the new tool result " * 10
+    plain = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1,
+                                                 "kv_transfer_params": {"do_remote_decode": True}}).json()
+    n = plain["usage"]["prompt_tokens"]
+    before = client.get("/metrics").text
+    pulled = client.post("/v1/completions", json={"prompt": "fresh " + prompt, "max_tokens": 1, "kv_transfer_params": {
+        "do_remote_decode": True, "tokenomy_history_tokens": n - 20}}).json()
+    after = client.get("/metrics").text
+    assert pulled["kv_transfer_params"]["do_remote_prefill"] is True
+    assert metric(after, "tokenomy:kv_history_pulls_total") == metric(before, "tokenomy:kv_history_pulls_total") + 1
+    assert metric(after, "tokenomy:kv_history_pull_tokens_total") == n - 20  # nothing of "fresh ..." was cached
+    # Pulled KV counts as cached, as vLLM reports a KV connector's tokens; without the key, none is.
+    assert pulled["usage"]["prompt_tokens_details"]["cached_tokens"] >= n - 20
+    assert plain["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    bad = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "kv_transfer_params": {
+        "do_remote_decode": True, "tokenomy_history_tokens": -1}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "kv_transfer_params"

@@ -37,6 +37,8 @@ def test_prefill_request_is_vllms_remote_decode_handoff() -> None:
     assert (out["stream"], out["max_tokens"], out["max_completion_tokens"]) == (False, 1, 1)
     assert "stream_options" not in out
     assert body["max_tokens"] == 300 and body["stream"] is True  # the decode request is untouched
+    assert "tokenomy_history_tokens" not in out["kv_transfer_params"]  # vLLM's keys only, by default
+    assert prefill_body(body, history_tokens=4096)["kv_transfer_params"]["tokenomy_history_tokens"] == 4096
 
 
 @pytest.mark.parametrize(("routing", "roles", "message"), [

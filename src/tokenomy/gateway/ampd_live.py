@@ -16,6 +16,10 @@ this module only gathers views and applies decisions:
 * **prefill dispatch**: remote prefills wait in a gateway queue per prefill backend;
   ``PrefillDispatch.decide`` releases the next one (look-ahead reorder, with its deferral cap)
   while the prompt tokens released to that backend and not yet answered stay under one step.
+* **history pulls**: a remote prefill's request carries ``kv_transfer_params.tokenomy_history_tokens``,
+  the session history the bound decode backend holds (the gateway's accounting); our emulator's
+  prefill side pulls that KV instead of recomputing it, as the simulator's remote prefill ships
+  it. Engines without the extension ignore the key and recompute.
 * **retention hints**: ``KVRetentionPolicy.decide`` on the expected tool time
   (``ToolLatencyEstimator``, from the gaps between a session's turns) decides to keep a turn's KV
   pinned across its tool call; a KEEP goes to the decode backend as
@@ -161,8 +165,9 @@ class AmpdLive:
         return q
 
     async def place(self, req: ParsedRequest, decodes: list[Backend],
-                    prefills: list[Backend]) -> tuple[str, list[Backend], str]:
-        """(decode backend id, prefill backends to try in order (empty: local), reason).
+                    prefills: list[Backend]) -> tuple[str, list[Backend], str, int]:
+        """(decode backend id, prefill backends to try in order (empty: local), reason, history
+        tokens the decode backend holds, which a remote prefill pulls instead of recomputing).
 
         Returns once a remote prefill was released by its queue (the caller must then call
         :meth:`prefill_done`).
@@ -188,18 +193,18 @@ class AmpdLive:
             d = p.placement.decide(request, decode=decode, prefills=prefills, slo=self.slo, now=now,
                                    history_cached_tokens_on_decode=on_decode, prefill_backlog_tokens=backlog)
             if d.local:
-                return decode_id, [], d.reason
+                return decode_id, [], d.reason, 0
             first = self.pool.by_id[str(d.prefill_instance)]
             order = [first, *sorted((b for b in prefills if b is not first), key=lambda b: b.instance_id)]
             reason = d.reason
         if not order:
-            return decode_id, [], "no prefill backend: local"
+            return decode_id, [], "no prefill backend: local", 0
         q = self._queue(order[0])
         cached = min(order[0].cached_prefix_tokens(request.content, request.prompt_tokens), request.prompt_tokens - 1)
         await q.acquire(PrefillTask(req.request_id, now, now + self.slo.ttft_s,
                                     request.prompt_tokens - cached, cached))
         self._queued_on[req.request_id] = q
-        return decode_id, order, reason
+        return decode_id, order, reason, request.history_tokens
 
     def prefill_done(self, req: ParsedRequest) -> None:
         q = self._queued_on.pop(req.request_id, None)

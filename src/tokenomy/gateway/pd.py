@@ -70,10 +70,18 @@ def core_request(req: ParsedRequest, now: float, history_tokens: int = 0) -> Cor
     )
 
 
-def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+HISTORY_KEY = "tokenomy_history_tokens"
+"""Our extension in the prefill request's ``kv_transfer_params`` (AMPD): the prompt-prefix tokens
+whose KV the session's decode backend already holds; the emulator's prefill side pulls them instead
+of recomputing (``tokenomy.emulator.service.HISTORY_KEY``). Absent when 0."""
+
+
+def prefill_body(body: dict[str, Any], history_tokens: int = 0) -> dict[str, Any]:
     """The prefill-side copy of a request body (step 1 of the module docstring)."""
     out = dict(body)
     out["kv_transfer_params"] = dict(REMOTE_DECODE_PARAMS)
+    if history_tokens > 0:
+        out["kv_transfer_params"][HISTORY_KEY] = history_tokens
     out["stream"] = False
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
@@ -89,8 +97,8 @@ class PrefillHop:
         self.pool = pool
         self.upstream = upstream
 
-    async def run(self, req: ParsedRequest, backend: Backend) -> dict[str, Any]:
-        """The ``kv_transfer_params`` ``backend`` answered.
+    async def run(self, req: ParsedRequest, backend: Backend, history_tokens: int = 0) -> dict[str, Any]:
+        """The ``kv_transfer_params`` ``backend`` answered (``history_tokens``: see :data:`HISTORY_KEY`).
 
         Raises UpstreamConnectError (safe to try another backend), GatewayError (the backend
         refused the request, or answered without ``kv_transfer_params``).
@@ -99,7 +107,7 @@ class PrefillHop:
         headers = {"content-type": "application/json", "x-request-id": rid}
         if backend.config.api_key:
             headers["authorization"] = f"Bearer {backend.config.api_key}"
-        payload = json.dumps(prefill_body(req.body), separators=(",", ":")).encode()
+        payload = json.dumps(prefill_body(req.body, history_tokens), separators=(",", ":")).encode()
         backend.dispatched(rid, req.prompt_tokens_estimate)
         context = 0
         try:
@@ -174,16 +182,16 @@ class PdRouter:
                                "no_backend", None, {"retry-after": "1"})
         prefills = self.role_candidates(Role.PREFILL, req.model)
         if self.ampd is not None:
-            decode_id, order, reason = await self.ampd.place(req, decodes, prefills)
+            decode_id, order, reason, history = await self.ampd.place(req, decodes, prefills)
         else:
             now = time.monotonic()
             decode_id = self.router.choose(core_request(req, now), decodes, now)
             order = sorted(prefills, key=lambda b: (b.num_waiting_tokens, b.in_flight, b.instance_id))
-            reason = "disagg: every prefill runs remotely"
+            reason, history = "disagg: every prefill runs remotely", 0
         try:
             for backend in order:
                 try:
-                    params = await self.hop.run(req, backend)
+                    params = await self.hop.run(req, backend, history)
                 except UpstreamConnectError as exc:
                     self.pool.mark_down(backend, time.monotonic(), str(exc))
                     continue
