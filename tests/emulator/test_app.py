@@ -229,3 +229,15 @@ def test_a_prefill_with_history_tokens_pulls_that_kv_instead_of_recomputing_it(c
     bad = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "kv_transfer_params": {
         "do_remote_decode": True, "tokenomy_history_tokens": -1}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "kv_transfer_params"
+
+
+def test_a_retention_hint_pins_a_turn_and_ttl_zero_releases_it(client: TestClient) -> None:
+    assert client.post("/v1/tokenomy/retain", json={"request_id": "turn-1", "ttl_s": 86400}).json() == {"accepted": True}
+    r = client.post("/v1/completions", json={"prompt": "keep my history " * 30, "max_tokens": 2},
+                    headers={"x-request-id": "turn-1"})
+    assert r.status_code == 200
+    text = client.get("/metrics").text
+    assert metric(text, "tokenomy:kv_retained_requests_total") == 1
+    assert metric(text, "vllm:kv_cache_usage_perc") > 0  # pinned for the session's next turn
+    client.post("/v1/tokenomy/retain", json={"request_id": "turn-1", "ttl_s": 0})
+    assert metric(client.get("/metrics").text, "vllm:kv_cache_usage_perc") == 0

@@ -5,8 +5,10 @@ AMPD mode and the simulator build their decisions from the same ``AMPD_POLICIES`
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -133,3 +135,40 @@ def test_gateway_ampd_and_simulator_build_decisions_from_the_same_registry_entri
     assert default.binding == sim_built["binding"].config
     assert default.retention == sim_built["retention"].config
     assert default.reorder == sim_built["dispatch"].reorder.config
+
+
+def test_gateway_releases_a_sessions_older_pin_and_frees_pins_under_kv_pressure() -> None:
+    posts: list[tuple[str, float]] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        posts.append((body["request_id"], body["ttl_s"]))
+        return httpx.Response(200, json={"accepted": True})
+
+    async def run() -> None:
+        cfg = config_from_dict({"backends": [{"id": "d", "url": "http://127.0.0.1:1", "role": "decode",
+                                              "total_blocks": 1000}], "routing": {"mode": "ampd"}})
+        async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as http:
+            live = AmpdLive.build(cfg.routing, BackendPool(cfg.backends, HealthConfig(), http), http)
+            d = live.pool.by_id["d"]
+            d.kv_usage = 0.2
+
+            async def turn(sid: str, rid: str) -> None:
+                req = SimpleNamespace(session_id=sid, request_id=rid, prompt_tokens_estimate=4000, max_tokens=100)
+                await live._retention_hint(req, d, time.monotonic())  # type: ignore[arg-type]
+                live.turn_ended(req)  # type: ignore[arg-type]
+                await asyncio.gather(*live._tasks)
+
+            await turn("s1", "s1:0")
+            assert [ttl > 0 for _, ttl in posts] == [True]  # a short tool, no pressure: keep
+            await turn("s1", "s1:1")
+            assert posts[1][0] == "s1:1" and posts[2] == ("s1:0", 0.0)  # the older pin is released
+            await turn("s2", "s2:0")
+            assert len(posts) == 4  # no pressure: nothing released
+            d.kv_usage = 0.9  # above high_usage: pins are freed down to the relief target
+            await turn("s3", "s3:0")
+            released = [rid for rid, ttl in posts[4:] if ttl == 0]  # (s3's own turn is not kept: pressure)
+            # 0.9 -> 0.7 of 16,000 tokens frees 3,200: one 4,100-token pin, the one resuming last
+            assert released == ["s2:0"]
+
+    asyncio.run(run())

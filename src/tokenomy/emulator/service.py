@@ -35,7 +35,8 @@ KV_RELEASE_PATH = "/tokenomy/kv_release"
 
 RETAIN_PATH = "/v1/tokenomy/retain"
 """Extension: ``{"request_id": <the x-request-id of a coming request>, "ttl_s": s}`` pins that
-request's KV for ``ttl_s`` modelled seconds after it finishes (a gateway's retention hint)."""
+request's KV for ``ttl_s`` modelled seconds after it finishes (a gateway's retention hint);
+``ttl_s: 0`` for a request whose KV is pinned now releases it at once (the gateway's pressure relief)."""
 
 HISTORY_KEY = "tokenomy_history_tokens"
 """Extension in a prefill request's ``kv_transfer_params``: the first N prompt tokens' KV sits on the
@@ -90,6 +91,7 @@ class Emulator:
         self._prefix = f"{config.instance_id}-{os.getpid()}-"
         self._held: dict[str, asyncio.TimerHandle] = {}  # KV kept for a decode instance or by a hint
         self._retain_hints: dict[str, float] = {}  # client request id -> ttl_s
+        self._pinned_by_client: dict[str, str] = {}  # client request id -> engine id of a pin (latest _RETAIN_HINTS)
         self.kv_transfers_total = 0  # remote prefills pulled by this instance (P/D decode side)
         self.kv_transfer_tokens_total = 0
         self.kv_history_pulls_total = 0  # prefill side: history KV pulled from a decode instance (HISTORY_KEY)
@@ -141,7 +143,14 @@ class Emulator:
         ]
 
     def retain_hint(self, client_request_id: str, ttl_s: float) -> None:
-        """Pin the KV of the coming request with this x-request-id for ``ttl_s`` after it finishes."""
+        """Pin the KV of the coming request with this x-request-id for ``ttl_s`` after it finishes;
+        ``ttl_s`` 0 releases the pin of a finished one (and forgets a hint not yet used)."""
+        if ttl_s == 0:
+            self._retain_hints.pop(client_request_id, None)
+            job_id = self._pinned_by_client.pop(client_request_id, None)
+            if job_id is not None:
+                self.release(job_id)
+            return
         self._retain_hints[client_request_id] = ttl_s
         while len(self._retain_hints) > _RETAIN_HINTS:
             self._retain_hints.pop(next(iter(self._retain_hints)))
@@ -281,6 +290,9 @@ class Emulator:
                 self.kv_retained_total += 1
                 self._held[job.request_id] = asyncio.get_running_loop().call_later(
                     job.retain_ttl_s * self.config.time_scale, self.release, job.request_id)
+                self._pinned_by_client[job.client_request_id] = job.request_id
+                while len(self._pinned_by_client) > _RETAIN_HINTS:  # expired pins' entries age out
+                    self._pinned_by_client.pop(next(iter(self._pinned_by_client)))
         if job.remote_decode and not fin.aborted:
             bs = self.engine_config.block_size_tokens
             loop = asyncio.get_running_loop()

@@ -25,6 +25,9 @@ this module only gathers views and applies decisions:
   pinned across its tool call; a KEEP goes to the decode backend as
   ``POST /v1/tokenomy/retain {"request_id", "ttl_s"}`` before its decode request (our emulator's
   extension; a 404 marks the backend as not supporting it, and nothing more is sent there).
+  The gateway remembers its pins, as the simulator's KV keeper does: when a session's next turn
+  ends, the previous turn's pin is released; and after every turn, ``KVRetentionPolicy.under_pressure``
+  on the decode backend's KV usage names the pins to free (``ttl_s: 0`` releases a held pin).
 
 Times are ``time.monotonic()`` seconds; SLOs and estimates are in the engines' modelled seconds
 (equal to wall seconds unless the emulators run with ``time_scale`` != 1).
@@ -37,6 +40,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -53,6 +57,7 @@ from tokenomy.policy.ampd import (
     PlacementConfig,
     PrefillDispatch,
     PrefillTask,
+    RetainedKV,
     Retention,
     ToolLatencyConfig,
     build_ampd_policies,
@@ -77,6 +82,20 @@ def ampd_policy_config(config: RoutingConfig) -> AmpdPolicyConfig:
         dispatch=DispatchConfig(engine_budget_tokens=a.prefill_budget_tokens),
         tool_latency=ToolLatencyConfig(prior_s=a.tool_latency_prior_s),
     )
+
+
+@dataclass(slots=True)
+class _Pin:
+    """A KEEP hint the gateway sent: the turn's KV is (or will be) pinned on ``backend_id``, for
+    ``ttl_s`` after the turn ends (``expires_s``, known once it ended)."""
+
+    session_id: str
+    backend_id: str
+    kv_tokens: int
+    tool_s: float  # the tool time expected when the hint was sent
+    ttl_s: float
+    expected_resume_s: float = float("inf")
+    expires_s: float = float("inf")
 
 
 class GatedPrefillQueue:
@@ -140,6 +159,8 @@ class AmpdLive:
         self.decisions: deque[Mapping[str, Any]] = deque(maxlen=_TRACE_MEMORY)
         self._queued_on: dict[str, GatedPrefillQueue] = {}  # request id -> queue it was released by
         self._no_retain: set[str] = set()  # backends that answered 404 to a retention hint
+        self._pins: dict[str, _Pin] = {}  # request id -> the KEEP hint sent for it
+        self._tasks: set[asyncio.Task[Any]] = set()  # release posts in flight
 
     @classmethod
     def build(cls, config: RoutingConfig, pool: BackendPool, http: httpx.AsyncClient) -> AmpdLive:
@@ -212,8 +233,53 @@ class AmpdLive:
             q.done(req.request_id)
 
     def turn_ended(self, req: ParsedRequest) -> None:
-        if req.session_id:
-            self.policies.tool_latency.on_turn_end(req.session_id, time.monotonic())
+        """The answer is complete: the tool call starts; older pins and pressure are dealt with."""
+        if not req.session_id:
+            return
+        now = time.monotonic()
+        self.policies.tool_latency.on_turn_end(req.session_id, now)
+        # The session's earlier pins: this turn's KV extends them (the simulator unpins them too).
+        for rid in [r for r, p in self._pins.items() if p.session_id == req.session_id and r != req.request_id]:
+            self._release(rid)
+        pin = self._pins.get(req.request_id)
+        if pin is not None:
+            pin.expected_resume_s, pin.expires_s = now + pin.tool_s, now + pin.ttl_s
+        for backend_id in {p.backend_id for p in self._pins.values()}:
+            self._relieve(self.pool.by_id[backend_id], now)
+
+    def _relieve(self, backend: Backend, now: float) -> None:
+        """Free pins on ``backend`` as ``KVRetentionPolicy.under_pressure`` orders (its KV usage)."""
+        for rid in [r for r, p in self._pins.items() if p.expires_s <= now]:
+            del self._pins[rid]  # the engine let it go at its TTL
+        retention = self.policies.retention
+        mine = {p.session_id: rid for rid, p in self._pins.items() if p.backend_id == backend.instance_id}
+        if retention is None or not mine:
+            return
+        pinned = [RetainedKV(p.session_id, p.kv_tokens, p.expected_resume_s) for p in map(self._pins.get, mine.values())
+                  if p is not None]
+        usage = min(1.0, max(0.0, backend.kv_usage))
+        capacity = backend.total_blocks * backend.block_size_tokens
+        for d in retention.under_pressure(pinned, kv_usage=usage, capacity_tokens=capacity, now=now):
+            self._release(mine[d.session_id])
+
+    def _release(self, request_id: str) -> None:
+        pin = self._pins.pop(request_id)
+        backend = self.pool.by_id[pin.backend_id]
+        task = asyncio.get_running_loop().create_task(self._post_retain(backend, request_id, 0.0))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _post_retain(self, backend: Backend, request_id: str, ttl_s: float) -> bool:
+        """Send a retention hint (``ttl_s`` 0: release); False when it did not get through."""
+        try:
+            r = await self.http.post(backend.url + RETAIN_PATH, json={"request_id": request_id, "ttl_s": ttl_s},
+                                     timeout=1.0)
+        except httpx.HTTPError as exc:
+            log.debug("retention hint to %s failed: %s", backend.instance_id, exc)
+            return False
+        if r.status_code == 404:
+            self._no_retain.add(backend.instance_id)
+        return r.status_code == 200
 
     async def _retention_hint(self, req: ParsedRequest, decode: Backend, now: float) -> None:
         """Ask ``decode`` to keep this turn's KV across the session's next tool call, when decided."""
@@ -226,11 +292,6 @@ class AmpdLive:
                              expected_tool_latency_s=expected, kv_usage=decode.kv_usage, now=now)
         if d.action is not Retention.KEEP:
             return  # the engine's own LRU frees it (offload needs a host tier the engine lacks)
-        try:
-            r = await self.http.post(decode.url + RETAIN_PATH, json={"request_id": req.request_id, "ttl_s": d.ttl_s},
-                                     timeout=1.0)
-        except httpx.HTTPError as exc:
-            log.debug("retention hint to %s failed: %s", decode.instance_id, exc)
-            return
-        if r.status_code == 404:
-            self._no_retain.add(decode.instance_id)
+        if await self._post_retain(decode, req.request_id, d.ttl_s):
+            kv_tokens = req.prompt_tokens_estimate + (req.max_tokens or 1)
+            self._pins[req.request_id] = _Pin(req.session_id, decode.instance_id, kv_tokens, expected, d.ttl_s)
