@@ -59,6 +59,7 @@ MODES = ("ampd", "disagg", "colocated")
 SIM_VARIANT = {"ampd": "ampd", "disagg": "disagg", "colocated": "colocated-affinity"}
 """The simulator's variant of each live mode (all route by session affinity, as the gateway does)."""
 ROUTER = "session_affinity"
+HEALTH_INTERVAL_S = 0.5  # how often the gateway scrapes each engine's /metrics (its views' age)
 
 
 @dataclass(frozen=True)
@@ -127,12 +128,15 @@ class LiveSpec:
             return [f"mixed-{i}" for i in range(self.instances)]
         return [f"prefill-{i}" for i in range(self.prefill)] + [f"decode-{i}" for i in range(self.decode)]
 
-    def gateway_file(self, mode: str, urls: list[str], port: int, key: str, tmp: Path) -> dict[str, Any]:
-        """``tokenomy serve``'s config for ``mode`` over the instances at ``urls``."""
+    def gateway_file(self, mode: str, urls: list[str], blocks: list[int], port: int, key: str,
+                     tmp: Path) -> dict[str, Any]:
+        """``tokenomy serve``'s config for ``mode`` over the instances at ``urls`` with ``blocks`` KV
+        blocks each (so that binding and routing see the engines' real KV room, as the simulator does)."""
         return {
             "server": {"port": port},
-            "backends": [{"id": i, "url": u, "role": i.split("-")[0], "models": [self.model]}
-                         for i, u in zip(self.instance_ids(mode), urls, strict=True)],
+            "backends": [{"id": i, "url": u, "role": i.split("-")[0], "models": [self.model], "total_blocks": b}
+                         for i, u, b in zip(self.instance_ids(mode), urls, blocks, strict=True)],
+            "health": {"interval_s": HEALTH_INTERVAL_S},
             "router": {"name": ROUTER},
             "routing": {"mode": mode, "slo": {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s},
                         "perf": {"model": self.model, "gpu": self.gpu, "tp": self.tp},
@@ -214,7 +218,8 @@ def live_mode(mode: str, spec: LiveSpec, sessions: list[Session]) -> tuple[float
         with cluster([str(spec_file)]) as urls:
             key, port = new_api_key(), free_port()
             cfg = tmp / "gateway.yaml"
-            cfg.write_text(json.dumps(spec.gateway_file(mode, urls, port, key, tmp)))
+            blocks = [int(httpx.get(u + "/tokenomy/info", timeout=5).json()["num_gpu_blocks"]) for u in urls]
+            cfg.write_text(json.dumps(spec.gateway_file(mode, urls, blocks, port, key, tmp)))
             gw = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg),
                                    "--log-level", "warning"], cwd=tmp)
             url = f"http://127.0.0.1:{port}"
