@@ -72,19 +72,19 @@ def test_gated_queue_releases_within_budget_and_reorders_up_to_the_deferral_cap(
             await q.acquire(task)
             order.append(task.request_id)
 
+        q.released["busy"] = 900  # a prefill the engine is computing: nothing waits behind it
         first = asyncio.ensure_future(one(_task("a", 100.0, 900)))
         await asyncio.sleep(0)
-        assert order == ["a"] and q.released == {"a": 900}  # an idle backend gets work at once
-        # while "a" fills the budget, a long task with a late deadline queues before two urgent short ones
+        assert order == ["a"] and q.engine_waiting_tokens == 900  # "a" waits: a step's worth
+        # a long task with a late deadline queues before two urgent short ones
         waiting = [asyncio.ensure_future(one(t)) for t in
                    (_task("long", 1000.0, 6000), _task("u1", 0.3, 50), _task("u2", 0.3, 50))]
         await asyncio.sleep(0)
         assert order == ["a"] and [t.request_id for t in q.tasks] == ["long", "u1", "u2"]
-        q.done("a")
-        await asyncio.sleep(0)
-        # u1 overtakes the long task (deferred once: the cap), which then goes before u2
-        assert order == ["a", "u1", "long"]
-        for rid in ("u1", "long"):
+        q.done("busy")  # "a" starts computing; u1 overtakes the long task (deferred once: the cap),
+        await asyncio.sleep(0)  # which then goes before u2 and fills the engine's queue
+        assert order == ["a", "u1", "long"] and [t.request_id for t in q.tasks] == ["u2"]
+        for rid in ("a", "u1"):
             q.done(rid)
         await asyncio.gather(first, *waiting)
         return order

@@ -15,7 +15,8 @@ this module only gathers views and applies decisions:
   the gateway last saw it finish for the conversation.
 * **prefill dispatch**: remote prefills wait in a gateway queue per prefill backend;
   ``PrefillDispatch.decide`` releases the next one (look-ahead reorder, with its deferral cap)
-  while the prompt tokens released to that backend and not yet answered stay under one step.
+  while the prompt tokens released to that backend and not yet started (all released and not
+  answered but the oldest) stay under one step.
 * **history pulls**: a remote prefill's request carries ``kv_transfer_params.tokenomy_history_tokens``,
   the session history the bound decode backend holds (the gateway's accounting); our emulator's
   prefill side pulls that KV instead of recomputing it, as the simulator's remote prefill ships
@@ -132,9 +133,16 @@ class GatedPrefillQueue:
         if self.released.pop(request_id, None) is not None:
             self.pump()
 
+    @property
+    def engine_waiting_tokens(self) -> int:
+        """Released tokens the engine has not started: all but the oldest released prefill's (the
+        engine runs them first come, first served; the oldest one is computing). The simulator
+        reads its engine's waiting tokens here; the gateway cannot see them."""
+        return sum(self.released.values()) - next(iter(self.released.values()), 0)
+
     def pump(self) -> None:
         while True:
-            d = self.dispatch.decide(self.tasks, engine_waiting_tokens=sum(self.released.values()),
+            d = self.dispatch.decide(self.tasks, engine_waiting_tokens=self.engine_waiting_tokens,
                                      in_flight_tokens=0, now=time.monotonic(), prefill_instance=self.instance_id)
             if d is None:
                 return

@@ -108,7 +108,7 @@ class PrefillHop:
         if backend.config.api_key:
             headers["authorization"] = f"Bearer {backend.config.api_key}"
         payload = json.dumps(prefill_body(req.body, history_tokens), separators=(",", ":")).encode()
-        backend.dispatched(rid, req.prompt_tokens_estimate)
+        backend.dispatched(rid, max(1, req.prompt_tokens_estimate - history_tokens))  # what it computes
         context = 0
         try:
             resp = await self.upstream.request("POST", backend.url + PATHS[req.endpoint], payload, headers)
