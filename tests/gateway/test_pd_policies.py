@@ -155,7 +155,7 @@ def test_gateway_releases_a_sessions_older_pin_and_frees_pins_under_kv_pressure(
 
             async def turn(sid: str, rid: str) -> None:
                 req = SimpleNamespace(session_id=sid, request_id=rid, prompt_tokens_estimate=4000, max_tokens=100)
-                await live._retention_hint(req, d, time.monotonic())  # type: ignore[arg-type]
+                await live._retention_hint(req, d, time.monotonic(), 4000)  # type: ignore[arg-type]
                 live.turn_ended(req)  # type: ignore[arg-type]
                 await asyncio.gather(*live._tasks)
 
@@ -172,3 +172,18 @@ def test_gateway_releases_a_sessions_older_pin_and_frees_pins_under_kv_pressure(
             assert released == ["s2:0"]
 
     asyncio.run(run())
+
+
+def test_gateway_calibrates_its_prompt_estimate_from_what_backends_count() -> None:
+    async def build() -> AmpdLive:
+        cfg = config_from_dict({"backends": [{"id": "d", "url": "http://127.0.0.1:1", "role": "decode"}],
+                                "routing": {"mode": "ampd"}})
+        async with httpx.AsyncClient() as http:
+            return AmpdLive.build(cfg.routing, BackendPool(cfg.backends, HealthConfig(), http), http)
+
+    live = asyncio.run(build())
+    req = SimpleNamespace(session_id="", request_id="r", prompt_tokens_estimate=4000, max_tokens=10)
+    assert live.prompt_tokens(req) == 4000  # type: ignore[arg-type]  # nothing learnt yet
+    for _ in range(100):  # the engines count 3 tokens where the parser guessed 4
+        live.turn_ended(req, prompt_tokens=3000)  # type: ignore[arg-type]
+    assert abs(live.prompt_tokens(req) - 3000) <= 1  # type: ignore[arg-type]

@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 RETAIN_PATH = "/v1/tokenomy/retain"
 """The emulator's KV retention extension (docs/ampd-live.md)."""
 
+_CALIBRATION_WEIGHT = 0.1  # weight of the latest request in the tokens-per-estimate average
 _TRACE_MEMORY = 1000  # latest decisions kept in memory (AmpdLive.decisions; also logged at debug level)
 
 
@@ -169,6 +170,9 @@ class AmpdLive:
         self._no_retain: set[str] = set()  # backends that answered 404 to a retention hint
         self._pins: dict[str, _Pin] = {}  # request id -> the KEEP hint sent for it
         self._tasks: set[asyncio.Task[Any]] = set()  # release posts in flight
+        # Engine tokens per estimated token (the parser guesses 4 characters a token), learnt from
+        # the prompt sizes backends report, so that estimates and the real history sizes add up.
+        self.tokens_per_estimate = 1.0
 
     @classmethod
     def build(cls, config: RoutingConfig, pool: BackendPool, http: httpx.AsyncClient) -> AmpdLive:
@@ -206,15 +210,16 @@ class AmpdLive:
         sid = req.session_id
         if sid:
             p.tool_latency.on_arrival(sid, now)
-        request = core_request(req, now)
+        prompt = self.prompt_tokens(req)
+        request = core_request(req, now, prompt_tokens=prompt)
         if p.binder is not None:
             decode_id = p.binder.bind(request, decodes, now).instance_id
         else:
             decode_id = min(decodes, key=lambda b: (b.in_flight, b.instance_id)).instance_id
         decode = self.pool.by_id[decode_id]
         on_decode = decode.cached_prefix_tokens(request.content, request.prompt_tokens)
-        request = core_request(req, now, history_tokens=on_decode)
-        await self._retention_hint(req, decode, now)
+        request = core_request(req, now, history_tokens=on_decode, prompt_tokens=prompt)
+        await self._retention_hint(req, decode, now, prompt)
         if p.placement is None:
             order, reason = sorted(prefills, key=lambda b: b.instance_id), "placement off: remote"
         else:
@@ -240,8 +245,16 @@ class AmpdLive:
         if q is not None:
             q.done(req.request_id)
 
-    def turn_ended(self, req: ParsedRequest) -> None:
-        """The answer is complete: the tool call starts; older pins and pressure are dealt with."""
+    def prompt_tokens(self, req: ParsedRequest) -> int:
+        """The prompt's size in engine tokens: the parser's estimate, calibrated."""
+        return max(1, round(req.prompt_tokens_estimate * self.tokens_per_estimate))
+
+    def turn_ended(self, req: ParsedRequest, prompt_tokens: int = 0) -> None:
+        """The answer is complete: the tool call starts; older pins and pressure are dealt with.
+        ``prompt_tokens``: what the backend counted (calibrates :meth:`prompt_tokens`; 0: unknown)."""
+        if prompt_tokens > 0 and req.prompt_tokens_estimate > 0:
+            ratio = prompt_tokens / req.prompt_tokens_estimate
+            self.tokens_per_estimate += _CALIBRATION_WEIGHT * (ratio - self.tokens_per_estimate)
         if not req.session_id:
             return
         now = time.monotonic()
@@ -289,17 +302,17 @@ class AmpdLive:
             self._no_retain.add(backend.instance_id)
         return r.status_code == 200
 
-    async def _retention_hint(self, req: ParsedRequest, decode: Backend, now: float) -> None:
+    async def _retention_hint(self, req: ParsedRequest, decode: Backend, now: float, prompt_tokens: int) -> None:
         """Ask ``decode`` to keep this turn's KV across the session's next tool call, when decided."""
         retention = self.policies.retention
         if (retention is None or not self.config.ampd.retention_hints or not req.session_id
                 or decode.instance_id in self._no_retain):
             return
         expected = self.policies.tool_latency.estimate(now).expected_s
-        d = retention.decide(session_id=req.session_id, kv_tokens=req.prompt_tokens_estimate + (req.max_tokens or 1),
+        kv_tokens = prompt_tokens + (req.max_tokens or 1)
+        d = retention.decide(session_id=req.session_id, kv_tokens=kv_tokens,
                              expected_tool_latency_s=expected, kv_usage=decode.kv_usage, now=now)
         if d.action is not Retention.KEEP:
             return  # the engine's own LRU frees it (offload needs a host tier the engine lacks)
         if await self._post_retain(decode, req.request_id, d.ttl_s):
-            kv_tokens = req.prompt_tokens_estimate + (req.max_tokens or 1)
             self._pins[req.request_id] = _Pin(req.session_id, decode.instance_id, kv_tokens, expected, d.ttl_s)
