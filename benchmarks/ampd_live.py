@@ -19,10 +19,13 @@ defaults are labelled choices that scale the 8-GPU GAIA study (docs/ampd-results
 
 At this point the simulation gives AMPD 0.82 against 0.50 (colocated) and 0.23 (disagg), and
 seeds 1 and 2 keep AMPD >= 0.18 ahead. Writes ``{"sim": {mode: attainment}, "live": {mode:
-attainment}, "diff", "live_health", "spec"}``; ``live_health`` holds each mode's wall time, the
-machine's load average before and after, and each emulator's modelled time dropped to CPU lag.
+attainment}, "diff", "sim_ttft_at_decode", "sim_misses", "live_health", "spec"}``;
+``sim_ttft_at_decode`` is the simulation with a split request's TTFT taken at the decode side's
+first token, as a vLLM P/D client sees it (see :func:`ttft_at_decode`, docs/ampd-live.md);
+``live_health`` holds each mode's wall time, the machine's load average before and after, each
+emulator's busy and lag-dropped modelled seconds and KV counters, and why requests missed the SLO.
 
-    python benchmarks/ampd_live.py --json out/ampd_live.json     # about 11 minutes
+    python benchmarks/ampd_live.py --json out/ampd_live.json     # about 12 minutes
     python benchmarks/ampd_live.py --sim-only                    # seconds
 """
 
