@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,61 @@ def test_an_engine_crash_mid_stream_ends_the_stream_with_an_error_and_later_requ
         after = client.post("/v1/completions", json={"prompt": "anyone?", "max_tokens": 2})
         assert after.status_code == 503 and after.json()["error"]["type"] == "ServiceUnavailableError"
         assert client.get("/health").status_code == 503
+
+
+def test_a_request_waiting_for_pinned_kv_runs_once_the_pin_is_released() -> None:
+    # 12 blocks of 16 tokens: the pinned prefill (about 120 tokens) leaves too few for the next one.
+    config = EmulatorConfig(time_scale=FAST, num_gpu_blocks=12, kv_release_timeout_s=86400.0)
+    with TestClient(build_app(config)) as c:
+        held = c.post("/v1/completions", json={"prompt": "pinned words " * 50, "max_tokens": 1,
+                                               "kv_transfer_params": {"do_remote_decode": True}}).json()
+        assert held["usage"]["prompt_tokens"] > 6 * 16
+        answer: dict[str, object] = {}
+        waiter = threading.Thread(target=lambda: answer.update(c.post(
+            "/v1/completions", json={"prompt": "waiting words " * 50, "max_tokens": 4}).json()))
+        waiter.start()
+        for _ in range(500):  # bounded: until the second request is queued behind the pinned KV
+            if metric(c.get("/metrics").text, "vllm:num_requests_waiting") == 1:
+                break
+        assert not answer
+        rid = held["kv_transfer_params"]["remote_request_id"]
+        assert c.post("/tokenomy/kv_release", json={"remote_request_id": rid}).json() == {"released": True}
+        waiter.join(timeout=10)
+        stuck = waiter.is_alive()
+        if stuck:  # the engine slept until the next arrival: send one, so the app can shut down
+            c.post("/v1/completions", json={"prompt": "wake", "max_tokens": 1})
+            waiter.join(timeout=10)
+        assert not stuck, "the released KV did not wake the idle engine"
+        assert answer["usage"]["completion_tokens"] == 4  # type: ignore[index]
+
+
+def test_a_prefill_with_history_tokens_pulls_that_kv_instead_of_recomputing_it(client: TestClient) -> None:
+    prompt = "history words " * 60 + "then the new tool result " * 10
+    plain = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1,
+                                                 "kv_transfer_params": {"do_remote_decode": True}}).json()
+    n = plain["usage"]["prompt_tokens"]
+    before = client.get("/metrics").text
+    pulled = client.post("/v1/completions", json={"prompt": "fresh " + prompt, "max_tokens": 1, "kv_transfer_params": {
+        "do_remote_decode": True, "tokenomy_history_tokens": n - 20}}).json()
+    after = client.get("/metrics").text
+    assert pulled["kv_transfer_params"]["do_remote_prefill"] is True
+    assert metric(after, "tokenomy:kv_history_pulls_total") == metric(before, "tokenomy:kv_history_pulls_total") + 1
+    assert metric(after, "tokenomy:kv_history_pull_tokens_total") == n - 20  # nothing of "fresh ..." was cached
+    # Pulled KV counts as cached, as vLLM reports a KV connector's tokens; without the key, none is.
+    assert pulled["usage"]["prompt_tokens_details"]["cached_tokens"] >= n - 20
+    assert plain["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    bad = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "kv_transfer_params": {
+        "do_remote_decode": True, "tokenomy_history_tokens": -1}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "kv_transfer_params"
+
+
+def test_a_retention_hint_pins_a_turn_and_ttl_zero_releases_it(client: TestClient) -> None:
+    assert client.post("/v1/tokenomy/retain", json={"request_id": "turn-1", "ttl_s": 86400}).json() == {"accepted": True}
+    r = client.post("/v1/completions", json={"prompt": "keep my history " * 30, "max_tokens": 2},
+                    headers={"x-request-id": "turn-1"})
+    assert r.status_code == 200
+    text = client.get("/metrics").text
+    assert metric(text, "tokenomy:kv_retained_requests_total") == 1
+    assert metric(text, "vllm:kv_cache_usage_perc") > 0  # pinned for the session's next turn
+    client.post("/v1/tokenomy/retain", json={"request_id": "turn-1", "ttl_s": 0})
+    assert metric(client.get("/metrics").text, "vllm:kv_cache_usage_perc") == 0

@@ -5,8 +5,10 @@ AMPD mode and the simulator build their decisions from the same ``AMPD_POLICIES`
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -37,6 +39,8 @@ def test_prefill_request_is_vllms_remote_decode_handoff() -> None:
     assert (out["stream"], out["max_tokens"], out["max_completion_tokens"]) == (False, 1, 1)
     assert "stream_options" not in out
     assert body["max_tokens"] == 300 and body["stream"] is True  # the decode request is untouched
+    assert "tokenomy_history_tokens" not in out["kv_transfer_params"]  # vLLM's keys only, by default
+    assert prefill_body(body, history_tokens=4096)["kv_transfer_params"]["tokenomy_history_tokens"] == 4096
 
 
 @pytest.mark.parametrize(("routing", "roles", "message"), [
@@ -68,19 +72,19 @@ def test_gated_queue_releases_within_budget_and_reorders_up_to_the_deferral_cap(
             await q.acquire(task)
             order.append(task.request_id)
 
+        q.released["busy"] = 900  # a prefill the engine is computing: nothing waits behind it
         first = asyncio.ensure_future(one(_task("a", 100.0, 900)))
         await asyncio.sleep(0)
-        assert order == ["a"] and q.released == {"a": 900}  # an idle backend gets work at once
-        # while "a" fills the budget, a long task with a late deadline queues before two urgent short ones
+        assert order == ["a"] and q.engine_waiting_tokens == 900  # "a" waits: a step's worth
+        # a long task with a late deadline queues before two urgent short ones
         waiting = [asyncio.ensure_future(one(t)) for t in
                    (_task("long", 1000.0, 6000), _task("u1", 0.3, 50), _task("u2", 0.3, 50))]
         await asyncio.sleep(0)
         assert order == ["a"] and [t.request_id for t in q.tasks] == ["long", "u1", "u2"]
-        q.done("a")
-        await asyncio.sleep(0)
-        # u1 overtakes the long task (deferred once: the cap), which then goes before u2
-        assert order == ["a", "u1", "long"]
-        for rid in ("u1", "long"):
+        q.done("busy")  # "a" starts computing; u1 overtakes the long task (deferred once: the cap),
+        await asyncio.sleep(0)  # which then goes before u2 and fills the engine's queue
+        assert order == ["a", "u1", "long"] and [t.request_id for t in q.tasks] == ["u2"]
+        for rid in ("a", "u1"):
             q.done(rid)
         await asyncio.gather(first, *waiting)
         return order
@@ -131,3 +135,55 @@ def test_gateway_ampd_and_simulator_build_decisions_from_the_same_registry_entri
     assert default.binding == sim_built["binding"].config
     assert default.retention == sim_built["retention"].config
     assert default.reorder == sim_built["dispatch"].reorder.config
+
+
+def test_gateway_releases_a_sessions_older_pin_and_frees_pins_under_kv_pressure() -> None:
+    posts: list[tuple[str, float]] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        posts.append((body["request_id"], body["ttl_s"]))
+        return httpx.Response(200, json={"accepted": True})
+
+    async def run() -> None:
+        cfg = config_from_dict({"backends": [{"id": "d", "url": "http://127.0.0.1:1", "role": "decode",
+                                              "total_blocks": 1000}], "routing": {"mode": "ampd"}})
+        async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as http:
+            live = AmpdLive.build(cfg.routing, BackendPool(cfg.backends, HealthConfig(), http), http)
+            d = live.pool.by_id["d"]
+            d.kv_usage = 0.2
+
+            async def turn(sid: str, rid: str) -> None:
+                req = SimpleNamespace(session_id=sid, request_id=rid, prompt_tokens_estimate=4000, max_tokens=100)
+                await live._retention_hint(req, d, time.monotonic(), 4000)  # type: ignore[arg-type]
+                live.turn_ended(req)  # type: ignore[arg-type]
+                await asyncio.gather(*live._tasks)
+
+            await turn("s1", "s1:0")
+            assert [ttl > 0 for _, ttl in posts] == [True]  # a short tool, no pressure: keep
+            await turn("s1", "s1:1")
+            assert posts[1][0] == "s1:1" and posts[2] == ("s1:0", 0.0)  # the older pin is released
+            await turn("s2", "s2:0")
+            assert len(posts) == 4  # no pressure: nothing released
+            d.kv_usage = 0.9  # above high_usage: pins are freed down to the relief target
+            await turn("s3", "s3:0")
+            released = [rid for rid, ttl in posts[4:] if ttl == 0]  # (s3's own turn is not kept: pressure)
+            # 0.9 -> 0.7 of 16,000 tokens frees 3,200: one 4,100-token pin, the one resuming last
+            assert released == ["s2:0"]
+
+    asyncio.run(run())
+
+
+def test_gateway_calibrates_its_prompt_estimate_from_what_backends_count() -> None:
+    async def build() -> AmpdLive:
+        cfg = config_from_dict({"backends": [{"id": "d", "url": "http://127.0.0.1:1", "role": "decode"}],
+                                "routing": {"mode": "ampd"}})
+        async with httpx.AsyncClient() as http:
+            return AmpdLive.build(cfg.routing, BackendPool(cfg.backends, HealthConfig(), http), http)
+
+    live = asyncio.run(build())
+    req = SimpleNamespace(session_id="", request_id="r", prompt_tokens_estimate=4000, max_tokens=10)
+    assert live.prompt_tokens(req) == 4000  # type: ignore[arg-type]  # nothing learnt yet
+    for _ in range(100):  # the engines count 3 tokens where the parser guessed 4
+        live.turn_ended(req, prompt_tokens=3000)  # type: ignore[arg-type]
+    assert abs(live.prompt_tokens(req) - 3000) <= 1  # type: ignore[arg-type]

@@ -130,7 +130,16 @@ class EngineDriver:
         if handle is not None and fin is not None:
             handle.finished = fin
             handle._wake()
+        self.kick()
         return fin
+
+    def kick(self) -> None:
+        """Step again if idle: KV was freed from outside (an abort, a released retention pin).
+
+        An idle engine whose waiting head did not fit the free KV sleeps until something changes;
+        without this it would sleep until the next request arrives, however long that takes.
+        """
+        self._wake.set()
 
     # ---- the loop -------------------------------------------------------------------------
     async def run(self) -> None:

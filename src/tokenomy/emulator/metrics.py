@@ -22,6 +22,8 @@ as vLLM v1 does).
 | ``vllm:request_prompt_tokens`` / ``vllm:request_generation_tokens`` | histogram | per finished request |
 | ``tokenomy:kv_transfers_total`` | counter | remote prefills whose KV this instance pulled (P/D decode side; vLLM counts these in its KV connector's stats) |
 | ``tokenomy:kv_transfer_tokens_total`` | counter | tokens of KV pulled (what was not already in the prefix cache) |
+| ``tokenomy:kv_history_pulls_total`` | counter | prefills that pulled a session's history KV from its decode instance (the ``tokenomy_history_tokens`` extension, P/D prefill side) |
+| ``tokenomy:kv_history_pull_tokens_total`` | counter | tokens of history KV pulled instead of recomputed |
 | ``tokenomy:kv_retained_requests_total`` | counter | requests pinned after finishing by a ``/v1/tokenomy/retain`` hint |
 """
 

@@ -35,7 +35,14 @@ KV_RELEASE_PATH = "/tokenomy/kv_release"
 
 RETAIN_PATH = "/v1/tokenomy/retain"
 """Extension: ``{"request_id": <the x-request-id of a coming request>, "ttl_s": s}`` pins that
-request's KV for ``ttl_s`` modelled seconds after it finishes (a gateway's retention hint)."""
+request's KV for ``ttl_s`` modelled seconds after it finishes (a gateway's retention hint);
+``ttl_s: 0`` for a request whose KV is pinned now releases it at once (the gateway's pressure relief)."""
+
+HISTORY_KEY = "tokenomy_history_tokens"
+"""Extension in a prefill request's ``kv_transfer_params``: the first N prompt tokens' KV sits on the
+session's decode instance; the prefill instance pulls what its own prefix cache lacks (modelled
+transfer time) instead of recomputing it, as AMPD's remote incremental prefill does. Engines
+without the extension ignore the key and recompute (docs/ampd-live.md)."""
 
 _RETAIN_HINTS = 10_000  # pending hints remembered (oldest forgotten first)
 
@@ -54,6 +61,7 @@ class Job:
     kv_transfer_params: dict[str, Any] | None = field(default=None)
     client_request_id: str = ""  # the x-request-id the client sent
     retain_ttl_s: float | None = None  # a retention hint applied to this job
+    history_tokens: int = 0  # prefill side: prompt-prefix KV to pull from the decode instance (HISTORY_KEY)
 
     @property
     def prompt_tokens(self) -> int:
@@ -83,8 +91,11 @@ class Emulator:
         self._prefix = f"{config.instance_id}-{os.getpid()}-"
         self._held: dict[str, asyncio.TimerHandle] = {}  # KV kept for a decode instance or by a hint
         self._retain_hints: dict[str, float] = {}  # client request id -> ttl_s
+        self._pinned_by_client: dict[str, str] = {}  # client request id -> engine id of a pin (latest _RETAIN_HINTS)
         self.kv_transfers_total = 0  # remote prefills pulled by this instance (P/D decode side)
         self.kv_transfer_tokens_total = 0
+        self.kv_history_pulls_total = 0  # prefill side: history KV pulled from a decode instance (HISTORY_KEY)
+        self.kv_history_pull_tokens_total = 0
         self.kv_retained_total = 0  # requests pinned after finishing by a retention hint
         self._http: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
@@ -124,12 +135,23 @@ class Emulator:
              self.kv_transfers_total),
             ("tokenomy:kv_transfer_tokens", "Prompt tokens of KV pulled from prefill instances.",
              self.kv_transfer_tokens_total),
+            ("tokenomy:kv_history_pulls", "Prefills that pulled a session's history KV from its decode instance.",
+             self.kv_history_pulls_total),
+            ("tokenomy:kv_history_pull_tokens", "Prompt tokens of history KV pulled instead of recomputed.",
+             self.kv_history_pull_tokens_total),
             ("tokenomy:kv_retained_requests", "Requests whose KV was pinned after finishing by a retention hint.",
              self.kv_retained_total),
         ]
 
     def retain_hint(self, client_request_id: str, ttl_s: float) -> None:
-        """Pin the KV of the coming request with this x-request-id for ``ttl_s`` after it finishes."""
+        """Pin the KV of the coming request with this x-request-id for ``ttl_s`` after it finishes;
+        ``ttl_s`` 0 releases the pin of a finished one (and forgets a hint not yet used)."""
+        if ttl_s == 0:
+            self._retain_hints.pop(client_request_id, None)
+            job_id = self._pinned_by_client.pop(client_request_id, None)
+            if job_id is not None:
+                self.release(job_id)
+            return
         self._retain_hints[client_request_id] = ttl_s
         while len(self._retain_hints) > _RETAIN_HINTS:
             self._retain_hints.pop(next(iter(self._retain_hints)))
@@ -165,6 +187,7 @@ class Emulator:
                 param="max_tokens",
             )
         remote_decode, remote_prefill = self._pd_params(body.kv_transfer_params)
+        history = self._history_tokens(body.kv_transfer_params) if remote_decode else 0
         if remote_decode:
             max_tokens = 1  # the prefill side samples one token (the proxy sends max_tokens=1 anyway)
         plan = plan_output(
@@ -175,7 +198,19 @@ class Emulator:
         if not plan.token_ids:  # a stop string inside the first token: vLLM still computes one token
             plan = OutputPlan(plan_output(self.tokenizer, prompt_ids, max_tokens=1, ignore_eos=True,
                                           seed=body.seed).token_ids, [""], "stop")
-        return Job(f"{self._prefix}{next(self._ids)}", prompt_ids, plan, remote_decode, remote_prefill)
+        job = Job(f"{self._prefix}{next(self._ids)}", prompt_ids, plan, remote_decode, remote_prefill)
+        job.history_tokens = min(history, n_prompt - 1)
+        return job
+
+    @staticmethod
+    def _history_tokens(params: dict[str, Any] | None) -> int:
+        value = (params or {}).get(HISTORY_KEY, 0)
+        if value is None:
+            return 0
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise APIError(400, f"kv_transfer_params.{HISTORY_KEY} must be an integer >= 0, got {value!r}",
+                           param="kv_transfer_params")
+        return value
 
     @staticmethod
     def _pd_params(params: dict[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
@@ -211,9 +246,17 @@ class Emulator:
             kwargs["preloaded_tokens"] = preloaded
         elif job.remote_decode:
             kwargs["prefill_only"] = True
+            if job.history_tokens > 0:
+                pull = max(0, job.history_tokens - self.engine.cached_prefix_tokens(content, n_prompt))
+                if pull:
+                    job.transfer_s = self.perf.kv_transfer_time_s(pull, self.config.link_bytes_per_s)
+                    self.kv_history_pulls_total += 1
+                    self.kv_history_pull_tokens_total += pull
+                    await asyncio.sleep(job.transfer_s * self.config.time_scale)
+                kwargs["preloaded_tokens"] = job.history_tokens
         try:
             # A pulled prefill already waited its transfer: its step may not start before now.
-            since = None if job.remote_prefill is not None else arrival_wall
+            since = None if job.remote_prefill is not None or job.transfer_s > 0 else arrival_wall
             handle = self.driver.submit(request, since, **kwargs)
         except ValueError as exc:
             raise APIError(400, str(exc), param="prompt") from None
@@ -245,10 +288,14 @@ class Emulator:
             if fin.aborted:
                 with suppress(ValueError):  # an aborted request may hold no pinned KV
                     self.engine.release(job.request_id)
+                    self.driver.kick()
             else:
                 self.kv_retained_total += 1
                 self._held[job.request_id] = asyncio.get_running_loop().call_later(
                     job.retain_ttl_s * self.config.time_scale, self.release, job.request_id)
+                self._pinned_by_client[job.client_request_id] = job.request_id
+                while len(self._pinned_by_client) > _RETAIN_HINTS:  # expired pins' entries age out
+                    self._pinned_by_client.pop(next(iter(self._pinned_by_client)))
         if job.remote_decode and not fin.aborted:
             bs = self.engine_config.block_size_tokens
             loop = asyncio.get_running_loop()
@@ -272,6 +319,7 @@ class Emulator:
             return False
         timer.cancel()
         self.engine.release(request_id)
+        self.driver.kick()  # the freed blocks may admit a request that waits for KV
         return True
 
     def _notify_pulled(self, params: dict[str, Any]) -> None:

@@ -60,20 +60,30 @@ class PdRoute:
     reason: str
 
 
-def core_request(req: ParsedRequest, now: float, history_tokens: int = 0) -> CoreRequest:
-    """The policy-side view of a parsed request (one content segment: its conversation prefix)."""
+def core_request(req: ParsedRequest, now: float, history_tokens: int = 0, prompt_tokens: int | None = None
+                 ) -> CoreRequest:
+    """The policy-side view of a parsed request (one content segment: its conversation prefix);
+    ``prompt_tokens``: a better prompt size than the parser's estimate (AMPD's calibrated one)."""
+    prompt = max(1, req.prompt_tokens_estimate if prompt_tokens is None else prompt_tokens)
     return CoreRequest(
-        request_id=req.request_id, arrival_s=now, prompt_tokens=max(1, req.prompt_tokens_estimate),
+        request_id=req.request_id, arrival_s=now, prompt_tokens=prompt,
         max_output_tokens=req.max_tokens or 1, session_id=req.session_id,
-        history_tokens=min(history_tokens, max(0, req.prompt_tokens_estimate - 1)),
-        content=((req.stream_key, req.prompt_tokens_estimate),),
+        history_tokens=min(history_tokens, prompt - 1), content=((req.stream_key, prompt),),
     )
 
 
-def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+HISTORY_KEY = "tokenomy_history_tokens"
+"""Our extension in the prefill request's ``kv_transfer_params`` (AMPD): the prompt-prefix tokens
+whose KV the session's decode backend already holds; the emulator's prefill side pulls them instead
+of recomputing (``tokenomy.emulator.service.HISTORY_KEY``). Absent when 0."""
+
+
+def prefill_body(body: dict[str, Any], history_tokens: int = 0) -> dict[str, Any]:
     """The prefill-side copy of a request body (step 1 of the module docstring)."""
     out = dict(body)
     out["kv_transfer_params"] = dict(REMOTE_DECODE_PARAMS)
+    if history_tokens > 0:
+        out["kv_transfer_params"][HISTORY_KEY] = history_tokens
     out["stream"] = False
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
@@ -89,8 +99,10 @@ class PrefillHop:
         self.pool = pool
         self.upstream = upstream
 
-    async def run(self, req: ParsedRequest, backend: Backend) -> dict[str, Any]:
-        """The ``kv_transfer_params`` ``backend`` answered.
+    async def run(self, req: ParsedRequest, backend: Backend, history_tokens: int = 0,
+                  prompt_tokens: int | None = None) -> dict[str, Any]:
+        """The ``kv_transfer_params`` ``backend`` answered (``history_tokens``: see :data:`HISTORY_KEY`;
+        ``prompt_tokens``: the prompt's size if better known than the parser's estimate).
 
         Raises UpstreamConnectError (safe to try another backend), GatewayError (the backend
         refused the request, or answered without ``kv_transfer_params``).
@@ -99,8 +111,9 @@ class PrefillHop:
         headers = {"content-type": "application/json", "x-request-id": rid}
         if backend.config.api_key:
             headers["authorization"] = f"Bearer {backend.config.api_key}"
-        payload = json.dumps(prefill_body(req.body), separators=(",", ":")).encode()
-        backend.dispatched(rid, req.prompt_tokens_estimate)
+        payload = json.dumps(prefill_body(req.body, history_tokens), separators=(",", ":")).encode()
+        prompt = req.prompt_tokens_estimate if prompt_tokens is None else prompt_tokens
+        backend.dispatched(rid, max(1, prompt - history_tokens))  # what it computes
         context = 0
         try:
             resp = await self.upstream.request("POST", backend.url + PATHS[req.endpoint], payload, headers)
@@ -174,16 +187,17 @@ class PdRouter:
                                "no_backend", None, {"retry-after": "1"})
         prefills = self.role_candidates(Role.PREFILL, req.model)
         if self.ampd is not None:
-            decode_id, order, reason = await self.ampd.place(req, decodes, prefills)
+            decode_id, order, reason, history = await self.ampd.place(req, decodes, prefills)
         else:
             now = time.monotonic()
             decode_id = self.router.choose(core_request(req, now), decodes, now)
             order = sorted(prefills, key=lambda b: (b.num_waiting_tokens, b.in_flight, b.instance_id))
-            reason = "disagg: every prefill runs remotely"
+            reason, history = "disagg: every prefill runs remotely", 0
         try:
             for backend in order:
                 try:
-                    params = await self.hop.run(req, backend)
+                    params = await self.hop.run(req, backend, history,
+                                                None if self.ampd is None else self.ampd.prompt_tokens(req))
                 except UpstreamConnectError as exc:
                     self.pool.mark_down(backend, time.monotonic(), str(exc))
                     continue
@@ -196,10 +210,11 @@ class PdRouter:
             reason += "; no prefill backend reachable: local"
         return PdRoute(decode_id, None, None, reason)
 
-    def finished(self, req: ParsedRequest) -> None:
-        """The client's answer is complete (AMPD: the session's tool call starts now)."""
+    def finished(self, req: ParsedRequest, prompt_tokens: int = 0) -> None:
+        """The client's answer is complete (AMPD: the session's tool call starts now);
+        ``prompt_tokens``: what the backend counted (0: unknown)."""
         if self.ampd is not None:
-            self.ampd.turn_ended(req)
+            self.ampd.turn_ended(req, prompt_tokens)
 
 
 def build_pd_router(config: RoutingConfig, pool: BackendPool, upstream: UpstreamPool, router: Router,

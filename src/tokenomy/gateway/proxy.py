@@ -313,7 +313,7 @@ class Proxy:
         if req.session_id and outcome == "ok":
             self.sessions.put(key, _state(classes))
         if self.pd is not None and outcome == "ok":
-            self.pd.finished(req)
+            self.pd.finished(req, prompt)
         c = cost(classes, self.config.price(req.model))
         ttft = None if flight.first_token_s is None else flight.first_token_s - flight.t0
         tpot = None

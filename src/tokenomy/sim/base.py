@@ -110,19 +110,23 @@ def split_record(
 ) -> RequestRecord:
     """Record of a request prefilled on one instance and decoded on another.
 
-    The client streams from the decode side, so its first token is the moment the KV arrived
-    there (``kv_arrived_s``); the gap to the decode side's first token counts as an ITL. A
-    one-token answer (``decode`` None) is served by the prefill side alone.
+    The client streams from the decode side (vLLM's P/D protocol, which the live gateway
+    speaks: the prefill side's token is not sent), so its first token is the decode side's
+    first token: the KV transfer and any wait for the decode instance to admit the request
+    (free KV blocks, a batch slot) are TTFT, as ``vllm bench serve`` measures it. (Before
+    2026-12-01 the first token was stamped at ``kv_arrived_s`` and that wait was spread over
+    TPOT as one long inter-token gap, which flattered every split deployment.) A one-token
+    answer (``decode`` None) is served by the prefill side alone. ``kv_arrived_s`` stands in
+    only for a decode side that emitted nothing.
     """
     if decode is None:
         first, finish, out, itl = prefill.first_token_s, prefill.finish_s, prefill.output_tokens, 0.0
         preemptions, extra = prefill.num_preemptions, 0
     else:
-        first = kv_arrived_s
+        first = decode.first_token_s if decode.first_token_s is not None else kv_arrived_s
         finish = decode.finish_s
         out = prefill.output_tokens + decode.output_tokens
-        gap = decode.first_token_s - first if (decode.first_token_s is not None and first is not None) else 0.0
-        itl = max(gap, decode.max_itl_s)
+        itl = decode.max_itl_s
         preemptions = prefill.num_preemptions + decode.num_preemptions
         extra = decode.preempted_recompute_tokens
     return record_of(
