@@ -10,13 +10,13 @@ from tokenomy.policy.ampd import AdmissionTask, SlackAdmission
 SLO_ = SLO(ttft_s=2.0, tpot_s=0.1)
 
 
-def task(rid: str, since_s: float, *, streaming: bool = False, prefill: int = 1000, blocks: int = 10) -> AdmissionTask:
-    return AdmissionTask(rid, since_s, streaming, 0 if streaming else prefill, 0, 100, blocks)
+def task(rid: str, arrival_s: float, *, prefill: int = 1000, blocks: int = 10) -> AdmissionTask:
+    return AdmissionTask(rid, arrival_s, prefill, 0, blocks)
 
 
 def decide(queue: list[AdmissionTask], now: float, **kw: int) -> str | None:
     args = {"engine_waiting": 0, "engine_waiting_blocks": 0, "free_blocks": 0} | kw
-    d = SlackAdmission(LinearEstimator()).decide(queue, itl_s=0.05, slo=SLO_, now=now, **args)
+    d = SlackAdmission(LinearEstimator()).decide(queue, slo=SLO_, now=now, **args)
     return None if d is None else d.request_id
 
 
@@ -30,16 +30,16 @@ def test_among_turns_that_can_still_make_it_the_tightest_goes_first() -> None:
     assert decide(queue, now=5.0) == "tight"
 
 
+def test_the_prefill_still_to_compute_counts_against_the_slack() -> None:
+    # 1.5 s left: a remote turn whose KV arrived (nothing to compute) still makes it, a local
+    # turn with 20k tokens to prefill (2 s at 1e-4 s a token) does not, so it goes last
+    queue = [task("local-big", 3.5, prefill=20_000), task("remote", 3.5, prefill=0), task("later", 3.9)]
+    assert decide(queue, now=4.0) == "remote"
+    assert decide([queue[0], queue[2]], now=4.0) == "later"
+
+
 def test_hopeless_turns_go_last_oldest_first() -> None:
     assert decide([task("b", 1.0), task("a", 0.0)], now=10.0) == "a"
-
-
-def test_a_streaming_turn_has_its_tpot_budget_as_slack() -> None:
-    # 99 gaps of (0.1 - 0.05) s: 4.95 s of budget from its KV arrival at 0
-    stream = task("stream", 0.0, streaming=True)
-    assert decide([task("fresh", 3.9), stream], now=4.0) == "stream"  # 0.95 s of slack vs 1.8 s
-    assert decide([stream, task("fresh", 5.9)], now=6.0) == "fresh"  # its TPOT is lost: it goes last
-    assert decide([task("late", 1.0), stream], now=6.0) == "stream"  # both hopeless: oldest first
 
 
 def test_the_engine_keeps_one_waiting_turn_until_memory_frees() -> None:

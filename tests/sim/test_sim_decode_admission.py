@@ -52,7 +52,7 @@ def ttfts(slack_order: bool) -> dict[str, float]:
             if queue is None:
                 inst.submit(r, loop.now)
             else:
-                task = AdmissionTask(r.request_id, r.arrival_s, False, r.prompt_tokens, 0, r.max_output_tokens,
+                task = AdmissionTask(r.request_id, r.arrival_s, r.prompt_tokens, 0,
                                      -(-(r.prompt_tokens + r.max_output_tokens) // 16))
                 queue.push(task, lambda at, r=r: inst.submit(r, at), loop.now)  # type: ignore[misc]
 

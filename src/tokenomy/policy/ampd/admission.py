@@ -6,11 +6,10 @@ in FIFO order in the engine. When its KV memory is full, turns queue in front of
 
 * **gate**: release while the engine has no request waiting for admission, or while its free
   KV blocks cover the pick's blocks plus the blocks of what still waits in the engine;
-* **pick**: the task of least slack that can still meet its SLO (``slack_s >= 0``); tasks that
-  cannot (hopeless) go last, oldest first. Slack (``AdmissionTask``): a new turn's TTFT deadline
-  minus now minus its estimated prefill; a streaming turn's (remote, first token already sent)
-  TPOT budget left: ``(slo.tpot_s - itl_s) * (output_tokens - 1)`` minus the time it already
-  waited since its KV arrived.
+* **pick**: the task of least slack that can still meet its TTFT (``slack_s >= 0``); tasks that
+  cannot (hopeless) go last, oldest first. Slack: arrival + TTFT SLO - now - the estimated
+  prefill of what the turn still computes there (none for a remote turn whose KV arrived: in
+  vLLM's P/D protocol its first token comes from the decode side, so its wait here is TTFT).
 """
 
 from __future__ import annotations
@@ -27,19 +26,13 @@ from tokenomy.policy.trace import TraceSink, emit, fields_dict
 
 @dataclass(frozen=True, slots=True)
 class AdmissionTask:
-    """A turn waiting to be admitted on a decode instance.
-
-    ``streaming``: its first token was already sent (remote prefill), ``since_s`` is when its KV
-    arrived; else ``since_s`` is its arrival and ``prefill_tokens`` what it still computes there.
-    ``blocks``: KV blocks it needs to be admitted.
-    """
+    """A turn waiting to be admitted on a decode instance: ``prefill_tokens`` it still computes
+    there after ``cached_tokens`` (0 for a remote turn whose KV arrived), ``blocks`` of KV it needs."""
 
     request_id: str
-    since_s: float
-    streaming: bool
+    arrival_s: float
     prefill_tokens: int
     cached_tokens: int
-    output_tokens: int
     blocks: int
 
 
@@ -64,13 +57,10 @@ class SlackAdmission:
         self.estimator = estimator
         self.trace = trace
 
-    def slack_s(self, task: AdmissionTask, slo: SLO, now: float, itl_s: float) -> float:
-        """Seconds ``task`` may still wait and meet ``slo`` (negative: hopeless), decode steps taking ``itl_s``."""
-        if task.streaming:
-            budget = (slo.tpot_s - itl_s) * max(1, task.output_tokens - 1)
-            return budget - (now - task.since_s)
-        service = self.estimator.prefill_time_s(task.prefill_tokens, task.cached_tokens)
-        return task.since_s + slo.ttft_s - now - service
+    def slack_s(self, task: AdmissionTask, slo: SLO, now: float) -> float:
+        """Seconds ``task`` may still wait and meet ``slo``'s TTFT (negative: hopeless)."""
+        service = self.estimator.prefill_time_s(task.prefill_tokens, task.cached_tokens) if task.prefill_tokens else 0.0
+        return task.arrival_s + slo.ttft_s - now - service
 
     def decide(
         self,
@@ -79,7 +69,6 @@ class SlackAdmission:
         engine_waiting: int,
         engine_waiting_blocks: int,
         free_blocks: int,
-        itl_s: float,
         slo: SLO,
         now: float,
         decode_instance: str = "",
@@ -87,12 +76,12 @@ class SlackAdmission:
         """The task to release now, or None (empty queue, or the engine cannot take it yet).
 
         ``engine_waiting``: requests the engine holds unadmitted; ``engine_waiting_blocks``: an
-        upper bound of the KV blocks they need; ``itl_s``: the instance's current decode step time.
+        upper bound of the KV blocks they need.
         """
         if not queue:
             return None
-        slacks = [self.slack_s(t, slo, now, itl_s) for t in queue]
-        index = min(range(len(queue)), key=lambda i: (slacks[i] < 0, slacks[i] if slacks[i] >= 0 else queue[i].since_s, i))
+        slacks = [self.slack_s(t, slo, now) for t in queue]
+        index = min(range(len(queue)), key=lambda i: (slacks[i] < 0, slacks[i] if slacks[i] >= 0 else queue[i].arrival_s, i))
         task = queue[index]
         if engine_waiting > 0 and free_blocks < engine_waiting_blocks + task.blocks:
             return None

@@ -125,18 +125,19 @@ class AMPD(Deployment):
         if self._keeper is not None:
             ready, preloaded = self._keeper.reload(turn.request, decode, now)
         if ready > now:
-            self.ctx.loop.at(ready, lambda: self._admit_on_decode(turn, ready, preloaded, streaming=False))
+            self.ctx.loop.at(ready, lambda: self._admit_on_decode(turn, ready, preloaded, kv_arrived=False))
         else:
-            self._admit_on_decode(turn, now, preloaded, streaming=False)
+            self._admit_on_decode(turn, now, preloaded, kv_arrived=False)
 
-    def _admit_on_decode(self, turn: _Turn, now: float, preloaded: int, *, streaming: bool) -> None:
-        """Hand ``turn`` to its decode instance, through the admission queue when there is one."""
+    def _admit_on_decode(self, turn: _Turn, now: float, preloaded: int, *, kv_arrived: bool) -> None:
+        """Hand ``turn`` to its decode instance, through the admission queue when there is one
+        (``kv_arrived``: a remote turn whose prompt KV is there; else a local turn)."""
         req = turn.request
         decode = self._by_id[turn.decode_id]
 
         def submit(at: float) -> None:
-            if streaming:
-                # The client already streams this request: it goes ahead of local prefills waiting there.
+            if kv_arrived:
+                # Its prefill is done: in the engine it goes ahead of local prefills waiting there.
                 decode.submit(req, at, preloaded_tokens=req.prompt_tokens, emitted_tokens=1, continuation=True)
             else:
                 decode.submit(req, at, preloaded_tokens=preloaded)
@@ -149,12 +150,10 @@ class AMPD(Deployment):
         bs = decode.engine.block_size_tokens
         task = AdmissionTask(
             request_id=req.request_id,
-            since_s=now if streaming else req.arrival_s,
-            streaming=streaming,
-            prefill_tokens=0 if streaming else req.prompt_tokens - cached,
+            arrival_s=req.arrival_s,
+            prefill_tokens=0 if kv_arrived else req.prompt_tokens - cached,
             cached_tokens=cached,
-            output_tokens=req.max_output_tokens,
-            blocks=-(-(req.prompt_tokens + req.max_output_tokens - (0 if streaming else cached)) // bs),
+            blocks=-(-(req.prompt_tokens + req.max_output_tokens - (0 if kv_arrived else cached)) // bs),
         )
         queue.push(task, submit, now)
 
@@ -223,7 +222,7 @@ class AMPD(Deployment):
     def _arrive_on_decode(self, turn: _Turn) -> None:
         now = self.ctx.loop.now
         turn.kv_arrived_s = now
-        self._admit_on_decode(turn, now, turn.request.prompt_tokens, streaming=True)
+        self._admit_on_decode(turn, now, turn.request.prompt_tokens, kv_arrived=True)
 
     def _after_decode(self, turn: _Turn, instance: SimInstance, fin: FinishedRequest) -> None:
         if self._keeper is not None:

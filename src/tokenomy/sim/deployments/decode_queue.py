@@ -46,16 +46,11 @@ class DecodeAdmissionQueue:
         while self._items:
             if engine.num_waiting == 0:
                 self._released_blocks = 0
-            seqs = engine.num_decoding
-            itl = self._policy.estimator.decode_step_time_s(
-                max(1, seqs), engine.decode_context_tokens / seqs if seqs else 0.0
-            )
             decision = self._policy.decide(
                 [h.task for h in self._items],
                 engine_waiting=engine.num_waiting,
                 engine_waiting_blocks=self._released_blocks,
                 free_blocks=engine.free_blocks,
-                itl_s=itl,
                 slo=self._slo,
                 now=now,
                 decode_instance=self.instance.instance_id,
