@@ -3,27 +3,34 @@
 
 Every number both runs use comes from one :class:`LiveSpec` (the single source of truth); its
 defaults are labelled choices that scale the 8-GPU GAIA study (docs/ampd-results.md) to what a
-2-core machine drives live, at an operating point near saturation, where AMPD has something to win:
+2-core machine drives live. They were picked in simulation (docs/ampd-live.md has the points
+tried) as a point where AMPD has something to win:
 
 * **cluster**: 3 Llama-3.1-8B / H100 instances (1 prefill + 2 decode for ampd and disagg, 3 mixed
-  for colocated), ``gpu_memory_utilization`` 0.3 (about 65k tokens of KV each), so memory matters
-  as it does at scale; the decode pool chunks prefills at ``local_budget + max_num_seqs`` = 512 +
-  512 tokens, as the simulator's AMPD decode engines do. Every mode routes by session affinity
-  (sim ``colocated`` is therefore the ``colocated-affinity`` variant; disagg picks decode
+  for colocated), ``gpu_memory_utilization`` 0.8 (memory is not what binds; at 0.3-0.5 AMPD's
+  two decode instances run out of KV and lose to colocated's three). The decode pool chunks
+  prefills at ``local_budget + max_num_seqs`` = 512 + 512 tokens, as the simulator's AMPD decode
+  engines do; mixed instances at 8,192 (both runs' default). Every mode routes by session
+  affinity (sim ``colocated`` is therefore the ``colocated-affinity`` variant; disagg picks decode
   instances by affinity in both runs).
+* **no host KV tier** in the simulator's AMPD (``host_kv_bytes_per_gpu`` 0): the emulator has none,
+  so a retention OFFLOAD is a drop in both runs (like for like).
 * **workload**: GAIA's shape (shared 2.5k-token system prompt, ~3k-token tool results re-sent with
   the whole history every turn, ~12 turns) with shorter tool calls (mean 2 s instead of 8 s) and
-  shorter answers (mean 150 tokens instead of 400), so that a session lasts about a minute and a
-  mode's run about 3-4 minutes; 0.4 sessions/s for 60 s (20 sessions, 225 turns at seed 0).
-* **SLO**: the simulator's defaults, TTFT 2 s and TPOT 100 ms.
+  shorter answers (mean 150 tokens instead of 400), so that a session lasts about a minute;
+  1.2 sessions/s for 40 s (42 sessions, 485 turns at seed 0).
+* **SLO**: TTFT 2 s (the simulator's default), TPOT 25 ms (tighter than its 100 ms default: an
+  interactive stream of 40 tokens/s). This is where AMPD's case is: colocated instances run each
+  turn's ~3k-token incremental prefill in the same 8k-token step as their decodes and miss TPOT;
+  AMPD's decode instances take a prefill locally only in 512-token chunks and only when the TPOT
+  bound holds, else send it to the prefill instance. At 100 ms nothing misses TPOT here and
+  colocated ties AMPD.
 
-At this point the simulation gives AMPD 0.82 against 0.50 (colocated) and 0.23 (disagg), and
-seeds 1 and 2 keep AMPD >= 0.18 ahead. Writes ``{"sim": {mode: attainment}, "live": {mode:
-attainment}, "diff", "sim_ttft_at_decode", "sim_misses", "live_health", "spec"}``;
-``sim_ttft_at_decode`` is the simulation with a split request's TTFT taken at the decode side's
-first token, as a vLLM P/D client sees it (see :func:`ttft_at_decode`, docs/ampd-live.md);
-``live_health`` holds each mode's wall time, the machine's load average before and after, each
-emulator's busy and lag-dropped modelled seconds and KV counters, and why requests missed the SLO.
+At this point the simulation gives AMPD 0.95 against 0.77 (colocated) and 0.59 (disagg); seeds 1
+and 2 keep AMPD >= 0.2 ahead. Writes ``{"sim": {mode: attainment}, "live": {mode: attainment},
+"diff", "sim_misses", "live_errors", "live_health", "spec"}``; ``live_health`` holds each mode's
+wall time, the machine's load average before and after, each emulator's busy and lag-dropped
+modelled seconds and KV counters, and why requests missed the SLO.
 
     python benchmarks/ampd_live.py --json out/ampd_live.json     # about 12 minutes
     python benchmarks/ampd_live.py --sim-only                    # seconds
@@ -39,8 +46,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,19 +79,21 @@ class LiveSpec:
     model: str = "llama-3.1-8b"
     gpu: str = "h100"
     tp: int = 1
-    gpu_memory_utilization: float = 0.3
+    gpu_memory_utilization: float = 0.8
     prefill: int = 1
     decode: int = 2
     local_budget_tokens: int = 512  # the simulator's AMPD default (SimConfig.ampd.placement_config)
     decode_max_num_seqs: int = 512
     max_model_len: int = 131072
-    rate_per_s: float = 0.4
-    duration_s: float = 60.0
+    rate_per_s: float = 1.2
+    duration_s: float = 40.0
     seed: int = 0
     turns_mean: float = GAIA.turns.mean
     tool_latency_mean_s: float = 2.0
     output_mean_tokens: float = 150.0
-    slo: SLO = field(default_factory=SLO)
+    tool_result_mean_tokens: float = GAIA.tool_result_tokens.mean
+    host_kv_bytes_per_gpu: float = 0.0  # the emulator has no host KV tier: none in sim either
+    slo: SLO = field(default_factory=lambda: SLO(ttft_s=2.0, tpot_s=0.025))
 
     @property
     def instances(self) -> int:
@@ -100,7 +107,9 @@ class LiveSpec:
                                     high=GAIA.think_time_s.high * k)
         return dataclasses.replace(GAIA, name="gaia-scaled", think_time_s=think,
                                    turns=dataclasses.replace(GAIA.turns, mean=self.turns_mean),
-                                   output_tokens=dataclasses.replace(GAIA.output_tokens, mean=self.output_mean_tokens))
+                                   output_tokens=dataclasses.replace(GAIA.output_tokens, mean=self.output_mean_tokens),
+                                   tool_result_tokens=dataclasses.replace(GAIA.tool_result_tokens,
+                                                                          mean=self.tool_result_mean_tokens))
 
     def sessions(self) -> list[Session]:
         """Poisson arrivals and session shapes drawn as ``load_workload("gaia", ...)`` draws them."""
@@ -114,7 +123,8 @@ class LiveSpec:
                          gpu_memory_utilization=self.gpu_memory_utilization, router=ROUTER, decode_router=ROUTER)
         cfg = make_variant(SIM_VARIANT[mode], base)
         placement = dataclasses.replace(cfg.ampd.placement_config, local_budget_tokens=self.local_budget_tokens)
-        return dataclasses.replace(cfg, ampd=dataclasses.replace(cfg.ampd, placement_config=placement))
+        return dataclasses.replace(cfg, ampd=dataclasses.replace(cfg.ampd, placement_config=placement,
+                                                                 host_kv_bytes_per_gpu=self.host_kv_bytes_per_gpu))
 
     def cluster_file(self, mode: str) -> dict[str, Any]:
         """``tokenomy up``'s cluster file for ``mode``."""
@@ -176,32 +186,6 @@ def simulated(spec: LiveSpec, sessions: list[Session], modes: list[str]) -> tupl
         res = simulate(sessions, spec.sim_config(m), spec.slo)
         att[m], why[m] = res.summary.slo_attainment, misses(res.records, res.summary, spec.slo)
     return att, why
-
-
-@contextmanager
-def ttft_at_decode() -> Iterator[None]:
-    """The simulator's split requests with TTFT as a vLLM P/D client sees it (an analysis, not a fix).
-
-    The simulator records a split request's first token when its KV *arrives* on the decode
-    instance (``tokenomy.sim.base.split_record``), and the wait for the decode side's first step
-    (for free KV blocks, behind other work) as an inter-token gap. Through vLLM's P/D protocol, and
-    live here, the client's first token is the decode instance's first token. Inside this context
-    the AMPD and disagg deployments record that instead.
-    """
-    from tokenomy.sim.deployments import ampd, disagg
-
-    original = ampd.split_record
-
-    def at_decode(request: Any, prefill: Any, decode: Any, **kw: Any) -> RequestRecord:
-        if decode is not None and decode.first_token_s is not None:
-            kw["kv_arrived_s"] = decode.first_token_s
-        return original(request, prefill, decode, **kw)
-
-    ampd.split_record = disagg.split_record = at_decode  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        ampd.split_record = disagg.split_record = original  # type: ignore[assignment]
 
 
 def _wait_serving(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
@@ -298,9 +282,6 @@ def main() -> int:
     print(f"{spec.profile().name}: {len(sessions)} sessions, {sum(len(s.turns) for s in sessions)} turns", flush=True)
     sim, sim_misses = simulated(spec, sessions, modes)
     print(f"sim attainment: {sim}; {sim_misses}", flush=True)
-    with ttft_at_decode():
-        sim_decode_ttft, _ = simulated(spec, sessions, modes)
-    print(f"sim attainment, TTFT at the decode side's first token: {sim_decode_ttft}", flush=True)
     live: dict[str, Any] = {}
     errors: dict[str, Any] = {}
     health: dict[str, Any] = {}
@@ -308,7 +289,6 @@ def main() -> int:
         live[m], errors[m], health[m] = live_mode(m, spec, sessions)
         print(f"live {m}: {live[m]:.3f} (sim {sim[m]:.3f}); {health[m]}", flush=True)
     out = {"sim": sim, "live": live, "diff": {m: live[m] - sim[m] for m in live},
-           "sim_ttft_at_decode": sim_decode_ttft,
            "sim_misses": sim_misses, "live_errors": errors, "live_health": health,
            "spec": {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
                     for k, v in vars(spec).items()}}
