@@ -55,8 +55,10 @@ def test_views_follow_admission_decoding_and_abort() -> None:
     engine.add_request(Request("b", 0.0, 100, 5), 0.0)
     assert _views(engine) == (0, 2, 0, 0, 140)
     engine.step(0.0)  # a whole (40), b's first 24 tokens
-    assert _views(engine) == (2, 0, 1, 41, 76)
-    engine.abort("b", 0.01)
+    assert _views(engine) == (2, 0, 1, 41, 76 + 64)  # the 64 tokens in flight count until the step ends
+    engine.abort("b", 0.005)
+    assert _views(engine) == (1, 0, 1, 41, 64)  # an abort does not stop the step being computed
+    engine.end_step()
     assert _views(engine) == (1, 0, 1, 41, 0)
     engine.abort("a", 0.01)
     assert _views(engine) == (0, 0, 0, 0, 0)
@@ -107,3 +109,23 @@ def _random_run(seed: int) -> int:
     assert engine.free_blocks == engine.total_blocks
     assert runs > 0
     return preemptions
+
+
+def test_the_step_in_flight_counts_as_waiting_until_it_ends() -> None:
+    """A step's effects are applied at its start; a router reading the engine mid-step must still
+    see the chunk being computed, or an instance prefilling its last chunk looks idle."""
+    engine = create_engine(max_num_batched_tokens=512)
+    engine.add_request(Request("a", 0.0, 800, 4), 0.0)
+    assert engine.num_waiting_tokens == 800
+    first = engine.step(0.0)
+    assert first is not None and first.shape.prefill_tokens == 512
+    assert engine.num_waiting_tokens == 800  # 288 still waiting + 512 in flight
+    engine.end_step()
+    assert engine.num_waiting_tokens == 288
+    last = engine.step(first.end_s)
+    assert last is not None and last.shape.prefill_tokens == 288
+    assert engine.num_waiting_tokens == 288  # the last chunk: nothing pending, but not idle
+    assert engine.num_decoding == 1
+    nxt = engine.step(last.end_s)  # the next step ends it too, if the driver did not
+    assert nxt is not None and nxt.shape.prefill_tokens == 0
+    assert engine.num_waiting_tokens == 0

@@ -18,7 +18,8 @@ def _check_counters(engine: Engine) -> None:
     decoding = [r for r in queues.running if r.decoding]
     assert engine.num_decoding == len(decoding)
     assert engine.decode_context_tokens == sum(r.num_tokens for r in decoding)
-    assert engine.num_waiting_tokens == sum(r.pending_tokens for r in list(queues.running) + list(queues.waiting))
+    pending = sum(r.pending_tokens for r in list(queues.running) + list(queues.waiting))
+    assert engine.num_waiting_tokens == pending + engine._step_prefill_tokens  # + the step in flight
     for r in decoding:
         assert r.num_tokens - r.num_computed == 1 and r.num_computed >= r.prompt_tokens
     held = sum(1 for c in engine._kv.pool.ref_cnt if c > 0)
@@ -210,6 +211,8 @@ def test_view_counters_track_waiting_and_decoding() -> None:
     result = engine.step(0.0)
     assert result is not None
     assert (engine.num_waiting, engine.num_running, engine.num_decoding) == (0, 3, 3)
+    assert engine.num_waiting_tokens == 120  # the step in flight computes them
+    engine.end_step()
     assert engine.num_waiting_tokens == 0
     assert engine.decode_context_tokens == 3 * 41
     assert 0 < engine.kv_usage < 1 and engine.block_size_tokens == 16 and engine.total_blocks == 1000

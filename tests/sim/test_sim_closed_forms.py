@@ -41,6 +41,18 @@ def test_lone_request_ttft_is_prefill_plus_transfer_plus_first_decode_step_disag
     assert rec.prefill_instance == "prefill-0" and rec.decode_instance == "decode-0"
 
 
+def test_a_request_arriving_during_a_prefill_step_goes_to_the_idle_prefill_instance() -> None:
+    """The engine applies a step's effects at its start; the router must still see the instance
+    computing it (before the fix, a one-chunk prefill looked idle and ties went to prefill-0)."""
+    prompt = 4000
+    first, second = one_turn(prompt, 4, 0.0, "s0"), one_turn(prompt, 4, PERF.prefill_time_s(prompt) / 4, "s1")
+    result = simulate([first, second], SimConfig(deployment="disagg", prefill=2, decode=1), SLO(), perf=PERF)
+    by_session = {r.session_id: r for r in result.records}
+    assert (by_session["s0"].prefill_instance, by_session["s1"].prefill_instance) == ("prefill-0", "prefill-1")
+    # so the second request does not wait for the first one's prefill
+    assert by_session["s1"].ttft_s < by_session["s0"].ttft_s + PERF.prefill_time_s(prompt) / 2
+
+
 def test_light_load_queueing_matches_md1() -> None:
     """Identical one-token jobs at utilisation rho on one instance whose token budget holds one prompt.
 

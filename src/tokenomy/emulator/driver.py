@@ -187,6 +187,7 @@ class EngineDriver:
             self.busy_s += result.duration_s
             # Always yield, even when late: the handlers must get to write the previous tokens.
             await sleep(max(0.0, (end - self.model_now()) * self.time_scale))
+            engine.end_step()
             self._deliver(result)
 
     def _deliver(self, result: StepResult) -> None:

@@ -69,6 +69,9 @@ class Engine:
         self._run: DecodeRun | None = None
         self._next_uid = 0
         self._busy_until = float("-inf")
+        # Prefill tokens of the step in flight: applied at its start, still to compute until it
+        # ends, so views count them (a router must not see a prefilling instance as idle).
+        self._step_prefill_tokens = 0
 
     # ---- requests ---------------------------------------------------------------------------
     def add_request(
@@ -169,6 +172,7 @@ class Engine:
         if now < self._busy_until:
             raise ValueError(f"step at {now} before the previous step ended at {self._busy_until}")
         self._no_open_run("step")
+        self._step_prefill_tokens = 0
         self._retention.forget_recent()
         if not self._requests:
             return None
@@ -190,11 +194,20 @@ class Engine:
         preempted = [r.request_id for r in plan.preempted] if plan.preempted else []
         result = StepResult(now, duration, shape, self.perf.step_flops(shape), [], [], [], preempted)
         self._busy_until = now + duration
+        self._step_prefill_tokens = plan.prefill_tokens
         self._updater.apply(plan, now + duration, result)
         self.stats.num_steps += 1
         if tracer is not None:
             self._trace_step(result)
         return result
+
+    def end_step(self) -> None:
+        """The step in flight has ended: its prefill tokens no longer count as waiting.
+
+        Drivers call this when they deliver a step's result; the next :meth:`step` (or
+        :meth:`plan_decode_run`) does it too.
+        """
+        self._step_prefill_tokens = 0
 
     def _trace_step(self, result: StepResult) -> None:
         assert self._tracer is not None
@@ -223,6 +236,7 @@ class Engine:
         if now < self._busy_until:
             raise ValueError(f"run at {now} before the previous step ended at {self._busy_until}")
         self._no_open_run("plan_decode_run")
+        self._step_prefill_tokens = 0  # a run starts after the previous step ended
         run = self._runner.plan(now, max_steps)
         if run is not None:
             self._retention.forget_recent()  # what ``step`` does when the run's first step starts
@@ -319,9 +333,11 @@ class Engine:
         """Tokens still to compute before requests decode, over waiting and running requests.
 
         Waiting requests count their whole context (less preloaded KV): cache hits are only known
-        at admission.
+        at admission. The prefill chunks of the step in flight count until it ends
+        (:meth:`end_step`): a step's effects are applied at its start, and an instance computing
+        its last chunk is not idle.
         """
-        return self._queues.pending_tokens
+        return self._queues.pending_tokens + self._step_prefill_tokens
 
     @property
     def num_decoding(self) -> int:

@@ -32,7 +32,10 @@ class InstanceView(Protocol):
 
     @property
     def num_waiting_tokens(self) -> int:
-        """Prompt tokens still to compute, over waiting and running requests."""
+        """Prompt tokens still to compute, over waiting and running requests.
+
+        Includes the prefill chunks of the step in flight until that step ends.
+        """
         ...
 
     @property

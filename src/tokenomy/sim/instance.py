@@ -171,6 +171,7 @@ class SimInstance:
         self._loop.at_private(result.end_s, self._finish_step, result)
 
     def _finish_step(self, result: StepResult) -> None:
+        self.engine.end_step()
         if result.finished:
             self._loop.sync(self._loop.now)  # the deployment's handlers read other instances
         self._on_result(self, result)
