@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import tokenomy.engine
+from helpers.imports import imported_names
 
 FORBIDDEN_PACKAGES = ("tokenomy.sim", "tokenomy.gateway", "tokenomy.emulator", "tokenomy.bench")
 FORBIDDEN_STDLIB = ("time", "datetime", "random", "os", "socket", "subprocess")
@@ -33,23 +34,13 @@ def test_importing_every_engine_module_loads_nothing_from_sim() -> None:
     assert leaked == []
 
 
-def _imported_names(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
-
-
 def test_no_engine_source_imports_sim_or_reads_the_clock() -> None:
     sources = sorted(ENGINE_DIR.rglob("*.py"))
     assert len(sources) >= 12
     bad = {
         str(p.relative_to(ENGINE_DIR)): sorted(
             n
-            for n in _imported_names(p)
+            for n in imported_names(p)
             if n.startswith(FORBIDDEN_PACKAGES) or n.split(".")[0] in FORBIDDEN_STDLIB
         )
         for p in sources

@@ -92,21 +92,6 @@ def test_gated_queue_releases_within_budget_and_reorders_up_to_the_deferral_cap(
     assert asyncio.run(run()) == ["a", "u1", "long", "u2"]
 
 
-@pytest.fixture
-def spied_registry(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
-    built: dict[str, list[Any]] = {name: [] for name in AMPD_POLICIES.names()}
-    for name in AMPD_POLICIES.names():
-        factory = AMPD_POLICIES.get(name)
-
-        def spy(cfg: Any, deps: Any, _f: Any = factory, _n: str = name) -> Any:
-            obj = _f(cfg, deps)
-            built[_n].append(obj)
-            return obj
-
-        monkeypatch.setitem(AMPD_POLICIES._items, name, spy)
-    return built
-
-
 def test_gateway_ampd_and_simulator_build_decisions_from_the_same_registry_entries(
     spied_registry: dict[str, list[Any]]
 ) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import tokenomy.policy
+from helpers.imports import imported_names
 
 FORBIDDEN_PACKAGES = ("tokenomy.sim", "tokenomy.gateway", "tokenomy.emulator", "tokenomy.bench")
 FORBIDDEN_STDLIB = ("time", "datetime", "random", "os", "socket", "subprocess")
@@ -34,23 +34,13 @@ def test_importing_every_policy_module_loads_nothing_from_sim() -> None:
     assert leaked == []
 
 
-def _imported_names(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
-
-
 def test_no_policy_source_imports_sim_or_reads_the_clock() -> None:
     sources = sorted(POLICY_DIR.rglob("*.py"))
     assert len(sources) >= 13
     bad = {
         str(p.relative_to(POLICY_DIR)): sorted(
             n
-            for n in _imported_names(p)
+            for n in imported_names(p)
             if n.startswith(FORBIDDEN_PACKAGES) or n.split(".")[0] in FORBIDDEN_STDLIB
         )
         for p in sources

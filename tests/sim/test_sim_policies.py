@@ -13,29 +13,12 @@ import pytest
 
 from tokenomy.core import SLO
 from tokenomy.perf import PerfModel
-from tokenomy.policy.ampd import AMPD_POLICIES
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.variants import make_variant
 from tokenomy.workload.registry import load_workload
 
 PERF = PerfModel.from_names("llama-3.1-8b", "h100", 1)
 BASE = SimConfig(instances=4, prefill=2, decode=2, gpu_memory_utilization=0.3)
-
-
-@pytest.fixture
-def spied_registry(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Any]]:
-    """Wrap every registry entry so that the test sees which policy objects it built."""
-    built: dict[str, list[Any]] = {name: [] for name in AMPD_POLICIES.names()}
-    for name in AMPD_POLICIES.names():
-        factory = AMPD_POLICIES.get(name)
-
-        def spy(cfg: Any, deps: Any, _f: Any = factory, _n: str = name) -> Any:
-            obj = _f(cfg, deps)
-            built[_n].append(obj)
-            return obj
-
-        monkeypatch.setitem(AMPD_POLICIES._items, name, spy)
-    return built
 
 
 def test_ampd_builds_every_decision_maker_from_the_registry(spied_registry: dict[str, list[Any]]) -> None:

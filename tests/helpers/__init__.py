@@ -1,0 +1,1 @@
+"""Helpers shared by test folders (``tests`` is on pytest's ``pythonpath``)."""
