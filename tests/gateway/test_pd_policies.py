@@ -15,13 +15,20 @@ import httpx
 import pytest
 
 from tokenomy.core import SLO
-from tokenomy.gateway.ampd_live import AmpdLive, GatedPrefillQueue, ampd_policy_config
-from tokenomy.gateway.backends import BackendPool
-from tokenomy.gateway.config import HealthConfig, config_from_dict
+from tokenomy.gateway.ampd_live import AmpdLive, DecodeGate, GatedPrefillQueue, ampd_policy_config
+from tokenomy.gateway.backends import Backend, BackendPool
+from tokenomy.gateway.config import BackendConfig, HealthConfig, config_from_dict
 from tokenomy.gateway.pd import prefill_body
 from tokenomy.gateway.routing_config import RoutingConfig
 from tokenomy.perf import PerfModel
-from tokenomy.policy.ampd import AMPD_POLICIES, DispatchConfig, PrefillDispatch, PrefillTask
+from tokenomy.policy.ampd import (
+    AMPD_POLICIES,
+    AdmissionTask,
+    DispatchConfig,
+    PrefillDispatch,
+    PrefillTask,
+    SlackAdmission,
+)
 from tokenomy.policy.ampd.reorder import LookaheadReorder, ReorderConfig
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.variants import make_variant
@@ -172,3 +179,58 @@ def test_gateway_calibrates_its_prompt_estimate_from_what_backends_count() -> No
     for _ in range(100):  # the engines count 3 tokens where the parser guessed 4
         live.turn_ended(req, prompt_tokens=3000)  # type: ignore[arg-type]
     assert abs(live.prompt_tokens(req) - 3000) <= 1  # type: ignore[arg-type]
+
+
+def _admission_task(rid: str, arrival_s: float, prefill_tokens: int, blocks: int) -> AdmissionTask:
+    return AdmissionTask(rid, arrival_s, prefill_tokens, 0, blocks)
+
+
+def test_decode_gate_passes_turns_while_memory_lasts_and_releases_least_slack_first_when_full() -> None:
+    """The live counterpart of the simulator's decode admission queue: a memory-full decode
+    backend gets the held turn of least TTFT slack next, hopeless turns last."""
+
+    async def run() -> None:
+        backend = Backend(BackendConfig(id="d0", url="http://127.0.0.1:1", role="decode", total_blocks=1000))
+        gate = DecodeGate(SlackAdmission(PERF), backend, SLO(ttft_s=2.0, tpot_s=0.1), stale_s=60.0)
+        backend.on_progress = gate.progress
+        order: list[str] = []
+
+        async def one(task: AdmissionTask) -> None:
+            await gate.acquire(task)
+            order.append(task.request_id)
+
+        now = time.monotonic()
+        # memory to spare: turns pass at once, however many are still prefilling
+        await asyncio.gather(one(_admission_task("r0", now, 100, 100)), one(_admission_task("r1", now, 100, 100)))
+        assert order == ["r0", "r1"] and gate.held == 0
+        backend.kv_usage = 0.95  # 50 free blocks, and r0, r1 still have no first token
+        waiting = [asyncio.ensure_future(one(t)) for t in (
+            _admission_task("hopeless", now - 5.0, 0, 10),  # already past its 2 s TTFT
+            _admission_task("relaxed", now, 0, 10),  # 2 s of slack
+            _admission_task("urgent", now - 1.5, 0, 10),  # 0.5 s of slack
+        )]
+        await asyncio.sleep(0)
+        assert order == ["r0", "r1"] and gate.held == 3
+        backend.first_token("r0")  # r1 still waits in the engine: only memory for one more
+        await asyncio.sleep(0)
+        assert order[2:] == []  # 50 free blocks < r1's 100 + 10
+        backend.kv_usage = 0.5
+        backend.first_token("r1")  # nothing waits in the engine: the least slack goes first
+        await asyncio.sleep(0)
+        assert order[2:] == ["urgent", "relaxed", "hopeless"]
+        await asyncio.gather(*waiting)
+        assert gate.reordered >= 1
+
+    asyncio.run(run())
+
+
+def test_decode_gate_forgets_a_released_turn_that_never_reached_the_backend() -> None:
+    async def run() -> None:
+        backend = Backend(BackendConfig(id="d0", url="http://127.0.0.1:1", role="decode", total_blocks=100))
+        gate = DecodeGate(SlackAdmission(PERF), backend, SLO(), stale_s=0.0)
+        backend.kv_usage = 1.0
+        gate.released["gone"] = (10, time.monotonic() - 1.0)  # its client left before it was sent
+        await asyncio.wait_for(gate.acquire(_admission_task("next", time.monotonic(), 0, 10)), 1.0)
+        assert list(gate.released) == ["next"]
+
+    asyncio.run(run())

@@ -21,6 +21,12 @@ this module only gathers views and applies decisions:
   the session history the bound decode backend holds (the gateway's accounting); our emulator's
   prefill side pulls that KV instead of recomputing it, as the simulator's remote prefill ships
   it. Engines without the extension ignore the key and recompute.
+* **decode admission**: a turn bound for a decode backend (a local turn, or a remote one whose
+  prefill answered) waits in a gateway gate in front of that backend while it is memory-full;
+  ``SlackAdmission.decide`` releases the turn of least TTFT slack first, as the simulator's queue
+  in front of its decode engine does. The gate reads the backend's free KV (``/metrics``) and, as
+  the requests waiting in the engine, the turns it released that have no first token yet; it is
+  pumped when one of them gets its first token or leaves, and after every scrape.
 * **retention hints**: ``KVRetentionPolicy.decide`` on the expected tool time
   (``ToolLatencyEstimator``, from the gaps between a session's turns) decides to keep a turn's KV
   pinned across its tool call; a KEEP goes to the decode backend as
@@ -52,6 +58,7 @@ from tokenomy.gateway.parse import ParsedRequest
 from tokenomy.gateway.pd import core_request
 from tokenomy.gateway.routing_config import RoutingConfig
 from tokenomy.policy.ampd import (
+    AdmissionTask,
     AmpdPolicies,
     AmpdPolicyConfig,
     DispatchConfig,
@@ -60,6 +67,7 @@ from tokenomy.policy.ampd import (
     PrefillTask,
     RetainedKV,
     Retention,
+    SlackAdmission,
     ToolLatencyConfig,
     build_ampd_policies,
 )
@@ -83,6 +91,7 @@ def ampd_policy_config(config: RoutingConfig) -> AmpdPolicyConfig:
         reorder=ReorderConfig() if a.reorder else None,
         dispatch=DispatchConfig(engine_budget_tokens=a.prefill_budget_tokens),
         tool_latency=ToolLatencyConfig(prior_s=a.tool_latency_prior_s),
+        admission=a.admission,
     )
 
 
@@ -154,6 +163,70 @@ class GatedPrefillQueue:
                 fut.set_result(None)
 
 
+class DecodeGate:
+    """Turns waiting to be sent to one decode backend; ``SlackAdmission`` releases them.
+
+    The live counterpart of the simulator's ``DecodeAdmissionQueue``. The engine's waiting
+    requests are the turns this gate released that have no first token yet (the gateway sees
+    each one's first token, or its end); a released turn that never reaches the backend (its
+    client left) stops counting after ``stale_s``.
+    """
+
+    def __init__(self, admission: SlackAdmission, backend: Backend, slo: SLO, stale_s: float) -> None:
+        self.admission = admission
+        self.backend = backend
+        self.slo = slo
+        self.stale_s = stale_s
+        self.tasks: list[AdmissionTask] = []
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self.released: dict[str, tuple[int, float]] = {}  # request id -> (blocks, released at)
+        self.held = 0  # turns that had to wait here (not released at once)
+        self.reordered = 0  # releases that overtook an older waiting turn
+
+    async def acquire(self, task: AdmissionTask) -> None:
+        """Wait until ``task`` is released; a cancelled wait leaves the gate."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.tasks.append(task)
+        self._waiters[task.request_id] = fut
+        self.pump()
+        if not fut.done():
+            self.held += 1
+        try:
+            await fut
+        except BaseException:
+            if task in self.tasks:
+                self.tasks.remove(task)
+            self._waiters.pop(task.request_id, None)
+            self.progress(task.request_id)
+            raise
+
+    def progress(self, request_id: str | None) -> None:
+        """``request_id`` got its first token or left the backend (memory may have freed), or
+        None: a scrape refreshed the backend's free KV. Pumps."""
+        if request_id is not None:
+            self.released.pop(request_id, None)
+        self.pump()
+
+    def pump(self) -> None:
+        now = time.monotonic()
+        for rid in [r for r, (_, t) in self.released.items() if now - t > self.stale_s]:
+            del self.released[rid]
+        while self.tasks:
+            d = self.admission.decide(
+                self.tasks, engine_waiting=len(self.released),
+                engine_waiting_blocks=sum(b for b, _ in self.released.values()),
+                free_blocks=self.backend.free_blocks, slo=self.slo, now=now,
+                decode_instance=self.backend.instance_id)
+            if d is None:
+                return
+            task = self.tasks.pop(d.index)
+            self.reordered += d.index > 0
+            self.released[task.request_id] = (task.blocks, now)
+            fut = self._waiters.pop(task.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+
 class AmpdLive:
     """Applies AMPD's decisions to the gateway's backends (module docstring)."""
 
@@ -165,6 +238,7 @@ class AmpdLive:
         self.policies = policies
         self.slo = SLO(ttft_s=config.slo.ttft_s, tpot_s=config.slo.tpot_s)
         self.queues: dict[str, GatedPrefillQueue] = {}
+        self.gates: dict[str, DecodeGate] = {}
         self.decisions: deque[Mapping[str, Any]] = deque(maxlen=_TRACE_MEMORY)
         self._queued_on: dict[str, GatedPrefillQueue] = {}  # request id -> queue it was released by
         self._no_retain: set[str] = set()  # backends that answered 404 to a retention hint
@@ -239,6 +313,27 @@ class AmpdLive:
                                     request.prompt_tokens - cached, cached))
         self._queued_on[req.request_id] = q
         return decode_id, order, reason, request.history_tokens
+
+    async def admit(self, req: ParsedRequest, decode_id: str, *, remote: bool, arrival_s: float) -> None:
+        """Wait for the decode admission gate of ``decode_id`` (no gate: return at once).
+
+        ``remote``: the turn's prompt KV was prefilled elsewhere (it computes nothing there);
+        ``arrival_s``: when the gateway received it (``time.monotonic()``), its TTFT clock."""
+        admission = self.policies.admission
+        decode = self.pool.by_id.get(decode_id)
+        if admission is None or decode is None:
+            return
+        prompt = self.prompt_tokens(req)
+        on_decode = decode.cached_prefix_tokens(((req.stream_key, prompt),), prompt)
+        gate = self.gates.get(decode_id)
+        if gate is None:
+            gate = self.gates[decode_id] = DecodeGate(admission, decode, self.slo, stale_s=max(10.0, 4 * self.slo.ttft_s))
+            decode.on_progress = gate.progress
+        cached = min(on_decode, prompt - 1)
+        computed = 0 if remote else prompt - cached
+        bs = max(1, decode.block_size_tokens)
+        blocks = -(-(prompt + (req.max_tokens or 1) - (0 if remote else cached)) // bs)
+        await gate.acquire(AdmissionTask(req.request_id, arrival_s, computed, 0 if remote else cached, blocks))
 
     def prefill_done(self, req: ParsedRequest) -> None:
         q = self._queued_on.pop(req.request_id, None)

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import httpx
 
@@ -57,6 +58,9 @@ class Backend:
         self.in_flight = 0
         self._prefilling: dict[str, int] = {}  # request id -> prompt tokens before its first token
         self._prefixes: OrderedDict[int, int] = OrderedDict()  # stream key -> tokens held
+        # Called with a request id when one of its requests gets its first token or leaves, and
+        # with None after a scrape (AMPD's decode admission gate pumps on it).
+        self.on_progress: Callable[[str | None], None] | None = None
 
     # -- InstanceView ------------------------------------------------------------------------
     @property
@@ -96,6 +100,8 @@ class Backend:
 
     def first_token(self, request_id: str) -> None:
         self._prefilling.pop(request_id, None)
+        if self.on_progress is not None:
+            self.on_progress(request_id)
 
     def finished(self, request_id: str, stream_key: int | None, context_tokens: int) -> None:
         """The request left this backend; ``context_tokens`` of ``stream_key`` are now cached there."""
@@ -106,6 +112,8 @@ class Backend:
             self._prefixes.move_to_end(stream_key)
             while len(self._prefixes) > _PREFIX_MEMORY:
                 self._prefixes.popitem(last=False)
+        if self.on_progress is not None:
+            self.on_progress(request_id)
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -184,6 +192,8 @@ class BackendPool:
         b.scraped_waiting = int(metrics.get("vllm:num_requests_waiting", 0))
         kv = metrics.get("vllm:kv_cache_usage_perc", metrics.get("vllm:gpu_cache_usage_perc", 0.0))
         b.kv_usage = float(kv)
+        if b.on_progress is not None:
+            b.on_progress(None)
 
     async def check_all(self) -> None:
         now = time.monotonic()

@@ -186,6 +186,7 @@ class PdRouter:
             raise GatewayError(503, f"no healthy decode backend serves {req.model!r}", "server_error",
                                "no_backend", None, {"retry-after": "1"})
         prefills = self.role_candidates(Role.PREFILL, req.model)
+        arrival = time.monotonic()
         if self.ampd is not None:
             decode_id, order, reason, history = await self.ampd.place(req, decodes, prefills)
         else:
@@ -193,6 +194,7 @@ class PdRouter:
             decode_id = self.router.choose(core_request(req, now), decodes, now)
             order = sorted(prefills, key=lambda b: (b.num_waiting_tokens, b.in_flight, b.instance_id))
             reason, history = "disagg: every prefill runs remotely", 0
+        route: PdRoute | None = None
         try:
             for backend in order:
                 try:
@@ -201,14 +203,19 @@ class PdRouter:
                 except UpstreamConnectError as exc:
                     self.pool.mark_down(backend, time.monotonic(), str(exc))
                     continue
-                return PdRoute(decode_id, params, backend.instance_id, reason)
+                route = PdRoute(decode_id, params, backend.instance_id, reason)
+                break
         finally:
             if self.ampd is not None:
                 self.ampd.prefill_done(req)
-        if order:
-            log.warning("request %s: no prefill backend reachable; %s prefills locally", req.request_id, decode_id)
-            reason += "; no prefill backend reachable: local"
-        return PdRoute(decode_id, None, None, reason)
+        if route is None:
+            if order:
+                log.warning("request %s: no prefill backend reachable; %s prefills locally", req.request_id, decode_id)
+                reason += "; no prefill backend reachable: local"
+            route = PdRoute(decode_id, None, None, reason)
+        if self.ampd is not None:  # AMPD's decode admission: wait while the decode backend is full
+            await self.ampd.admit(req, decode_id, remote=route.kv_transfer_params is not None, arrival_s=arrival)
+        return route
 
     def finished(self, req: ParsedRequest, prompt_tokens: int = 0) -> None:
         """The client's answer is complete (AMPD: the session's tool call starts now);

@@ -54,7 +54,9 @@ class AmpdLiveConfig(_Strict):
     the gateway's prefill queue releases to a prefill backend at a time);
     ``reorder``: look-ahead reordering of the gateway's prefill queue (with its deferral cap);
     ``retention_hints``: tell engines to keep a session's KV across its tool call
-    (``POST /v1/tokenomy/retain``; engines without it answer 404, which is ignored).
+    (``POST /v1/tokenomy/retain``; engines without it answer 404, which is ignored);
+    ``admission``: hold turns for a memory-full decode backend and release them in TTFT-slack
+    order (``SlackAdmission``, the simulator's default).
     """
 
     local_budget_tokens: int = Field(default=2048, ge=1)
@@ -63,6 +65,7 @@ class AmpdLiveConfig(_Strict):
     reorder: bool = True
     retention_hints: bool = True
     tool_latency_prior_s: float = Field(default=5.0, ge=0)
+    admission: bool = True
 
 
 class RoutingConfig(_Strict):
