@@ -36,9 +36,11 @@ def test_backend_view_combines_scraped_and_own_counts() -> None:
     b.dispatched("r1", 500)
     b.dispatched("r2", 40)
     assert (b.num_waiting, b.num_waiting_tokens, b.free_blocks, b.kv_usage) == (2, 540, 70, 0.3)
+    assert b.decode_context_tokens == 0
     b.first_token("r1")
-    assert (b.num_waiting_tokens, b.num_decoding) == (40, 1)
+    assert (b.num_waiting_tokens, b.num_decoding, b.decode_context_tokens) == (40, 1, 500)
     b.finished("r1", stream_key=9, context_tokens=520)
+    assert b.decode_context_tokens == 0
     assert b.in_flight == 1 and b.cached_prefix_tokens(((9, 600),), 600) == 520
     assert b.cached_prefix_tokens(((9, 600),), 100) == 100 and b.cached_prefix_tokens(((8, 5),), 5) == 0
 

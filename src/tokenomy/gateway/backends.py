@@ -57,6 +57,7 @@ class Backend:
         # the gateway's own counts (owned by the dispatch methods below)
         self.in_flight = 0
         self._prefilling: dict[str, int] = {}  # request id -> prompt tokens before its first token
+        self._decoding: dict[str, int] = {}  # request id -> prompt tokens, after its first token
         self._prefixes: OrderedDict[int, int] = OrderedDict()  # stream key -> tokens held
         # Called with a request id when one of its requests gets its first token or leaves, and
         # with None after a scrape (AMPD's decode admission gate pumps on it).
@@ -81,7 +82,9 @@ class Backend:
 
     @property
     def decode_context_tokens(self) -> int:
-        return 0  # not observable from outside the engine; no router we ship reads it
+        """Prompt tokens of the streams past their first token (what the gateway sent; their
+        answers so far are not counted): AMPD's local ITL estimate prices decode steps by it."""
+        return sum(self._decoding.values())
 
     @property
     def free_blocks(self) -> int:
@@ -99,13 +102,16 @@ class Backend:
         self._prefilling[request_id] = prompt_tokens
 
     def first_token(self, request_id: str) -> None:
-        self._prefilling.pop(request_id, None)
+        prompt = self._prefilling.pop(request_id, None)
+        if prompt is not None:
+            self._decoding[request_id] = prompt
         if self.on_progress is not None:
             self.on_progress(request_id)
 
     def finished(self, request_id: str, stream_key: int | None, context_tokens: int) -> None:
         """The request left this backend; ``context_tokens`` of ``stream_key`` are now cached there."""
         self._prefilling.pop(request_id, None)
+        self._decoding.pop(request_id, None)
         self.in_flight = max(0, self.in_flight - 1)
         if stream_key is not None and context_tokens > 0:
             self._prefixes[stream_key] = context_tokens
