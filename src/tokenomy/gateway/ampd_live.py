@@ -48,7 +48,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
 
@@ -109,34 +109,69 @@ class _Pin:
     expires_s: float = float("inf")
 
 
-class GatedPrefillQueue:
-    """Remote prefills waiting for one prefill backend; ``PrefillDispatch`` releases them."""
-
-    def __init__(self, dispatch: PrefillDispatch, instance_id: str) -> None:
-        self.dispatch = dispatch
-        self.instance_id = instance_id
-        self.tasks: list[PrefillTask] = []
-        self._waiters: dict[str, asyncio.Future[None]] = {}
-        self.released: dict[str, int] = {}  # request id -> prompt tokens, released and not answered
-
+class _Task(Protocol):
     @property
-    def queued_tokens(self) -> int:
-        return sum(t.new_tokens for t in self.tasks) + sum(self.released.values())
+    def request_id(self) -> str: ...
 
-    async def acquire(self, task: PrefillTask) -> None:
-        """Wait until ``task`` is released; a cancelled wait leaves the queue."""
+
+TaskT = TypeVar("TaskT", bound=_Task)
+
+
+class _Gate(Generic[TaskT]):
+    """Tasks waiting for a policy to release them, each awaited by its request's handler;
+    ``pump`` (a subclass's) applies the policy's decisions through :meth:`_release`."""
+
+    def __init__(self) -> None:
+        self.tasks: list[TaskT] = []
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self.held = 0  # tasks that had to wait (not released at once)
+
+    async def acquire(self, task: TaskT) -> None:
+        """Wait until ``task`` is released; a cancelled wait leaves the gate."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.tasks.append(task)
         self._waiters[task.request_id] = fut
         self.pump()
+        if not fut.done():
+            self.held += 1
         try:
             await fut
         except BaseException:
             if task in self.tasks:
                 self.tasks.remove(task)
             self._waiters.pop(task.request_id, None)
-            self.done(task.request_id)
+            self._left(task.request_id)
             raise
+
+    def _release(self, index: int) -> TaskT:
+        task = self.tasks.pop(index)
+        fut = self._waiters.pop(task.request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+        return task
+
+    def pump(self) -> None:
+        raise NotImplementedError
+
+    def _left(self, request_id: str) -> None:
+        """A waiting (or released) task's request gave up."""
+
+
+class GatedPrefillQueue(_Gate[PrefillTask]):
+    """Remote prefills waiting for one prefill backend; ``PrefillDispatch`` releases them."""
+
+    def __init__(self, dispatch: PrefillDispatch, instance_id: str) -> None:
+        super().__init__()
+        self.dispatch = dispatch
+        self.instance_id = instance_id
+        self.released: dict[str, int] = {}  # request id -> prompt tokens, released and not answered
+
+    @property
+    def queued_tokens(self) -> int:
+        return sum(t.new_tokens for t in self.tasks) + sum(self.released.values())
+
+    def _left(self, request_id: str) -> None:
+        self.done(request_id)
 
     def done(self, request_id: str) -> None:
         """The released prefill answered (or failed): its tokens leave the backend's budget."""
@@ -156,14 +191,11 @@ class GatedPrefillQueue:
                                      in_flight_tokens=0, now=time.monotonic(), prefill_instance=self.instance_id)
             if d is None:
                 return
-            task = self.tasks.pop(d.index)
+            task = self._release(d.index)
             self.released[task.request_id] = task.new_tokens
-            fut = self._waiters.pop(task.request_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
 
 
-class DecodeGate:
+class DecodeGate(_Gate[AdmissionTask]):
     """Turns waiting to be sent to one decode backend; ``SlackAdmission`` releases them.
 
     The live counterpart of the simulator's ``DecodeAdmissionQueue``. The engine's waiting
@@ -173,32 +205,16 @@ class DecodeGate:
     """
 
     def __init__(self, admission: SlackAdmission, backend: Backend, slo: SLO, stale_s: float) -> None:
+        super().__init__()
         self.admission = admission
         self.backend = backend
         self.slo = slo
         self.stale_s = stale_s
-        self.tasks: list[AdmissionTask] = []
-        self._waiters: dict[str, asyncio.Future[None]] = {}
         self.released: dict[str, tuple[int, float]] = {}  # request id -> (blocks, released at)
-        self.held = 0  # turns that had to wait here (not released at once)
         self.reordered = 0  # releases that overtook an older waiting turn
 
-    async def acquire(self, task: AdmissionTask) -> None:
-        """Wait until ``task`` is released; a cancelled wait leaves the gate."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.tasks.append(task)
-        self._waiters[task.request_id] = fut
-        self.pump()
-        if not fut.done():
-            self.held += 1
-        try:
-            await fut
-        except BaseException:
-            if task in self.tasks:
-                self.tasks.remove(task)
-            self._waiters.pop(task.request_id, None)
-            self.progress(task.request_id)
-            raise
+    def _left(self, request_id: str) -> None:
+        self.progress(request_id)
 
     def progress(self, request_id: str | None) -> None:
         """``request_id`` got its first token or left the backend (memory may have freed), or
@@ -219,12 +235,9 @@ class DecodeGate:
                 decode_instance=self.backend.instance_id)
             if d is None:
                 return
-            task = self.tasks.pop(d.index)
             self.reordered += d.index > 0
+            task = self._release(d.index)
             self.released[task.request_id] = (task.blocks, now)
-            fut = self._waiters.pop(task.request_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
 
 
 class AmpdLive:
