@@ -78,9 +78,10 @@ def _metrics(url: str) -> dict[str, float]:
     return parse_prometheus(httpx.get(url + "/metrics", timeout=5).text)
 
 
-def _run_session(pd_cluster: dict[str, str], tmp_path: Path, routing: dict[str, object]
-                 ) -> list[dict[str, dict[str, float]]]:
-    """Start ``tokenomy serve`` with ``routing``, run a 4-turn session; each turn's metric deltas."""
+def _run_session(pd_cluster: dict[str, str], tmp_path: Path, routing: dict[str, object],
+                 gateway_metrics: dict[str, float] | None = None) -> list[dict[str, dict[str, float]]]:
+    """Start ``tokenomy serve`` with ``routing``, run a 4-turn session; each turn's metric deltas
+    (and the gateway's own ``/metrics`` at the end into ``gateway_metrics``, by sample line)."""
     key = new_api_key()
     port = free_port()
     cfg = tmp_path / "gateway.yaml"
@@ -116,6 +117,11 @@ def _run_session(pd_cluster: dict[str, str], tmp_path: Path, routing: dict[str, 
                 messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
                 if turn < 3:
                     messages.append({"role": "user", "content": f"Tool result: {tool_results[turn]}"})
+        if gateway_metrics is not None:
+            for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+                if line and not line.startswith("#"):
+                    name, _, value = line.rpartition(" ")
+                    gateway_metrics[name] = float(value)
         return per_turn
     finally:
         _stop(gw)
@@ -126,7 +132,8 @@ def test_ampd_session_stays_on_its_decode_instance_and_only_remote_turns_pull_kv
 ) -> None:
     assert sorted(pd_cluster) == ["decode-0", "decode-1", "prefill-0"]
     # TPOT bound 30 ms: a 2048-token chunk on the decode node breaks it, a few dozen tokens do not.
-    per_turn = _run_session(pd_cluster, tmp_path, {"mode": "ampd", "slo": {"ttft_s": 2.0, "tpot_s": 0.03}})
+    gw: dict[str, float] = {}
+    per_turn = _run_session(pd_cluster, tmp_path, {"mode": "ampd", "slo": {"ttft_s": 2.0, "tpot_s": 0.03}}, gw)
     decoded_on = [{i for i, d in t.items() if i.startswith("decode") and d[GENERATED] > 0} for t in per_turn]
     bound = decoded_on[0]
     assert len(bound) == 1 and all(d == bound for d in decoded_on), decoded_on  # one bound decode instance
@@ -142,6 +149,10 @@ def test_ampd_session_stays_on_its_decode_instance_and_only_remote_turns_pull_kv
     assert transfers[3] == (1 if prefilled[3] else 0)  # a pull exactly when the prefill node ran it
     # short tool calls (the 5 s prior): every turn's KV was pinned across its tool call by a hint
     assert [t[decode][RETAINED] for t in per_turn] == [1, 1, 1, 1]
+    # every turn went through the decode admission gate of its backend, which had room: none waited
+    assert gw[f'tokenomy_gateway_ampd_held_total{{backend="{decode}",gate="decode"}}'] == 0
+    assert gw[f'tokenomy_gateway_ampd_waiting{{backend="{decode}",gate="decode"}}'] == 0
+    assert gw['tokenomy_gateway_ampd_waiting{backend="prefill-0",gate="prefill"}'] == 0
 
 
 def test_disagg_prefills_every_turn_remotely(pd_cluster: dict[str, str], tmp_path: Path) -> None:

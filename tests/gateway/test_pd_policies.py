@@ -19,6 +19,7 @@ from tokenomy.gateway.ampd_live import AmpdLive, DecodeGate, GatedPrefillQueue, 
 from tokenomy.gateway.backends import Backend, BackendPool
 from tokenomy.gateway.config import BackendConfig, HealthConfig, config_from_dict
 from tokenomy.gateway.pd import prefill_body
+from tokenomy.gateway.prom import GatewayMetrics
 from tokenomy.gateway.routing_config import RoutingConfig
 from tokenomy.perf import PerfModel
 from tokenomy.policy.ampd import (
@@ -234,3 +235,15 @@ def test_decode_gate_forgets_a_released_turn_that_never_reached_the_backend() ->
         assert list(gate.released) == ["next"]
 
     asyncio.run(run())
+
+
+def test_ampd_gates_are_on_the_gateways_metrics() -> None:
+    gate = SimpleNamespace(tasks=[object(), object()], held=3, reordered=1)
+    queue = SimpleNamespace(tasks=[], held=5)
+    metrics = GatewayMetrics()
+    metrics.watch_ampd(SimpleNamespace(queues={"prefill-0": queue}, gates={"decode-1": gate}))
+    text = metrics.render().decode()
+    assert 'tokenomy_gateway_ampd_waiting{backend="decode-1",gate="decode"} 2.0' in text
+    assert 'tokenomy_gateway_ampd_held_total{backend="decode-1",gate="decode"} 3.0' in text
+    assert 'tokenomy_gateway_ampd_held_total{backend="prefill-0",gate="prefill"} 5.0' in text
+    assert 'tokenomy_gateway_ampd_decode_reordered_total{backend="decode-1"} 1.0' in text

@@ -147,6 +147,8 @@ def build_app(
                             max_idle_per_host=config.server.max_connections_per_backend)
     proxy = Proxy(config, pool, router, the_ledger, guard, metrics, upstream)
     proxy.pd = build_pd_router(config.routing, pool, upstream, router, client)
+    if proxy.pd is not None and proxy.pd.ampd is not None:
+        metrics.watch_ampd(proxy.pd.ampd)
     openapi = spec(config.models())
 
     async def chat(request: Request) -> Response:

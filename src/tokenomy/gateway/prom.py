@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -45,6 +46,30 @@ class _Sums(Collector):
             yield fam
 
 
+class _AmpdGates(Collector):
+    """AMPD's live gates (``tokenomy.gateway.ampd_live``), read at scrape time: the gateway's
+    prefill queue per prefill backend and its decode admission gate per decode backend."""
+
+    def __init__(self, live: Any) -> None:
+        self.live = live  # an AmpdLive: its ``queues`` and ``gates`` dicts, by backend id
+
+    def collect(self) -> Iterator[Metric]:
+        waiting = GaugeMetricFamily("tokenomy_gateway_ampd_waiting", "Turns waiting in an AMPD gate",
+                                    labels=["gate", "backend"])
+        held = CounterMetricFamily("tokenomy_gateway_ampd_held", "Turns that had to wait in an AMPD gate",
+                                   labels=["gate", "backend"])
+        reordered = CounterMetricFamily(
+            "tokenomy_gateway_ampd_decode_reordered", "Decode admissions that overtook an older waiting turn",
+            labels=["backend"])
+        for gate, by_backend in (("prefill", self.live.queues), ("decode", self.live.gates)):
+            for backend, g in list(by_backend.items()):
+                waiting.add_metric([gate, backend], len(g.tasks))
+                held.add_metric([gate, backend], g.held)
+                if gate == "decode":
+                    reordered.add_metric([backend], g.reordered)
+        yield from (waiting, held, reordered)
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -64,6 +89,10 @@ class GatewayMetrics:
         )
         self.in_flight = Gauge("tokenomy_gateway_in_flight", "Requests in flight per backend", ["backend"], registry=r)
         self.healthy = Gauge("tokenomy_gateway_backend_healthy", "1 when the backend is in rotation", ["backend"], registry=r)
+
+    def watch_ampd(self, live: Any) -> None:
+        """Render AMPD's live gates (an ``AmpdLive``) on ``/metrics``."""
+        self.registry.register(_AmpdGates(live))
 
     def count_request(self, model: str, status: int) -> None:
         self.sums.requests[(model, str(status))] += 1
