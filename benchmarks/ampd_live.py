@@ -221,6 +221,25 @@ def _emulator_health(ids: list[str], urls: list[str]) -> dict[str, Any]:
     return out
 
 
+def _gate_counts(gateway_url: str) -> dict[str, float]:
+    """AMPD's live gates from the gateway's ``/metrics``, summed over backends: turns that had to
+    wait in the prefill queues and in the decode admission gates, and decode admissions that
+    overtook an older turn (empty outside ampd mode)."""
+    out: dict[str, float] = {}
+    try:
+        text = httpx.get(gateway_url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return out
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        for prefix, gate, key in (("tokenomy_gateway_ampd_held_total{", "prefill", "prefill_held"),
+                                  ("tokenomy_gateway_ampd_held_total{", "decode", "decode_held"),
+                                  ("tokenomy_gateway_ampd_decode_reordered_total{", "", "decode_reordered")):
+            if name.startswith(prefix) and (not gate or f'gate="{gate}"' in name):
+                out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
 def live_mode(mode: str, spec: LiveSpec, sessions: list[Session]) -> tuple[float, dict[str, Any], dict[str, Any]]:
     """Attainment of ``mode`` live, the bench's errors, and the run's health (load, emulator lag,
     why requests missed)."""
@@ -243,6 +262,7 @@ def live_mode(mode: str, spec: LiveSpec, sessions: list[Session]) -> tuple[float
                 rep = run_bench(sessions, BenchConfig(targets=(url,), model=spec.model, api="completions",
                                                       api_key=key, slo=spec.slo, gpus=spec.instances * spec.tp,
                                                       seed=spec.seed))
+                health["gates"] = _gate_counts(url)
             finally:
                 _stop(gw)
             health["emulators"] = _emulator_health(spec.instance_ids(mode), urls)
