@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from tokenomy.core import SLO
-from tokenomy.gateway.ampd_live import AmpdLive, DecodeGate, GatedPrefillQueue, ampd_policy_config
+from tokenomy.gateway.ampd_gates import DecodeGate, GatedPrefillQueue
+from tokenomy.gateway.ampd_live import AmpdLive, ampd_policy_config
 from tokenomy.gateway.backends import Backend, BackendPool
 from tokenomy.gateway.config import BackendConfig, HealthConfig, config_from_dict
 from tokenomy.gateway.pd import prefill_body
