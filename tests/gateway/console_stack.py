@@ -99,7 +99,7 @@ def live_stack(tmp: Path) -> Iterator[Stack]:
             "server": {"port": port},
             "backends": [{"id": i, "url": u, "role": i.split("-")[0]} for i, u in sorted(engines.items())],
             "routing": {"mode": "ampd", "slo": {"ttft_s": 2.0, "tpot_s": 0.05}},
-            "health": {"interval_s": 0.2},
+            "health": {"interval_s": 0.5, "timeout_s": 10.0},  # a loaded CI machine answers late
             "ledger": {"url": f"sqlite:///{tmp}/ledger.db"},
             "prices": {MODEL: PRICE},
             "ops": {"server_secret": "console-test-secret-0123", "admin_key": ADMIN_KEY, "reservations": "memory",

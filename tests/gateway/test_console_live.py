@@ -68,10 +68,22 @@ def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
         b.quit()
 
 
+def _click(b: Any, element: Any) -> None:
+    """Click a submit button or link and wait until the next page replaced this one."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    page = b.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(b, 15).until(expected_conditions.staleness_of(page))
+
+
 def _shot(b: Any, folder: Path, name: str) -> Path:
-    """A full-page screenshot (the window grown to the page's height, at most 3000 px)."""
+    """A full-page screenshot (the viewport grown to the page's height, at most 3000 px)."""
     height = int(b.execute_script("return document.documentElement.scrollHeight"))
-    b.set_window_size(1400, min(max(height, 600), 3000))
+    b.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": min(max(height, 600), 3000),
+                                                              "deviceScaleFactor": 1, "mobile": False})
     folder.mkdir(exist_ok=True)
     path = folder / f"{name}.png"
     assert b.save_screenshot(str(path))
@@ -88,11 +100,11 @@ def test_console_in_a_real_browser(stack: Stack, browser: Any, tmp_path: Path) -
     b.get(stack.url + "/console/")
     assert b.current_url.endswith("/console/login")
     b.find_element(By.ID, "admin_key").send_keys("not-the-key")
-    b.find_element(By.ID, "sign_in").click()
+    _click(b, b.find_element(By.ID, "sign_in"))
     assert "not the admin key" in b.find_element(By.ID, "error").text
     _shot(b, shots, "0-login")
     b.find_element(By.ID, "admin_key").send_keys(ADMIN_KEY)
-    b.find_element(By.ID, "sign_in").click()
+    _click(b, b.find_element(By.ID, "sign_in"))
     assert b.current_url.endswith("/console/tenants")
     cookie = b.get_cookie("tokenomy_console")
     assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
@@ -102,7 +114,7 @@ def test_console_in_a_real_browser(stack: Stack, browser: Any, tmp_path: Path) -
     team = next(o for o in b.find_elements(css, "#team_id option") if o.text.endswith("(agents)"))
     team.click()
     b.find_element(By.ID, "key_name").send_keys("browser-key")
-    b.find_element(By.ID, "create").click()
+    _click(b, b.find_element(By.ID, "create"))
     raw = b.find_element(By.ID, "new_key_value").text
     assert raw.startswith("tk-")
 
@@ -111,13 +123,13 @@ def test_console_in_a_real_browser(stack: Stack, browser: Any, tmp_path: Path) -
         row = b.find_element(css, 'tr[data-name="browser-key"]')
         budget = row.find_element(css, "input.budget")
         budget.clear()
-        budget.send_keys("0.000001")
-        row.find_element(css, "button.set_budget").click()
+        budget.send_keys("0.0001")  # below the two turns it spent
+        _click(b, row.find_element(css, "button.set_budget"))
         assert "budget of browser-key set" in b.find_element(By.ID, "message").text
         refused = chat(client, raw, "browser-session", [{"role": "user", "content": "one more"}])
         assert (refused.status_code, refused.json()["error"]["code"]) == (429, "budget_exceeded")
         row = b.find_element(css, 'tr[data-name="browser-key"]')
-        assert "$0.000001" in row.text  # budget column now shows it
+        assert "$0.0001 / month" in row.text and "100.0%" in row.text
         _shot(b, shots, "1-tenants")
 
         b.get(stack.url + "/console/spend")
@@ -127,7 +139,7 @@ def test_console_in_a_real_browser(stack: Stack, browser: Any, tmp_path: Path) -
         assert len(b.find_elements(css, "svg.chart rect")) >= 4  # every chart has bars
         _shot(b, shots, "2-spend")
 
-        b.find_element(By.LINK_TEXT, "browser-session").click()
+        _click(b, b.find_element(By.LINK_TEXT, "browser-session"))
         assert len(b.find_elements(css, "#turns tbody tr")) == 2
         _shot(b, shots, "3-session")
 
@@ -144,7 +156,7 @@ def test_console_in_a_real_browser(stack: Stack, browser: Any, tmp_path: Path) -
         _shot(b, shots, "5-cluster")
 
         b.get(stack.url + "/console/tenants")
-        b.find_element(css, 'tr[data-name="browser-key"] button.revoke').click()
+        _click(b, b.find_element(css, 'tr[data-name="browser-key"] button.revoke'))
         assert "key browser-key revoked" in b.find_element(By.ID, "message").text
         gone = chat(client, raw, "browser-session", [{"role": "user", "content": "after revoke"}])
         assert (gone.status_code, gone.json()["error"]["code"]) == (401, "invalid_api_key")

@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from tokenomy.gateway.allow_all import AllowAllGuard
 from tokenomy.gateway.backends import BackendPool
+from tokenomy.gateway.budget_metrics import BudgetGauges
 from tokenomy.gateway.config import GatewayConfig
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.guard import Guard
@@ -85,6 +86,14 @@ def build_guard(config: GatewayConfig, metrics: GatewayMetrics, ledger: Ledger) 
     else:
         admin = admin_mod.build_admin_router(guard)
     return guard, admin
+
+
+def _console(guard: Any, ledger: Ledger, pool: BackendPool, proxy: Proxy) -> Any:
+    """The operator's console (docs/console.md), on the same guard, ledger and backends."""
+    from tokenomy.gateway.console import ConsoleDeps, ConsoleQueries, build_console
+
+    ampd = proxy.pd.ampd if proxy.pd is not None else None
+    return build_console(ConsoleDeps(guard, ConsoleQueries(ledger.engine), pool, ampd))  # type: ignore[attr-defined]
 
 
 class _Incoming:
@@ -213,6 +222,8 @@ def build_app(
     ]
     if admin is not None:
         routes.append(Mount("/admin", app=admin))
+        routes.append(Mount("/console", app=_console(guard, the_ledger, pool, proxy)))
+        metrics.registry.register(BudgetGauges(guard))
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

@@ -20,7 +20,7 @@ from starlette.staticfiles import StaticFiles
 from tokenomy.gateway.console import tenants, views
 from tokenomy.gateway.console.auth import COOKIE, ConsoleAuth
 from tokenomy.gateway.console.queries import ConsoleQueries
-from tokenomy.gateway.console.web import ConsoleDeps, render, signed_in
+from tokenomy.gateway.console.web import ConsoleDeps, read_form, render, signed_in
 
 __all__ = ["ConsoleDeps", "ConsoleQueries", "build_console"]
 
@@ -35,7 +35,7 @@ async def _login_form(request: Request) -> Response:
 
 async def _login(request: Request) -> Response:
     auth: ConsoleAuth = request.app.state.auth
-    form = await request.form()
+    form = await read_form(request)
     cookie = auth.login(str(form.get("admin_key", "")))
     if cookie is None:
         return render(request, "login.html", 401, error="That is not the admin key.")

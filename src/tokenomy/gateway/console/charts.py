@@ -6,7 +6,7 @@ each for hover text) and a legend; the numbers behind it are also shown as a tab
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 
 from markupsafe import Markup
@@ -19,10 +19,10 @@ WIDTH, HEIGHT, PAD_LEFT, PAD_BOTTOM = 720, 220, 64, 22
 def _fmt(value: float, unit: str) -> str:
     if unit == "$":
         return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
-    return f"{value:,.0f}{unit}"
+    return f"{value:,.0f}{unit}" if value >= 10 or value == int(value) else f"{value:.1f}{unit}"
 
 
-def stacked_bars(title: str, labels: Sequence[str], series: dict[str, Sequence[float]], unit: str = "") -> Markup:
+def stacked_bars(title: str, labels: Sequence[str], series: Mapping[str, Sequence[float]], unit: str = "") -> Markup:
     """``series`` name -> one value per label (bucket); bars stack in ``series`` order."""
     n = max(1, len(labels))
     totals = [sum(s[i] for s in series.values()) for i in range(len(labels))]
@@ -50,7 +50,7 @@ def stacked_bars(title: str, labels: Sequence[str], series: dict[str, Sequence[f
         if i % max(1, n // 6) == 0:
             parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{HEIGHT - 6}" text-anchor="middle">{escape(label)}</text>')
     parts.append("</svg>")
-    legend = "".join(f'<span class="key"><i style="background:{PALETTE[k % len(PALETTE)]}"></i>{escape(name)}</span>'
-                     for k, name in enumerate(series))
+    legend = "".join(f'<span class="key"><svg width="10" height="10" aria-hidden="true"><rect width="10" height="10" '
+                     f'fill="{PALETTE[k % len(PALETTE)]}"/></svg> {escape(name)}</span>' for k, name in enumerate(series))
     return Markup(f'<figure><figcaption>{escape(title)}</figcaption>{"".join(parts)}'
                   f'<div class="legend">{legend}</div></figure>')

@@ -99,7 +99,7 @@ async def tenants(request: Request) -> Response:
 
 @signed_in
 async def create_key(request: Request) -> Response:
-    form = await request.form()
+    form: dict[str, str] = request.state.form
     store = request.app.state.deps.guard.store
     try:
         data: dict[str, Any] = {"budget_usd": _budget(form.get("budget_usd")),
@@ -113,7 +113,7 @@ async def create_key(request: Request) -> Response:
 
 @signed_in
 async def set_budget(request: Request) -> Response:
-    form = await request.form()
+    form: dict[str, str] = request.state.form
     store = request.app.state.deps.guard.store
     node_id = request.path_params["node_id"]
     try:

@@ -4,7 +4,7 @@ events, the cluster and AMPD's decisions."""
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import defaultdict
 from typing import Any
 
 from starlette.requests import Request
@@ -34,6 +34,11 @@ def _org_names(deps: ConsoleDeps) -> dict[str, str]:
     return {n.id: n.name for n in tree.nodes() if n.parent_id is None}
 
 
+def tenant_names(deps: ConsoleDeps) -> dict[str, str]:
+    """Node id -> name, to show ``org_…/team_…/key_…`` paths as ``acme / agents / ci-bot``."""
+    return {n.id: n.name for n in deps.guard.store.tree.nodes()}
+
+
 @signed_in
 async def spend(request: Request) -> Response:
     deps: ConsoleDeps = request.app.state.deps
@@ -50,20 +55,20 @@ async def spend(request: Request) -> Response:
     by_class = {name: [0.0] * n for name in _COST_NAMES.values()}
     by_tokens = {name: [0.0] * n for name in _TOKEN_NAMES.values()}
     savings = [0.0] * n
-    totals: Counter[str] = Counter()
+    totals: defaultdict[str, float] = defaultdict(float)
     for r in rows:
         b = min(max(r.bucket, 0), n - 1)
         org = names.get(r.tenant_path.split("/")[0], r.tenant_path.split("/")[0])
         by_org.setdefault(org, [0.0] * n)[b] += sum(r.costs.values())
         for cls in COST_CLASSES:
             by_class[_COST_NAMES[cls]][b] += r.costs[cls]
-            totals[cls] += r.costs[cls]  # type: ignore[arg-type]
+            totals[cls] += r.costs[cls]
         for cls in TOKEN_CLASSES:
             if cls in _TOKEN_NAMES:
                 by_tokens[_TOKEN_NAMES[cls]][b] += r.tokens[cls]
             totals[cls] += r.tokens[cls]
         savings[b] += r.savings_usd
-        totals["savings"] += r.savings_usd  # type: ignore[arg-type]
+        totals["savings"] += r.savings_usd
         totals["requests"] += r.requests
     labels = _labels(since, bucket_s, n)
     charts = [stacked_bars("Spend by org", labels, dict(sorted(by_org.items())), "$"),
@@ -72,7 +77,7 @@ async def spend(request: Request) -> Response:
               stacked_bars("What the prefix cache saved", labels, {"cache savings": savings}, "$")]
     org_totals = sorted(((k, sum(v)) for k, v in by_org.items()), key=lambda kv: -kv[1])
     return render(request, "spend.html", active="spend", window=window, windows=list(WINDOWS), charts=charts,
-                  totals=totals, org_totals=org_totals, top=top, spent=sum(totals[c] for c in COST_CLASSES))
+                  totals=totals, org_totals=org_totals, top=top, names=tenant_names(deps), spent=sum(totals[c] for c in COST_CLASSES))
 
 
 @signed_in
@@ -83,6 +88,7 @@ async def session(request: Request) -> Response:
     turns = await off_loop(deps.queries.turns, key_id, sid) if key_id and sid else []
     status = 200 if turns else 404
     return render(request, "session.html", status, active="spend", key_id=key_id, session_id=sid, turns=turns,
+                  names=tenant_names(deps),
                   total=sum(t["cost_usd"] for t in turns), saved=sum(t["cache_savings_usd"] for t in turns))
 
 
@@ -103,6 +109,7 @@ async def live(request: Request) -> Response:
         sessions.append({"row": s, "backend": backend, "breaker": breaker})
     events = sorted(deps.guard.alerter.recent, key=lambda a: -a.at_s)
     return render(request, "live.html", active="live", sessions=sessions, page=page, events=events,
+                  names=tenant_names(deps),
                   window_min=int(LIVE_WINDOW_S // 60))
 
 

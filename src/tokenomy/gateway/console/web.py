@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
+from urllib.parse import parse_qs
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
@@ -49,6 +50,7 @@ def _env() -> Environment:
     env.filters["usd"] = lambda v: "—" if v is None else (f"${v:,.4f}" if abs(v) < 100 else f"${v:,.2f}")
     env.filters["int"] = lambda v: f"{int(v):,}"
     env.filters["ts"] = lambda v: datetime.fromtimestamp(v, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    env.filters["tenant"] = lambda path, names: " / ".join(names.get(i, i) for i in str(path).split("/"))
     env.filters["pct"] = lambda v: f"{100 * v:.1f}%"
     return env
 
@@ -76,15 +78,32 @@ def signed_in(handler: Handler) -> Handler:
         if not auth.valid(cookie):
             return RedirectResponse(request.scope.get("root_path", "") + "/login", 303)
         if request.method == "POST":
-            form = await request.form()
+            form = await read_form(request)
+            request.state.form = form
             origin_ok = same_origin(request.headers.get("origin"), request.headers.get("host"), request.url.scheme)
             token = form.get("csrf")
-            if not origin_ok or not auth.csrf_ok(str(cookie), token if isinstance(token, str) else None):
+            if not origin_ok or not auth.csrf_ok(str(cookie), token):
                 return render(request, "error.html", 403, message="This form is stale or came from another site: "
                                                                   "reload the page and try again.")
         return await handler(request)
 
     return wrapped
+
+
+MAX_FORM_BYTES = 16_384  # the console's forms are a few fields
+
+
+async def read_form(request: Request) -> dict[str, str]:
+    """An ``application/x-www-form-urlencoded`` body (the console's forms), first value of each
+    field; an oversized or other body reads as empty (the handler then refuses it)."""
+    if not request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        return {}
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return {}
+    return {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
 
 
 async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
