@@ -81,6 +81,7 @@ def _click(b: Any, element: Any) -> None:
 
 def _shot(b: Any, folder: Path, name: str) -> Path:
     """A full-page screenshot (the viewport grown to the page's height, at most 3000 px)."""
+    b.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})  # measure the page, not the last override
     height = int(b.execute_script("return document.documentElement.scrollHeight"))
     b.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": min(max(height, 600), 3000),
                                                               "deviceScaleFactor": 1, "mobile": False})

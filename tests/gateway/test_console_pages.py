@@ -15,12 +15,11 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.testclient import TestClient
 
-from tokenomy.gateway.ampd_counts import AmpdCounts
+from tokenomy.gateway.ampd_counts import BUCKET_S, BUCKETS, AmpdCounts
 from tokenomy.gateway.breaker import BreakerConfig, Breakers
 from tokenomy.gateway.console import ConsoleDeps, ConsoleQueries, build_console
 from tokenomy.gateway.console.auth import SESSION_TTL_S
 from tokenomy.gateway.console.queries import PAGE_ROWS
-from tokenomy.gateway.console.views import ampd_series
 from tokenomy.gateway.ledger import SqlLedger, UsageEvent
 from tokenomy.gateway.tenancy import NodeKind, NodeLimits
 
@@ -200,19 +199,26 @@ def test_spend_buckets_by_time_and_path(tmp_path: Path) -> None:
         ledger.close()
 
 
-def test_ampd_decisions_bucketed_and_counted() -> None:
-    decisions = [{"kind": "placement", "t_s": 95.0, "local": True}, {"kind": "placement", "t_s": 99.0, "local": False},
-                 {"kind": "dispatch", "t_s": 99.5, "overtaken": 2, "prefill_instance": "p0"},
-                 {"kind": "dispatch", "t_s": 99.6, "overtaken": 0, "prefill_instance": "p0"},
-                 {"kind": "placement", "t_s": 10.0, "local": True}]  # older than the span
-    series = ampd_series(decisions, now_mono=100.0, span_s=60.0, buckets=6)
-    assert series["local prefill"] == [0, 0, 0, 0, 0, 1]
-    assert series["remote prefill"][-1] == 1 and series["reorders"][-1] == 1 and series["deferrals"][-1] == 2
+def test_ampd_decisions_counted_and_bucketed_over_time() -> None:
+    now = 10 * BUCKET_S * BUCKETS + 5.0
+    decisions = [{"kind": "placement", "t_s": now - 1.0, "local": True},
+                 {"kind": "placement", "t_s": now - BUCKET_S - 1.0, "local": False},
+                 {"kind": "dispatch", "t_s": now - 0.5, "overtaken": 2, "prefill_instance": "p0"},
+                 {"kind": "dispatch", "t_s": now - 0.4, "overtaken": 0, "prefill_instance": "p0"},
+                 {"kind": "placement", "t_s": now - BUCKET_S * BUCKETS - 1, "local": True},  # too old to chart
+                 {"kind": "binding", "t_s": now}]
     counts = AmpdCounts()
-    for d in decisions:
+    for d in sorted(decisions, key=lambda d: d["t_s"]):
         counts.add(d)
-    assert dict(counts.placements) == {"local": 2, "remote": 1}
+    assert dict(counts.placements) == {"local": 2, "remote": 1}  # /metrics counts all
     assert (counts.prefill_reordered["p0"], counts.deferrals["p0"]) == (1, 2)
+    starts, series = counts.series(now)
+    assert len(starts) == BUCKETS and starts[-1] <= 0 < starts[-1] + BUCKET_S
+    assert series["local prefill"] == [0] * (BUCKETS - 1) + [1]
+    assert series["remote prefill"][-2:] == [1, 0]
+    assert (series["reorders"][-1], series["deferrals"][-1]) == (1, 2)
+    _later_starts, later = counts.series(now + BUCKET_S * BUCKETS)  # everything has aged out
+    assert all(v == 0 for values in later.values() for v in values)
 
 
 def test_breaker_session_status_reads_without_touching_lru_order() -> None:

@@ -15,7 +15,7 @@ from tokenomy.gateway.console.queries import COST_CLASSES, TOKEN_CLASSES
 from tokenomy.gateway.console.web import ConsoleDeps, off_loop, page_of, render, signed_in
 
 # window name -> (span, bucket) in seconds
-WINDOWS = {"1h": (3600.0, 120.0), "6h": (6 * 3600.0, 900.0), "24h": (86_400.0, 3600.0),
+WINDOWS = {"15m": (900.0, 30.0), "1h": (3600.0, 120.0), "6h": (6 * 3600.0, 900.0), "24h": (86_400.0, 3600.0),
            "7d": (7 * 86_400.0, 6 * 3600.0)}
 LIVE_WINDOW_S = 900.0  # a session with a turn in the last 15 minutes counts as live
 _COST_NAMES = {"cost_recomputed_usd": "prefill, recomputed", "cost_cached_usd": "prefill, cached",
@@ -113,24 +113,6 @@ async def live(request: Request) -> Response:
                   window_min=int(LIVE_WINDOW_S // 60))
 
 
-def ampd_series(decisions: list[Any], now_mono: float, span_s: float = 600.0, buckets: int = 20) -> dict[str, Any]:
-    """AMPD's trace events bucketed over the last ``span_s``: local and remote placements,
-    prefill releases that reordered the queue, and the deferrals they caused."""
-    step = span_s / buckets
-    series = {k: [0.0] * buckets for k in ("local prefill", "remote prefill", "reorders", "deferrals")}
-    for d in decisions:
-        age = now_mono - float(d.get("t_s", 0.0))
-        if not 0 <= age < span_s:
-            continue
-        b = buckets - 1 - int(age // step)
-        if d.get("kind") == "placement":
-            series["local prefill" if d.get("local") else "remote prefill"][b] += 1
-        elif d.get("kind") == "dispatch" and int(d.get("overtaken") or 0) > 0:
-            series["reorders"][b] += 1
-            series["deferrals"][b] += int(d["overtaken"])
-    return series
-
-
 @signed_in
 async def cluster(request: Request) -> Response:
     deps: ConsoleDeps = request.app.state.deps
@@ -138,9 +120,8 @@ async def cluster(request: Request) -> Response:
     charts: list[Any] = []
     gates: list[dict[str, Any]] = []
     if deps.ampd is not None:
-        span_s, buckets = 600.0, 20
-        series = ampd_series(list(deps.ampd.decisions), time.monotonic(), span_s, buckets)
-        labels = [f"-{int(span_s - i * span_s / buckets)}s" for i in range(buckets)]
+        starts, series = deps.ampd.counts.series(time.monotonic())
+        labels = [f"{int(t)}s" for t in starts]
         charts = [stacked_bars("AMPD placements (last 10 min)", labels,
                                {k: series[k] for k in ("local prefill", "remote prefill")}),
                   stacked_bars("Prefill queue reorders and deferrals", labels,
