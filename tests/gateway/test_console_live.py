@@ -112,7 +112,7 @@ def test_console_in_a_real_browser(stack: Stack, browser: Any, tmp_path: Path) -
 
     names = [r.get_attribute("data-name") for r in b.find_elements(css, "#tree tbody tr")]
     assert names[:3] == ["acme", "agents", "ci-bot"] and "globex" in names
-    team = next(o for o in b.find_elements(css, "#team_id option") if o.text.endswith("(agents)"))
+    team = next(o for o in b.find_elements(css, "#team_id option") if o.text == "acme / agents")
     team.click()
     b.find_element(By.ID, "key_name").send_keys("browser-key")
     _click(b, b.find_element(By.ID, "create"))

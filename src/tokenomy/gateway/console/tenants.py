@@ -5,7 +5,7 @@ methods the admin API and ``tokenomy keys`` / ``tokenomy tenants`` call."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -27,7 +27,7 @@ class TreeRow:
     spent_usd: float  # this budget period (the node's own period; month when it has no budget)
     held_usd: float
     hint: str = ""
-    children: list[TreeRow] = field(default_factory=list)
+    label: str = ""  # the path by names: "acme / agents"
 
     @property
     def used(self) -> float | None:
@@ -62,7 +62,8 @@ def tree_rows(deps: ConsoleDeps, spend: dict[str, tuple[float, float]]) -> list[
                 month, day = month + m, day + d
         period = node.limits.budget_period
         held = guard.budgets.store.usage((node.id, period_key(period, now)))[1] if node.limits.budget_usd else 0.0
-        out.append(TreeRow(node, depth, path, day if period == "day" else month, held, hints.get(node.id, "")))
+        label = " / ".join(tree.get(i).name for i in tree.path(node.id))
+        out.append(TreeRow(node, depth, path, day if period == "day" else month, held, hints.get(node.id, ""), label))
         for child in sorted(tree.children(node.id), key=lambda n: (n.kind.value, n.name, n.id)):
             visit(child, depth + 1)
 
