@@ -89,11 +89,16 @@ def build_guard(config: GatewayConfig, metrics: GatewayMetrics, ledger: Ledger) 
 
 
 def _console(guard: Any, ledger: Ledger, pool: BackendPool, proxy: Proxy) -> Any:
-    """The operator's console (docs/console.md), on the same guard, ledger and backends."""
+    """The operator's console (docs/console.md), on the same guard, ledger and backends; None
+    when the ledger is not an SQL one (the console reads it with SQL)."""
     from tokenomy.gateway.console import ConsoleDeps, ConsoleQueries, build_console
 
+    engine = getattr(ledger, "engine", None)
+    if engine is None:
+        log.warning("console off: the ledger %s has no SQL engine", type(ledger).__name__)
+        return None
     ampd = proxy.pd.ampd if proxy.pd is not None else None
-    return build_console(ConsoleDeps(guard, ConsoleQueries(ledger.engine), pool, ampd))  # type: ignore[attr-defined]
+    return build_console(ConsoleDeps(guard, ConsoleQueries(engine), pool, ampd))
 
 
 class _Incoming:
@@ -222,7 +227,9 @@ def build_app(
     ]
     if admin is not None:
         routes.append(Mount("/admin", app=admin))
-        routes.append(Mount("/console", app=_console(guard, the_ledger, pool, proxy)))
+        console = _console(guard, the_ledger, pool, proxy)
+        if console is not None:
+            routes.append(Mount("/console", app=console))
         metrics.registry.register(BudgetGauges(guard))
     app = Starlette(
         routes=routes,
