@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import parse_qs
@@ -40,8 +39,7 @@ class ConsoleDeps:
     guard: OpsLike
     queries: ConsoleQueries
     backends: Any  # BackendPool: .backends
-    ampd: Any = None  # AmpdLive in ampd mode: .decisions, .queues, .gates, .policies.binder
-    started_s: float = field(default_factory=time.time)
+    ampd: Any = None  # AmpdLive in ampd mode: .counts, .queues, .gates, .policies.binder
 
 
 def _env() -> Environment:
