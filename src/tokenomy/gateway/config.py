@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tokenomy.gateway.ops.config import OpsConfig
 from tokenomy.gateway.routing.config import RoutingConfig
 
 DEFAULT_MODEL = "llama-3.1-8b"  # what `tokenomy up` serves by default
@@ -155,16 +156,12 @@ def _one_line(exc: ValidationError) -> str:
 def config_from_dict(data: dict[str, Any], source: str = "config") -> GatewayConfig:
     """Validate a mapping; ValueError with one line naming the source and the bad field.
 
-    The ``ops`` section is checked against token operations' schema when that module exists.
+    The ``ops`` section is checked against token operations' schema (:class:`OpsConfig`).
     """
     try:
         config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
         raise ValueError(f"{source}: {_one_line(exc)}") from None
-    try:
-        from tokenomy.gateway.ops.ops_guard import OpsConfig
-    except ImportError:
-        return config
     try:
         OpsConfig.model_validate(dict(config.ops))
     except ValidationError as exc:

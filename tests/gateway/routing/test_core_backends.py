@@ -107,7 +107,7 @@ def test_session_affinity_is_the_policy_router_and_keeps_a_session_on_one_backen
         ledger = SqlLedger(cfg.ledger.url)
         try:
             app = build_app(cfg, guard=AllowAllGuard(), ledger=ledger)
-            assert isinstance(app.state.proxy.router, SessionAffinityRouter)
+            assert isinstance(app.state.proxy.routing.router, SessionAffinityRouter)
             with serve(app) as url, httpx.Client(base_url=url) as http:
                 for turn in range(4):
                     for s in ("s1", "s2", "s3"):

@@ -21,7 +21,7 @@ from tokenomy.gateway.routing.ampd_gates import DecodeGate, GatedPrefillQueue
 from tokenomy.gateway.routing.ampd_live import AmpdLive, ampd_policy_config
 from tokenomy.gateway.routing.backends import Backend, BackendPool
 from tokenomy.gateway.routing.config import RoutingConfig
-from tokenomy.gateway.routing.pd import prefill_body
+from tokenomy.gateway.routing.prefill import prefill_body
 from tokenomy.perf import PerfModel
 from tokenomy.policy.ampd import (
     AMPD_POLICIES,

@@ -1,15 +1,14 @@
 """The gateway's ASGI app: routes, error handling, startup and shutdown.
 
 :func:`build_app` wires one :class:`Proxy` from a config. The Guard is token operations'
-(``tokenomy.gateway.ops.build_guard``) when that module is installed, else :class:`AllowAllGuard`;
-tests pass their own guard and ledger.
+(:func:`tokenomy.gateway.ops.ops_guard.build_guard`); tests pass their own guard and ledger
+(:class:`tokenomy.gateway.ops.allow_all.AllowAllGuard` admits everything).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -20,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Mount, Route, Router
 from starlette.types import Receive, Scope, Send
 
 from tokenomy.gateway.config import GatewayConfig
@@ -30,10 +29,12 @@ from tokenomy.gateway.http.proxy import Proxy
 from tokenomy.gateway.metering.ledger import Ledger, SqlLedger
 from tokenomy.gateway.metering.prom import CONTENT_TYPE, GatewayMetrics
 from tokenomy.gateway.metering.usage_api import usage_endpoint
-from tokenomy.gateway.ops.allow_all import AllowAllGuard
+from tokenomy.gateway.ops import ops_guard
+from tokenomy.gateway.ops.admin import build_admin_router
 from tokenomy.gateway.ops.guard import Guard
+from tokenomy.gateway.routing.ampd_live import AmpdRouting
 from tokenomy.gateway.routing.backends import BackendPool
-from tokenomy.gateway.routing.pd import build_pd_router
+from tokenomy.gateway.routing.build import build_routing
 from tokenomy.gateway.routing.upstream import UpstreamPool
 from tokenomy.policy.router import make_router
 
@@ -62,29 +63,14 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
     return _error_response(GatewayError(500, "internal gateway error", "server_error", "internal_error"))
 
 
-def build_guard(config: GatewayConfig, metrics: GatewayMetrics, ledger: Ledger) -> tuple[Guard, Any]:
-    """Token operations' guard and admin router when ``tokenomy.gateway.ops.ops_guard`` exists, else allow-all.
+def build_guard(config: GatewayConfig, metrics: GatewayMetrics, ledger: Ledger) -> tuple[Guard, Router]:
+    """Token operations' guard and its admin router.
 
     Holds a previous process left (a crash) are reconciled against the ledger at startup.
     """
-    try:
-        ops = importlib.import_module("tokenomy.gateway.ops.ops_guard")
-    except ModuleNotFoundError as exc:
-        if exc.name != "tokenomy.gateway.ops.ops_guard":
-            raise
-        log.warning("token operations not installed: every request is admitted and charged to 'anonymous'")
-        return AllowAllGuard(), None
-    guard = ops.build_guard(config, db_url=config.ledger.url, registry=metrics.registry,
-                            ledger_cost_usd=ledger.cost_usd)
-    admin = None
-    try:
-        admin_mod = importlib.import_module("tokenomy.gateway.ops.admin")
-    except ModuleNotFoundError as exc:
-        if exc.name != "tokenomy.gateway.ops.admin":
-            raise
-    else:
-        admin = admin_mod.build_admin_router(guard)
-    return guard, admin
+    guard = ops_guard.build_guard(config, db_url=config.ledger.url, registry=metrics.registry,
+                                  ledger_cost_usd=ledger.cost_usd)
+    return guard, build_admin_router(guard)
 
 
 class _Incoming:
@@ -145,10 +131,10 @@ def build_app(
     router = make_router(config.router.name, **config.router.options)
     upstream = UpstreamPool(connect_timeout_s=5.0, read_timeout_s=config.server.upstream_timeout_s,
                             max_idle_per_host=config.server.max_connections_per_backend)
-    proxy = Proxy(config, pool, router, the_ledger, guard, metrics, upstream)
-    proxy.pd = build_pd_router(config.routing, pool, upstream, router, client)
-    if proxy.pd is not None and proxy.pd.ampd is not None:
-        metrics.watch_ampd(proxy.pd.ampd)
+    routing = build_routing(config.routing, pool, upstream, router, client)
+    if isinstance(routing, AmpdRouting):
+        metrics.watch_ampd(routing.live)
+    proxy = Proxy(config, pool, routing, the_ledger, guard, metrics, upstream)
     openapi = spec(config.models())
 
     async def chat(request: Request) -> Response:
@@ -191,7 +177,7 @@ def build_app(
             yield
         finally:
             await pool.stop()
-            for task in list(proxy.background):
+            for task in list(proxy.completion.background):
                 with contextlib.suppress(Exception):
                     await task
             await client.aclose()

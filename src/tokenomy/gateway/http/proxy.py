@@ -1,9 +1,17 @@
-"""The request path: parse, admit, route, forward, meter, record, settle.
+"""The request path: parse -> admit -> route -> forward -> meter -> record -> settle.
 
-Order for every request (the Guard contract of :mod:`tokenomy.gateway.ops.guard`)::
+:meth:`Proxy.handle` runs the steps in this order, each once, each in its own module::
 
-    parse -> guard.admit -> route (retry other backends on connection errors)
-          -> forward -> meter -> ledger.record (durable) -> client sees completion -> guard.settle
+    parse    tokenomy.gateway.http.parse        body and headers -> ParsedRequest (400 on bad input)
+    admit    tokenomy.gateway.ops.guard         Guard.admit: key, limits, budget holds, breakers
+    route    tokenomy.gateway.routing.route     Routing.route: backend (P/D: remote prefill, AMPD gates)
+    forward  tokenomy.gateway.routing.upstream  the request to the backend (retry others on
+                                                connection errors); streams relay through
+                                                tokenomy.gateway.http.streaming
+    meter    tokenomy.gateway.http.flight       Completion.meter: token classes and cost
+    record   tokenomy.gateway.metering.ledger   Completion.record: the usage event, durable
+    (the client sees completion)
+    settle   tokenomy.gateway.ops.guard         Completion.settle: holds -> what was used
 
 (a stream settles before its final chunk; a plain response settles right after it is written,
 in the same task, so the next request a client sends finds the request settled.)
@@ -17,37 +25,24 @@ chunk is held until the ledger row is durable and passed on only if the client a
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
-import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
 
 import orjson
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
 
-from tokenomy.core import Request as CoreRequest
 from tokenomy.gateway.config import GatewayConfig
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.http.flight import Completion, Flight, JsonBytes, Ticket
 from tokenomy.gateway.http.parse import Incoming, ParsedRequest, parse_request, read_json
 from tokenomy.gateway.http.streaming import stream_response
-from tokenomy.gateway.metering.ledger import Ledger, UsageEvent
-from tokenomy.gateway.metering.meter import (
-    SessionState,
-    SessionTracker,
-    TokenClasses,
-    classify,
-    cost,
-    usage_numbers,
-)
+from tokenomy.gateway.metering.ledger import Ledger
+from tokenomy.gateway.metering.meter import usage_numbers
 from tokenomy.gateway.metering.prom import GatewayMetrics
-from tokenomy.gateway.ops.guard import Admission, AdmitRequest, Guard, SettledUsage
-from tokenomy.gateway.routing.backends import Backend, BackendPool
-from tokenomy.gateway.routing.pd import PdRoute, PdRouter
+from tokenomy.gateway.ops.guard import AdmitRequest, Guard
+from tokenomy.gateway.routing.backends import BackendPool
+from tokenomy.gateway.routing.route import Route, Routing
 from tokenomy.gateway.routing.upstream import (
     UpstreamConnectError,
     UpstreamError,
@@ -55,62 +50,8 @@ from tokenomy.gateway.routing.upstream import (
     UpstreamResponse,
     UpstreamTimeout,
 )
-from tokenomy.policy.router import Router
-
-log = logging.getLogger(__name__)
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-
-
-class JsonBytes(Response):
-    """A JSON body already encoded, with headers given as ``str`` pairs (encoded here once).
-
-    ``after`` runs once the response is written, also when writing it fails (settling a request
-    off the client's critical path)."""
-
-    def __init__(self, body: bytes, status: int, headers: dict[str, str],
-                 after: Callable[[], Awaitable[None]] | None = None) -> None:
-        self.status_code = status
-        self.background = None
-        self.body = body
-        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        raw += ((b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()))
-        self.raw_headers = raw
-        self.after = after
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            await send({"type": "http.response.body", "body": self.body})
-        finally:
-            if self.after is not None:
-                await self.after()
-
-
-@dataclass(slots=True)
-class Ticket:
-    """An admission and whether it has been settled or released (exactly once)."""
-
-    admission: Admission
-    done: bool = False
-
-
-@dataclass(slots=True)
-class Flight:
-    """One admitted request on its way through a backend."""
-
-    req: ParsedRequest
-    ticket: Ticket
-    backend: Backend
-    t0: float  # perf_counter at arrival
-    upstream_s: float = 0.0  # time spent waiting on the backend
-    first_token_s: float | None = None  # perf_counter of the first output token
-    last_token_s: float | None = None
-    delivered_tokens: int = 0
-
-    @property
-    def admission(self) -> Admission:
-        return self.ticket.admission
 
 
 class Proxy:
@@ -118,7 +59,7 @@ class Proxy:
         self,
         config: GatewayConfig,
         pool: BackendPool,
-        router: Router,
+        routing: Routing,
         ledger: Ledger,
         guard: Guard,
         metrics: GatewayMetrics,
@@ -127,23 +68,37 @@ class Proxy:
         self.config = config
         self.upstream = upstream
         self.pool = pool
-        self.router = router
+        self.routing = routing
         self.ledger = ledger
         self.guard = guard
         self.metrics = metrics
-        self.sessions = SessionTracker()
+        self.completion = Completion(config, pool, ledger, guard, metrics)
         self.known_models = frozenset(config.models())
-        self.background: set[asyncio.Task[None]] = set()
-        self.pd: PdRouter | None = None  # routing.mode disagg/ampd (tokenomy.gateway.routing.pd)
 
-    # -- entry point -----------------------------------------------------------------------
+    # -- the chain -------------------------------------------------------------------------
     async def handle(self, request: Incoming, endpoint: str) -> Response:
         t0 = time.perf_counter()
+        req = await self.parse(request, endpoint)
+        ticket = await self.admit(request, req)
+        try:
+            self._cap_body(req, ticket)
+            route = await self.routing.route(req)
+            return await self.forward(req, ticket, route, t0)  # then meter, record, settle
+        except BaseException as exc:
+            await self.completion.release(ticket, f"error: {type(exc).__name__}")
+            raise
+
+    async def parse(self, request: Incoming, endpoint: str) -> ParsedRequest:
+        """The request, validated; a request id already in the ledger is refused (409)."""
         body = await read_json(request, self.config.server.max_body_bytes)
         req = parse_request(request, body, endpoint, self.known_models)
         if req.client_named_id and await self.ledger.exists(req.request_id):
             raise GatewayError(409, f"request id {req.request_id!r} was already used; send a new one",
                                "invalid_request_error", "duplicate_request_id", "x-request-id")
+        return req
+
+    async def admit(self, request: Incoming, req: ParsedRequest) -> Ticket:
+        """The Guard's admission (API key, rate limits, budget holds, breakers, priority)."""
         auth = request.headers.get("authorization", "")
         api_key = auth[7:].strip() if auth[:7].lower() == "bearer " else None
         max_tokens = req.max_tokens or self.config.server.default_max_tokens
@@ -159,23 +114,13 @@ class Proxy:
                 now_s=time.time(),
             )
         )
-        ticket = Ticket(admission)
-        try:
-            self._prepare_body(req, admission, max_tokens)
-            return await self._dispatch(req, ticket, t0)
-        except BaseException as exc:
-            await self.release(ticket, f"error: {type(exc).__name__}")
-            raise
+        return Ticket(admission)
 
-    async def release(self, ticket: Ticket, reason: str) -> None:
-        """Return the admission's reservations unless it was already settled or released."""
-        if not ticket.done:
-            ticket.done = True
-            await self.guard.release(ticket.admission, reason)
-
-    def _prepare_body(self, req: ParsedRequest, admission: Admission, max_tokens: int) -> None:
+    def _cap_body(self, req: ParsedRequest, ticket: Ticket) -> None:
+        """The body's output cap set to what the admission allows; streams always ask for usage."""
         body = req.body
-        cap = admission.output_token_cap
+        max_tokens = req.max_tokens or self.config.server.default_max_tokens
+        cap = ticket.admission.output_token_cap
         limit = min(max_tokens, cap) if cap is not None else max_tokens
         key = "max_completion_tokens" if req.endpoint == "chat" and "max_completion_tokens" in body else "max_tokens"
         body[key] = limit
@@ -184,37 +129,18 @@ class Proxy:
             opts["include_usage"] = True
             body["stream_options"] = opts
 
-    # -- routing and forwarding ------------------------------------------------------------
-    def _choose(self, req: ParsedRequest, tried: frozenset[str], route: PdRoute | None = None) -> Backend:
-        if self.pd is not None and route is not None:
-            return self.pd.choose_decode(req, route, tried)
-        now = time.monotonic()
-        cands = self.pool.candidates(req.model, now, tried)
-        if not cands:
-            raise GatewayError(
-                503, f"no healthy backend serves {req.model!r}", "server_error", "no_backend", None, {"retry-after": "1"}
-            )
-        core = CoreRequest(
-            request_id=req.request_id,
-            arrival_s=now,
-            prompt_tokens=req.prompt_tokens_estimate,
-            max_output_tokens=req.max_tokens or 1,
-            session_id=req.session_id,
-            content=((req.stream_key, req.prompt_tokens_estimate),),
-        )
-        return self.pool.by_id[self.router.choose(core, cands, now)]
-
-    async def _dispatch(self, req: ParsedRequest, ticket: Ticket, t0: float) -> Response:
-        route = await self.pd.route(req) if self.pd is not None else None
-        if route is not None and route.kv_transfer_params is not None:
+    async def forward(self, req: ParsedRequest, ticket: Ticket, route: Route, t0: float) -> Response:
+        """Send the request to the route's backend (another one after a connection error); a
+        stream relays, a plain answer is metered and recorded here and settled once written."""
+        if route.kv_transfer_params is not None:
             req.body["kv_transfer_params"] = route.kv_transfer_params
         payload = orjson.dumps(req.body)
         headers = {"content-type": "application/json", "x-request-id": req.request_id}
         tried: set[str] = set()
         for _attempt in range(self.config.server.retries + 1):
-            backend = self._choose(req, frozenset(tried), route)
+            backend = route.pick(req, frozenset(tried))
             tried.add(backend.instance_id)
-            flight = Flight(req, ticket, backend, t0)
+            flight = Flight(req, ticket, route, backend, t0)
             if backend.config.api_key:
                 headers["authorization"] = f"Bearer {backend.config.api_key}"
             backend.dispatched(req.request_id, req.prompt_tokens_estimate)
@@ -234,7 +160,7 @@ class Proxy:
                 return await self._pass_error(flight, resp)
             if req.stream:
                 flight.upstream_s = time.perf_counter() - up0
-                return stream_response(self, flight, resp)
+                return stream_response(self.completion, flight, resp)
             try:
                 await resp.read()
             except UpstreamError as exc:
@@ -265,7 +191,7 @@ class Proxy:
         if not ok:
             msg = f"backend {flight.backend.instance_id} answered {resp.status_code}"
             content = json.dumps(GatewayError(status, msg, "server_error", "upstream_error").body()).encode()
-        await self.release(flight.ticket, f"upstream {resp.status_code}")
+        await self.completion.release(flight.ticket, f"upstream {resp.status_code}")
         return JsonBytes(content, status, {"x-request-id": flight.req.request_id})
 
     async def _complete(self, flight: Flight, resp: UpstreamResponse) -> Response:
@@ -279,82 +205,9 @@ class Proxy:
         prompt, out, cached = usage_numbers(usage, req.prompt_tokens_estimate, 0)
         flight.backend.finished(req.request_id, req.stream_key, prompt + out)
         up1 = time.perf_counter()
-        ev, settled = await self.record(flight, prompt, out, cached, status=200, outcome="ok", end_s=up1)
+        done = self.completion
+        ev, settled = await done.meter_and_record(flight, prompt, out, cached, status=200, outcome="ok",
+                                                  end_s=up1)
         headers = {"x-request-id": req.request_id, **flight.admission.headers}
         self.metrics.added_latency.observe(max(0.0, time.perf_counter() - flight.t0 - flight.upstream_s))
-        return JsonBytes(resp.content, 200, headers, after=functools.partial(self.settle, flight, ev, settled))
-
-    # -- metering --------------------------------------------------------------------------
-    async def finish(
-        self, flight: Flight, prompt: int, out: int, cached: int, status: int, outcome: str, end_s: float
-    ) -> UsageEvent:
-        """Meter, make the event durable, then settle. Called exactly once per admitted flight."""
-        ev, settled = await self.record(flight, prompt, out, cached, status, outcome, end_s)
-        await self.settle(flight, ev, settled)
-        return ev
-
-    async def record(
-        self, flight: Flight, prompt: int, out: int, cached: int, status: int, outcome: str, end_s: float
-    ) -> tuple[UsageEvent, SettledUsage]:
-        """Meter and make the event durable; :meth:`settle` must follow (``finish`` does both).
-        When the ledger write fails the request is settled here and a 500 GatewayError raised."""
-        if flight.ticket.done:
-            raise RuntimeError(f"request {flight.req.request_id} finished twice")
-        flight.ticket.done = True
-        req, adm = flight.req, flight.admission
-        key = (adm.key_id, req.session_id)
-        prev = None
-        if req.session_id:
-            if not self.sessions.knows(key):
-                self.sessions.put(key, await self.ledger.session_state(*key) or _NO_TURN)
-            prev = self.sessions.get(key)
-            prev = None if prev is _NO_TURN else prev
-        classes = classify(prev, prompt, out, cached)
-        if req.session_id and outcome == "ok":
-            self.sessions.put(key, _state(classes))
-        if self.pd is not None and outcome == "ok":
-            self.pd.finished(req, prompt)
-        c = cost(classes, self.config.price(req.model))
-        ttft = None if flight.first_token_s is None else flight.first_token_s - flight.t0
-        tpot = None
-        if flight.first_token_s is not None and flight.last_token_s is not None and out > 1:
-            tpot = (flight.last_token_s - flight.first_token_s) / (out - 1)
-        ev = UsageEvent(
-            request_id=req.request_id, ts_s=time.time(), tenant_path="/".join(adm.tenant_path), key_id=adm.key_id,
-            model=req.model, backend=flight.backend.instance_id, endpoint=req.endpoint, stream=req.stream,
-            status=status, outcome=outcome, session_id=req.session_id, turn=classes.turn,
-            prompt_tokens=classes.prompt_tokens, input_tokens=classes.input_tokens,
-            incremental_prefill_tokens=classes.incremental_prefill_tokens, history_tokens=classes.history_tokens,
-            output_tokens=classes.output_tokens, cached_tokens=classes.cached_tokens,
-            recomputed_tokens=classes.recomputed_tokens, cost_recomputed_usd=c.recomputed_usd,
-            cost_cached_usd=c.cached_usd, cost_output_usd=c.output_usd, cost_usd=c.total_usd,
-            cache_savings_usd=c.cache_savings_usd, ttft_s=ttft, tpot_s=tpot, e2e_s=end_s - flight.t0,
-        )
-        settled = SettledUsage(prompt, out, classes.cached_tokens, c.total_usd, status)
-        try:
-            # alone: no request is at a backend, so none can join this event's group commit
-            await self.ledger.record(ev, alone=not any(b.in_flight for b in self.pool.backends))
-        except Exception:
-            await self.guard.settle(adm, settled)  # charge what the backend did, even unrecorded
-            self.metrics.errors.labels("ledger_write_failed").inc()
-            raise GatewayError(500, "usage could not be recorded", "server_error", "ledger_write_failed") from None
-        return ev, settled
-
-    async def settle(self, flight: Flight, ev: UsageEvent, settled: SettledUsage) -> None:
-        """Replace the admission's holds by the recorded usage; count the request in the metrics."""
-        await self.guard.settle(flight.admission, settled)
-        self.metrics.count_request(ev.model, ev.status)
-        self.metrics.observe_event(ev)
-
-    def spawn(self, coro: Any) -> None:
-        """Run ``coro`` to completion even if the task that started it is cancelled."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-
-
-_NO_TURN = SessionState(-1, 0, 0)
-
-
-def _state(c: TokenClasses) -> SessionState:
-    return SessionState(c.turn, c.prompt_tokens, c.output_tokens)
+        return JsonBytes(resp.content, 200, headers, after=functools.partial(done.settle, flight, ev, settled))

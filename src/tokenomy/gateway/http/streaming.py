@@ -13,24 +13,22 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.responses import StreamingResponse
 
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.http.flight import Completion, Flight
 from tokenomy.gateway.metering.meter import usage_numbers
 from tokenomy.gateway.routing.upstream import UpstreamError, UpstreamResponse
-
-if TYPE_CHECKING:
-    from tokenomy.gateway.http.proxy import Flight, Proxy
 
 DONE = b"data: [DONE]\n\n"
 
 
-def stream_response(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> StreamingResponse:
+def stream_response(completion: Completion, flight: Flight, resp: UpstreamResponse) -> StreamingResponse:
     headers = {"x-request-id": flight.req.request_id, "cache-control": "no-cache", **flight.admission.headers}
-    return StreamingResponse(_relay(proxy, flight, resp), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(_relay(completion, flight, resp), media_type="text/event-stream", headers=headers)
 
 
 def _error_event(err: GatewayError) -> bytes:
@@ -61,7 +59,7 @@ def _events(buf: bytearray) -> list[bytes]:
         del buf[: i + 2]
 
 
-async def _relay(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> AsyncIterator[bytes]:
+async def _relay(completion: Completion, flight: Flight, resp: UpstreamResponse) -> AsyncIterator[bytes]:
     req = flight.req
     usage: Any = None
     usage_event: bytes | None = None
@@ -104,15 +102,15 @@ async def _relay(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> AsyncI
                             flight.first_token_s = now
                             flight.backend.first_token(req.request_id)
                         flight.last_token_s = now
-                        if not proxy.guard.on_tokens(flight.admission, n):
-                            await _uncancellable(proxy, _cut(proxy, flight, resp))
+                        if not completion.guard.on_tokens(flight.admission, n):
+                            await _uncancellable(completion, _cut(completion, flight, resp))
                             yield _error_event(_cut_error())
                             yield DONE
                             return
                         flight.delivered_tokens += n
                     yield event
         except UpstreamError as exc:
-            await _uncancellable(proxy, _upstream_failed(proxy, flight, resp, exc))
+            await _uncancellable(completion, _upstream_failed(completion, flight, resp, exc))
             yield _error_event(GatewayError(502, f"backend stream broke: {exc}", "server_error",
                                             "upstream_error"))
             yield DONE
@@ -121,7 +119,7 @@ async def _relay(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> AsyncI
         prompt, out, cached = usage_numbers(usage, req.prompt_tokens_estimate, flight.delivered_tokens)
         flight.backend.finished(req.request_id, req.stream_key, prompt + out)
         try:
-            await _uncancellable(proxy, proxy.finish(flight, prompt, out, cached, status=200, outcome="ok",
+            await _uncancellable(completion, completion.finish(flight, prompt, out, cached, status=200, outcome="ok",
                                                      end_s=time.perf_counter()))
         except GatewayError as err:
             yield _error_event(err)
@@ -132,15 +130,15 @@ async def _relay(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> AsyncI
         yield DONE
     finally:
         if not flight.ticket.done:  # the client went away (cancelled) before we finished
-            proxy.spawn(_abandoned(proxy, flight, resp))
+            completion.spawn(_abandoned(completion, flight, resp))
 
 
-async def _uncancellable(proxy: Proxy, coro: Coroutine[Any, Any, Any]) -> None:
+async def _uncancellable(completion: Completion, coro: Coroutine[Any, Any, Any]) -> None:
     """Run ``coro`` (ledger write, settle) to the end even if the client leaves meanwhile: Starlette
-    cancels a stream's task on disconnect, and a half-done finish would leave a hold unsettled."""
+    cancels a stream's task on disconnect, and a half-completion finish would leave a hold unsettled."""
     task = asyncio.get_running_loop().create_task(coro)
-    proxy.background.add(task)
-    task.add_done_callback(proxy.background.discard)
+    completion.background.add(task)
+    task.add_done_callback(completion.background.discard)
     await asyncio.shield(task)
 
 
@@ -150,29 +148,29 @@ def _cut_error() -> GatewayError:
     )
 
 
-async def _cut(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> None:
+async def _cut(completion: Completion, flight: Flight, resp: UpstreamResponse) -> None:
     await resp.aclose()
     req = flight.req
     flight.backend.finished(req.request_id, None, 0)
-    await proxy.finish(
+    await completion.finish(
         flight, req.prompt_tokens_estimate, flight.delivered_tokens, 0, status=200, outcome="cut",
         end_s=time.perf_counter(),
     )
 
 
-async def _upstream_failed(proxy: Proxy, flight: Flight, resp: UpstreamResponse, exc: Exception) -> None:
+async def _upstream_failed(completion: Completion, flight: Flight, resp: UpstreamResponse, exc: Exception) -> None:
     await resp.aclose()
     req = flight.req
     flight.backend.finished(req.request_id, None, 0)
-    proxy.metrics.upstream_failures.labels(flight.backend.instance_id).inc()
+    completion.metrics.upstream_failures.labels(flight.backend.instance_id).inc()
     if flight.delivered_tokens:
-        await proxy.finish(flight, req.prompt_tokens_estimate, flight.delivered_tokens, 0, status=502,
+        await completion.finish(flight, req.prompt_tokens_estimate, flight.delivered_tokens, 0, status=502,
                            outcome="upstream_error", end_s=time.perf_counter())
     else:
-        await proxy.release(flight.ticket, f"upstream {type(exc).__name__}")
+        await completion.release(flight.ticket, f"upstream {type(exc).__name__}")
 
 
-async def _abandoned(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> None:
+async def _abandoned(completion: Completion, flight: Flight, resp: UpstreamResponse) -> None:
     """The client disconnected: stop the backend, meter what it was sent, or release."""
     with contextlib.suppress(UpstreamError, asyncio.CancelledError):
         await resp.aclose()
@@ -181,7 +179,7 @@ async def _abandoned(proxy: Proxy, flight: Flight, resp: UpstreamResponse) -> No
     if flight.ticket.done:
         return
     if flight.delivered_tokens:
-        await proxy.finish(flight, req.prompt_tokens_estimate, flight.delivered_tokens, 0, status=499,
+        await completion.finish(flight, req.prompt_tokens_estimate, flight.delivered_tokens, 0, status=499,
                            outcome="disconnected", end_s=time.perf_counter())
     else:
-        await proxy.release(flight.ticket, "client disconnected")
+        await completion.release(flight.ticket, "client disconnected")

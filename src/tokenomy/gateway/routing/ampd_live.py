@@ -3,13 +3,15 @@
 Every decision comes from the objects ``tokenomy.policy.ampd.build_ampd_policies`` builds from
 the ``AMPD_POLICIES`` registry, the same call the simulator makes (``sim/deployments/policies.py``);
 this module only gathers views and applies decisions (its waiting rooms, the prefill queue and
-the decode admission gate, are in :mod:`tokenomy.gateway.routing.ampd_gates`):
+the decode admission gate, are in :mod:`tokenomy.gateway.routing.ampd_gates`). :class:`AmpdRouting`
+is the route step of ``routing.mode: ampd``: bind and place, wait for the prefill queue, run the
+remote prefill, wait at the decode gate, in that order, once per request:
 
 * **binding**: ``SessionBinder.bind`` picks a session's decode backend (``x-session-id``, or the
   body's ``session_id`` / ``metadata.session_id``); later turns return to it while it has room.
 * **placement**: ``AdaptivePlacement.decide`` runs each turn's (incremental) prefill locally on the
   bound decode backend (one plain request: its prefix cache holds the session's history) or
-  remotely on a prefill backend (the ``kv_transfer_params`` hand-off of :mod:`tokenomy.gateway.routing.pd`).
+  remotely on a prefill backend (the ``kv_transfer_params`` hand-off of :mod:`tokenomy.gateway.routing.prefill`).
   Views are :class:`tokenomy.gateway.routing.backends.Backend` objects: ``/metrics`` scrapes (queue
   lengths, KV usage) plus the gateway's own accounting (prompt tokens in flight, which
   conversation prefixes each backend served); the history a decode backend holds is the context
@@ -53,12 +55,14 @@ from typing import Any
 
 import httpx
 
-from tokenomy.core import SLO
+from tokenomy.core import SLO, Role
 from tokenomy.gateway.http.parse import ParsedRequest
 from tokenomy.gateway.routing.ampd_gates import DecodeGate, GatedPrefillQueue
 from tokenomy.gateway.routing.backends import Backend, BackendPool
 from tokenomy.gateway.routing.config import RoutingConfig
-from tokenomy.gateway.routing.pd import core_request
+from tokenomy.gateway.routing.prefill import PrefillHop
+from tokenomy.gateway.routing.route import DecodeRoute, core_request, decode_candidates, role_candidates
+from tokenomy.gateway.routing.upstream import UpstreamPool
 from tokenomy.policy.ampd import (
     AdmissionTask,
     AmpdPolicies,
@@ -72,6 +76,7 @@ from tokenomy.policy.ampd import (
     build_ampd_policies,
 )
 from tokenomy.policy.ampd.reorder import ReorderConfig
+from tokenomy.policy.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -293,3 +298,30 @@ class AmpdLive:
             return  # the engine's own LRU frees it (offload needs a host tier the engine lacks)
         if await self._post_retain(decode, req.request_id, d.ttl_s):
             self._pins[req.request_id] = _Pin(req.session_id, decode.instance_id, kv_tokens, expected, d.ttl_s)
+
+
+class AmpdRouting:
+    """The route step of ``routing.mode: ampd`` (module docstring); ``live`` holds AMPD's state."""
+
+    def __init__(self, live: AmpdLive, upstream: UpstreamPool, router: Router) -> None:
+        self.live = live
+        self.pool = live.pool
+        self.router = router  # picks another decode backend when the bound one cannot be reached
+        self.hop = PrefillHop(live.pool, upstream)
+
+    async def route(self, req: ParsedRequest) -> DecodeRoute:
+        live = self.live
+        decodes = decode_candidates(self.pool, req.model)
+        prefills = role_candidates(self.pool, Role.PREFILL, req.model)
+        arrival = time.monotonic()
+        decode_id, order, reason, history = await live.place(req, decodes, prefills)
+        try:
+            hop = await self.hop.first_reachable(req, order, history, live.prompt_tokens(req))
+        finally:
+            live.prefill_done(req)
+        if hop is None and order:
+            log.warning("request %s: no prefill backend reachable; %s prefills locally", req.request_id, decode_id)
+            reason += "; no prefill backend reachable: local"
+        params, prefill_id = (None, None) if hop is None else (hop[1], hop[0].instance_id)
+        await live.admit(req, decode_id, remote=params is not None, arrival_s=arrival)  # wait while it is full
+        return DecodeRoute(self.pool, self.router, decode_id, reason, params, prefill_id, live.turn_ended)
