@@ -15,8 +15,9 @@ import pytest
 from helpers.gateway_core_support import MODEL, FakeUpstream, serve
 from tokenomy.gateway.config import config_from_dict
 from tokenomy.gateway.http.app import build_app
-from tokenomy.gateway.metering.ledger import SqlLedger, UsageFilter
+from tokenomy.gateway.metering.ledger import UsageFilter
 from tokenomy.gateway.ops.allow_all import AllowAllGuard
+from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,8 @@ from helpers.gateway_core_support import MODEL, FakeUpstream, serve
 from tokenomy.gateway.config import config_from_dict
 from tokenomy.gateway.http.app import build_app
 from tokenomy.gateway.http.openapi import spec
-from tokenomy.gateway.metering.ledger import SqlLedger
 from tokenomy.gateway.ops.allow_all import AllowAllGuard
+from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,10 @@ import pytest
 from helpers.gateway_core_support import MODEL, FakeUpstream, serve
 from tokenomy.gateway.config import config_from_dict
 from tokenomy.gateway.http.app import build_app
-from tokenomy.gateway.metering.ledger import SqlLedger, UsageEvent, UsageFilter
+from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
 from tokenomy.gateway.ops.allow_all import AllowAllGuard
 from tokenomy.gateway.ops.guard import Admission
+from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,9 @@ import pytest
 import sqlalchemy as sa
 
 from helpers.gateway_core_support import MODEL, FakeUpstream, free_port, serve
-from tokenomy.gateway.metering.ledger import SqlLedger, UsageFilter
+from tokenomy.gateway.metering.ledger import UsageFilter
 from tokenomy.gateway.ops.keys import new_api_key
+from tokenomy.gateway.stores.ledger_sql import SqlLedger
 from tokenomy.gateway.stores.reservations_sql import SqlReservations
 
 pytestmark = pytest.mark.integration

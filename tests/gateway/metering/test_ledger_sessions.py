@@ -11,9 +11,10 @@ import pytest
 from helpers.gateway_core_support import MODEL, FakeUpstream, serve
 from tokenomy.gateway.config import Price, config_from_dict
 from tokenomy.gateway.http.app import build_app
-from tokenomy.gateway.metering.ledger import SqlLedger, UsageEvent, UsageFilter
+from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
 from tokenomy.gateway.metering.meter import SessionState, classify, cost
 from tokenomy.gateway.ops.allow_all import AllowAllGuard
+from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
 
 def test_classes_partition_the_prompt_turn_by_turn() -> None:

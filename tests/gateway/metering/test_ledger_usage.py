@@ -16,8 +16,9 @@ from tokenomy.cli.main import main
 from tokenomy.gateway.config import config_from_dict
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.http.app import build_app
-from tokenomy.gateway.metering.ledger import SqlLedger, UsageEvent
+from tokenomy.gateway.metering.ledger import UsageEvent
 from tokenomy.gateway.ops.allow_all import AllowAllGuard
+from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
 
 def _event(rid: str, tenant: str, session: str, ts: float, cost: float) -> UsageEvent:

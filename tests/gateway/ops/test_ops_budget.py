@@ -229,7 +229,7 @@ def _event(rid: str, key_id: str, cost: float, ts_s: float):
 
 def test_memory_store_rebuilds_spend_from_the_ledger_at_start_up(tmp_path):
     """In-process reservations after a restart: spend is what the ledger holds, nothing is held."""
-    from tokenomy.gateway.metering.ledger import SqlLedger
+    from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
     clock = FakeClock()
     guard = make_guard(tmp_path, clock, reservations="memory")

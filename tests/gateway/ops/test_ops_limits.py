@@ -9,8 +9,8 @@ import pytest
 from helpers.ops_factory import FakeClock, add_key, make_guard, request
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.guard import SettledUsage
-from tokenomy.gateway.ops.limits import InProcessRateLimits, openai_duration
 from tokenomy.gateway.ops.tenancy import NodeLimits
+from tokenomy.gateway.stores.limits import InProcessRateLimits, openai_duration
 
 
 def test_rpm_refuses_with_429_retry_after_and_refills_with_time(tmp_path):

@@ -12,9 +12,10 @@ import pytest
 from helpers.gateway_core_support import MODEL, FakeUpstream, free_port, serve
 from tokenomy.gateway.config import BackendConfig, HealthConfig, config_from_dict
 from tokenomy.gateway.http.app import build_app
-from tokenomy.gateway.metering.ledger import SqlLedger, UsageFilter
+from tokenomy.gateway.metering.ledger import UsageFilter
 from tokenomy.gateway.ops.allow_all import AllowAllGuard
 from tokenomy.gateway.routing.backends import Backend, BackendPool, parse_prometheus
+from tokenomy.gateway.stores.ledger_sql import SqlLedger
 from tokenomy.policy.router import SessionAffinityRouter
 
 

@@ -26,7 +26,7 @@ from tokenomy.gateway.config import GatewayConfig
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.http.openapi import spec
 from tokenomy.gateway.http.proxy import Proxy
-from tokenomy.gateway.metering.ledger import Ledger, SqlLedger
+from tokenomy.gateway.metering.ledger import Ledger
 from tokenomy.gateway.metering.prom import CONTENT_TYPE, GatewayMetrics
 from tokenomy.gateway.metering.usage_api import usage_endpoint
 from tokenomy.gateway.ops import ops_guard
@@ -36,6 +36,7 @@ from tokenomy.gateway.routing.ampd_live import AmpdRouting
 from tokenomy.gateway.routing.backends import BackendPool
 from tokenomy.gateway.routing.build import build_routing
 from tokenomy.gateway.routing.upstream import UpstreamPool
+from tokenomy.gateway.stores.ledger_sql import SqlLedger
 from tokenomy.policy.router import make_router
 
 log = logging.getLogger(__name__)

@@ -30,11 +30,11 @@ from tokenomy.gateway.ops.breaker import Breakers
 from tokenomy.gateway.ops.budget import Budgets, PriceLike, worst_case_cost_usd
 from tokenomy.gateway.ops.config import GatewayConfigLike, OpsConfig, ops_config, secret_of
 from tokenomy.gateway.ops.guard import Admission, AdmitRequest, SettledUsage
-from tokenomy.gateway.ops.limits import InProcessRateLimits, RateGrant, RateLimits
 from tokenomy.gateway.ops.metrics import OpsMetrics
 from tokenomy.gateway.ops.tenancy import Node
 from tokenomy.gateway.ops.tenancy_seed import apply_seeds
 from tokenomy.gateway.stores.budget_seed import seed_from_ledger
+from tokenomy.gateway.stores.limits import InProcessRateLimits, RateGrant, RateLimits
 from tokenomy.gateway.stores.reservations import InProcessReservations, Reservations
 from tokenomy.gateway.stores.reservations_sql import SqlReservations
 from tokenomy.gateway.stores.tenancy_sql import TenantStore, sqlite_engine

@@ -1,6 +1,6 @@
 """Spend per node and period rebuilt from the ledger, for the in-process reservation store.
 
-The ledger (``tokenomy.gateway.metering.ledger.usage_events``) is durable before a client sees its request
+The ledger (``tokenomy.gateway.stores.ledger_sql.usage_events``) is durable before a client sees its request
 complete, so after a crash or restart the in-process store starts from exactly what the ledger
 holds: each key's cost since the start of the current day and month (UTC, by the event's finish
 time), added to every node on its path in that node's budget period. Holds die with the process,
@@ -29,7 +29,7 @@ def period_starts_s(now_s: float) -> dict[str, float]:
 
 def ledger_spend_by_key(engine: Engine, since_s: float) -> dict[str, float]:
     """Each key's recorded cost since ``since_s`` (no ledger table yet: nothing)."""
-    from tokenomy.gateway.metering.ledger import usage_events
+    from tokenomy.gateway.stores.ledger_sql import usage_events
 
     if not sa.inspect(engine).has_table(usage_events.name):
         return {}
