@@ -35,4 +35,4 @@ browser-deps:
 	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver; fi
 
 test-console: $(STAMP) browser-deps
-	$(VENV)/bin/pytest -q -rA tests/gateway/test_console_live.py tests/gateway/test_console_pages.py
+	$(VENV)/bin/pytest -q -rA tests/gateway/console

@@ -29,9 +29,10 @@ from starlette.routing import Mount
 from starlette.testclient import TestClient
 
 from tokenomy.gateway.console import ConsoleDeps, ConsoleQueries, build_console
-from tokenomy.gateway.ledger import SqlLedger, UsageEvent
-from tokenomy.gateway.ops import build_guard
-from tokenomy.gateway.tenancy import NodeKind, NodeLimits
+from tokenomy.gateway.metering.ledger import UsageEvent
+from tokenomy.gateway.ops.ops_guard import build_guard
+from tokenomy.gateway.ops.tenancy import NodeKind, NodeLimits
+from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
 ADMIN = "admin-bench-" + "x" * 20
 

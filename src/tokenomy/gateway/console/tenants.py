@@ -1,5 +1,5 @@
 """The org → team → key tree: limits, budgets and spend, and its three edits (create a key, set a
-budget, revoke), made through the same :class:`~tokenomy.gateway.tenancy_store.TenantStore`
+budget, revoke), made through the same :class:`~tokenomy.gateway.stores.tenancy_sql.TenantStore`
 methods the admin API and ``tokenomy keys`` / ``tokenomy tenants`` call."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from tokenomy.gateway.budget import period_key
 from tokenomy.gateway.console.web import ConsoleDeps, off_loop, render, signed_in
-from tokenomy.gateway.tenancy import NodeKind, NodeLimits
+from tokenomy.gateway.ops.budget import period_key
+from tokenomy.gateway.ops.tenancy import NodeKind, NodeLimits
 
 
 @dataclass

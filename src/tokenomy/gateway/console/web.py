@@ -20,7 +20,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class OpsLike(Protocol):
-    """What the console needs of token operations' guard (``tokenomy.gateway.ops.OpsGuard``)."""
+    """What the console needs of token operations' guard (``tokenomy.gateway.ops.ops_guard.OpsGuard``)."""
 
     config: Any  # .admin_key
     store: Any  # TenantStore: tree, key_hints, create_key, update_limits, revoke
