@@ -1,0 +1,164 @@
+"""``tokenomy demo``: the whole system live, no GPU and no service to install.
+
+Starts an emulated P/D cluster and the gateway in AMPD mode (:mod:`tokenomy.demo.stack`), runs two
+tenants' agent sessions and a runaway agent through it (:mod:`tokenomy.demo.scenario`), prints
+what happened (:mod:`tokenomy.demo.report`) and stops everything it started, also on Ctrl-C or
+SIGTERM (exit status 130).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+from rich.console import Console
+
+from tokenomy.demo.report import print_bills, print_breaker, print_budget, print_placement, print_slo
+from tokenomy.demo.scenario import (
+    DemoSettings,
+    cluster_spec,
+    gateway_config,
+    run_scenario,
+    runaway_tenant,
+    tenants,
+)
+from tokenomy.demo.stack import LiveStack
+from tokenomy.gateway.ledger import SqlLedger, UsageFilter
+from tokenomy.gateway.usage_view import node_names
+
+INTERRUPTED = 130
+
+
+@contextmanager
+def _interruptible(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM behaves as Ctrl-C (KeyboardInterrupt in the main thread); both set ``stop``."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class _Ticker:
+    """One progress line every ``every_s`` seconds while the sessions run."""
+
+    def __init__(self, console: Console, every_s: float) -> None:
+        self.console = console
+        self.every_s = every_s
+        self.counts: dict[str, list[int]] = {}
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="demo-ticker")
+
+    def on_result(self, org: str, result: object) -> None:
+        ok = getattr(getattr(result, "outcome", None), "ok", False)
+        c = self.counts.setdefault(org, [0, 0])
+        c[0 if ok else 1] += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            parts = [f"{org}: {c[0]} turns answered, {c[1]} refused or failed" for org, c in self.counts.items()]
+            self.console.print(f"  {time.monotonic() - self._t0:5.0f}s  " + ("; ".join(parts) or "starting"),
+                               highlight=False)
+
+    def __enter__(self) -> _Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+def _wait_for_alerts(stack: LiveStack, kinds: set[str], timeout_s: float) -> None:
+    """The gateway posts alerts from a background task: give them a moment to arrive."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not kinds <= {a.get("kind") for a in stack.sink.alerts}:
+        time.sleep(0.1)
+
+
+def run_live_demo(settings: DemoSettings, workdir: Path, console: Console, keep: bool = False) -> int:
+    """Run the demo; 0 when the breaker and the budget both acted, 1 otherwise, 130 when interrupted."""
+    if workdir.exists():
+        shutil.rmtree(workdir)  # the demo's own folder: last run's ledger would count twice
+    spec = cluster_spec(settings)
+    people, runaway = tenants(settings), runaway_tenant()
+    admin_key = "admin-" + secrets.token_urlsafe(18)
+    stop = threading.Event()
+    stack = LiveStack(spec, workdir)
+    console_url = f"{stack.gateway_url}/console"
+    try:
+        with _interruptible(stop):
+            console.rule("Tokenomy live demo")
+            console.print(f"starting 1 prefill + 2 decode emulated Llama-3.1-8B/H100 instances "
+                          f"(ports {', '.join(str(i.port) for i in stack.instances)}, time scale "
+                          f"{settings.time_scale:g}) and the gateway in AMPD mode on {stack.gateway_url}",
+                          highlight=False)
+            stack.start(lambda backends, alert_url: gateway_config(settings, people, runaway, admin_key,
+                                                                   backends, alert_url), stop)
+            console.print(f"stack up (pids {' '.join(str(p) for p in stack.pids())}); "
+                          f"console while it runs: {console_url}  (admin key {admin_key})", highlight=False)
+            for t in people:
+                console.print(f"tenant {t.org}/{t.team}/{t.key_name}: budget ${t.budget_usd:g}/day, "
+                              f"{settings.workload} agent sessions at {settings.rate_per_s:g}/s for "
+                              f"{settings.duration_s:g}s", highlight=False)
+            console.print(f"tenant {runaway.org}/{runaway.team}/{runaway.key_name}: one agent repeating a tool "
+                          f"call (breaker: {settings.runaway_repeat_limit} identical calls in a row)",
+                          highlight=False)
+            with _Ticker(console, 5.0 if settings.duration_s < 30 else 10.0) as ticker:
+                run = run_scenario(stack.gateway_url, people, runaway, settings, on_result=ticker.on_result)
+            console.print(f"sessions done in {run.wall_s:.1f}s", highlight=False)
+            _wait_for_alerts(stack, {"breaker_trip", "budget_threshold"}, 3.0)
+            engines = stack.scrape_engines()
+            url = f"sqlite:///{workdir / 'ledger.db'}"
+            ledger = SqlLedger(url)
+            try:
+                events = ledger.query(UsageFilter(limit=10_000_000))
+            finally:
+                ledger.close()
+            names = node_names(url)
+            print_slo(run, console)
+            print_bills(events, names, console)
+            print_placement(events, engines, console)
+            stopped = print_breaker(run, stack.sink.alerts, console)
+            refused = print_budget(run, stack.sink.alerts, names, console)
+            console.rule("Console")
+            console.print(f"web console: {console_url}  (log in with the admin key {admin_key})", highlight=False)
+            console.print(f"ledger and logs: {workdir}  (tokenomy usage --db {workdir / 'ledger.db'} --by session)",
+                          highlight=False)
+            if keep:
+                console.print("the stack keeps running: Ctrl-C to stop it", highlight=False)
+                try:
+                    while not stop.wait(0.5):
+                        pass
+                except KeyboardInterrupt:
+                    pass  # the way --keep ends
+            else:
+                console.print("the stack stops now; `tokenomy demo --keep` leaves it running for the console",
+                              highlight=False)
+            return 0 if stopped and refused else 1
+    except KeyboardInterrupt:
+        console.print("interrupted: stopping everything the demo started", highlight=False)
+        return INTERRUPTED
+    finally:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
+        try:
+            stack.stop()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+__all__ = ["run_live_demo"]
