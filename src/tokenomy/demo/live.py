@@ -9,7 +9,6 @@ SIGTERM (exit status 130).
 from __future__ import annotations
 
 import secrets
-import shutil
 import signal
 import threading
 import time
@@ -22,7 +21,9 @@ from rich.console import Console
 
 from tokenomy.demo.report import print_bills, print_breaker, print_budget, print_placement, print_slo
 from tokenomy.demo.scenario import (
+    DemoRun,
     DemoSettings,
+    Tenant,
     cluster_spec,
     gateway_config,
     run_scenario,
@@ -30,7 +31,7 @@ from tokenomy.demo.scenario import (
     tenants,
 )
 from tokenomy.demo.stack import LiveStack
-from tokenomy.gateway.ledger import SqlLedger, UsageFilter
+from tokenomy.gateway.ledger import SqlLedger, UsageEvent, UsageFilter
 from tokenomy.gateway.usage_view import node_names
 
 INTERRUPTED = 130
@@ -90,15 +91,62 @@ def _wait_for_alerts(stack: LiveStack, kinds: set[str], timeout_s: float) -> Non
         time.sleep(0.1)
 
 
+DEMO_FILES = ("gateway.yaml", "gateway.log", "cluster.log", "ledger.db", "ledger.db-wal", "ledger.db-shm")
+"""What the demo writes in its folder; a rerun removes these (the last run's ledger would count twice)
+and nothing else, whatever folder ``--out`` names."""
+
+
+def _clear(workdir: Path) -> None:
+    for name in DEMO_FILES:
+        (workdir / name).unlink(missing_ok=True)
+
+
+def _announce(console: Console, settings: DemoSettings, people: list[Tenant], runaway: Tenant) -> None:
+    for t in people:
+        console.print(f"tenant {t.org}/{t.team}/{t.key_name}: budget ${t.budget_usd:g}/day, "
+                      f"{settings.workload} agent sessions at {settings.rate_per_s:g}/s for "
+                      f"{settings.duration_s:g}s", highlight=False)
+    console.print(f"tenant {runaway.org}/{runaway.team}/{runaway.key_name}: one agent repeating a tool "
+                  f"call (breaker: {settings.runaway_repeat_limit} identical calls in a row)", highlight=False)
+
+
+def _ledger_events(url: str) -> list[UsageEvent]:
+    ledger = SqlLedger(url)
+    try:
+        return ledger.query(UsageFilter(limit=10_000_000))
+    finally:
+        ledger.close()
+
+
+def _report(run: DemoRun, stack: LiveStack, console: Console) -> bool:
+    """Print every section; True when the breaker and the budget both acted."""
+    _wait_for_alerts(stack, {"breaker_trip", "budget_threshold"}, 3.0)
+    engines = stack.scrape_engines()
+    url = f"sqlite:///{stack.workdir / 'ledger.db'}"
+    events, names = _ledger_events(url), node_names(url)
+    print_slo(run, console)
+    print_bills(events, names, console)
+    print_placement(events, engines, console)
+    stopped = print_breaker(run, stack.sink.alerts, console)
+    refused = print_budget(run, stack.sink.alerts, names, console)
+    return stopped and refused
+
+
+def _stay_up(stop: threading.Event) -> None:
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass  # the way --keep ends
+
+
 def run_live_demo(settings: DemoSettings, workdir: Path, console: Console, keep: bool = False) -> int:
     """Run the demo; 0 when the breaker and the budget both acted, 1 otherwise, 130 when interrupted."""
-    if workdir.exists():
-        shutil.rmtree(workdir)  # the demo's own folder: last run's ledger would count twice
-    spec = cluster_spec(settings)
+    _clear(workdir)
     people, runaway = tenants(settings), runaway_tenant()
     admin_key = "admin-" + secrets.token_urlsafe(18)
     stop = threading.Event()
-    stack = LiveStack(spec, workdir)
+    stack = LiveStack(cluster_spec(settings), workdir)
     console_url = f"{stack.gateway_url}/console"
     try:
         with _interruptible(stop):
@@ -111,45 +159,22 @@ def run_live_demo(settings: DemoSettings, workdir: Path, console: Console, keep:
                                                                    backends, alert_url), stop)
             console.print(f"stack up (pids {' '.join(str(p) for p in stack.pids())}); "
                           f"console while it runs: {console_url}  (admin key {admin_key})", highlight=False)
-            for t in people:
-                console.print(f"tenant {t.org}/{t.team}/{t.key_name}: budget ${t.budget_usd:g}/day, "
-                              f"{settings.workload} agent sessions at {settings.rate_per_s:g}/s for "
-                              f"{settings.duration_s:g}s", highlight=False)
-            console.print(f"tenant {runaway.org}/{runaway.team}/{runaway.key_name}: one agent repeating a tool "
-                          f"call (breaker: {settings.runaway_repeat_limit} identical calls in a row)",
-                          highlight=False)
+            _announce(console, settings, people, runaway)
             with _Ticker(console, 5.0 if settings.duration_s < 30 else 10.0) as ticker:
                 run = run_scenario(stack.gateway_url, people, runaway, settings, on_result=ticker.on_result)
             console.print(f"sessions done in {run.wall_s:.1f}s", highlight=False)
-            _wait_for_alerts(stack, {"breaker_trip", "budget_threshold"}, 3.0)
-            engines = stack.scrape_engines()
-            url = f"sqlite:///{workdir / 'ledger.db'}"
-            ledger = SqlLedger(url)
-            try:
-                events = ledger.query(UsageFilter(limit=10_000_000))
-            finally:
-                ledger.close()
-            names = node_names(url)
-            print_slo(run, console)
-            print_bills(events, names, console)
-            print_placement(events, engines, console)
-            stopped = print_breaker(run, stack.sink.alerts, console)
-            refused = print_budget(run, stack.sink.alerts, names, console)
+            acted = _report(run, stack, console)
             console.rule("Console")
             console.print(f"web console: {console_url}  (log in with the admin key {admin_key})", highlight=False)
             console.print(f"ledger and logs: {workdir}  (tokenomy usage --db {workdir / 'ledger.db'} --by session)",
                           highlight=False)
             if keep:
                 console.print("the stack keeps running: Ctrl-C to stop it", highlight=False)
-                try:
-                    while not stop.wait(0.5):
-                        pass
-                except KeyboardInterrupt:
-                    pass  # the way --keep ends
+                _stay_up(stop)
             else:
                 console.print("the stack stops now; `tokenomy demo --keep` leaves it running for the console",
                               highlight=False)
-            return 0 if stopped and refused else 1
+            return 0 if acted else 1
     except KeyboardInterrupt:
         console.print("interrupted: stopping everything the demo started", highlight=False)
         return INTERRUPTED
