@@ -82,8 +82,8 @@ def start_demo(tmp_path: Path) -> Iterator[object]:
 
     def start(*args: str) -> Demo:
         env = {**os.environ, "COLUMNS": "120", "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.main", "demo", "--out", str(tmp_path / "demo"),
-                                 *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        # The default --out (out/demo, relative to the working directory), as `make demo` runs it.
+        proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.main", "demo", *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True, cwd=tmp_path, env=env)
         demo = Demo(proc)
 
@@ -115,7 +115,7 @@ def _ports(text: str) -> list[int]:
     return [int(p) for p in m.group(1).split(",")] + [int(g.group(1))]
 
 
-def test_short_demo_runs_the_live_stack_and_leaves_nothing_behind(start_demo) -> None:  # type: ignore[no-untyped-def]
+def test_short_demo_runs_the_live_stack_and_leaves_nothing_behind(start_demo, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     demo = start_demo("--short")
     rc, text = demo.finish(150)
     assert rc == 0, text
@@ -134,6 +134,7 @@ def test_short_demo_runs_the_live_stack_and_leaves_nothing_behind(start_demo) ->
     assert re.search(r"web console: http://127\.0\.0\.1:\d+/console\s+\(log in with the admin key admin-", text)
     assert group_members(demo.proc.pid) == []
     assert [p for p in _ports(text) if port_answers(p)] == []
+    assert (tmp_path / "out" / "demo" / "ledger.db").is_file()
 
 
 def test_ctrl_c_mid_run_stops_everything_the_demo_started(start_demo) -> None:  # type: ignore[no-untyped-def]

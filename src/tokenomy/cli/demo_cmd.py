@@ -44,7 +44,12 @@ def run_demo(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=120)  # piped or logged: the bill tables' width, not rich's 80
-    return run_live_demo(dataclasses.replace(settings, **changes), args.out, console, keep=args.keep)
+    from tokenomy.emulator.launcher import LaunchError
+
+    try:
+        return run_live_demo(dataclasses.replace(settings, **changes), args.out, console, keep=args.keep)
+    except LaunchError as exc:  # e.g. no free ports: one line, never a traceback
+        raise CLIError(str(exc)) from None
 
 
 def run_sim_demo(args: argparse.Namespace) -> int:

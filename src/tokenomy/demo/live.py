@@ -31,6 +31,7 @@ from tokenomy.demo.scenario import (
     tenants,
 )
 from tokenomy.demo.stack import LiveStack
+from tokenomy.emulator.launcher import LaunchError
 from tokenomy.gateway.ledger import SqlLedger, UsageEvent, UsageFilter
 from tokenomy.gateway.usage_view import node_names
 
@@ -132,6 +133,12 @@ def _report(run: DemoRun, stack: LiveStack, console: Console) -> bool:
     return stopped and refused
 
 
+def _tail(log: Path, console: Console, lines: int = 5) -> None:
+    if log.is_file():
+        for line in log.read_text(errors="replace").splitlines()[-lines:]:
+            console.print(f"  {line}", highlight=False, markup=False)
+
+
 def _stay_up(stop: threading.Event) -> None:
     try:
         while not stop.wait(0.5):
@@ -178,6 +185,10 @@ def run_live_demo(settings: DemoSettings, workdir: Path, console: Console, keep:
     except KeyboardInterrupt:
         console.print("interrupted: stopping everything the demo started", highlight=False)
         return INTERRUPTED
+    except LaunchError as exc:
+        console.print(f"tokenomy demo: {exc}; logs in {stack.workdir}", highlight=False, style="bold red")
+        _tail(stack.workdir / "gateway.log", console)
+        return 1
     finally:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
         try:

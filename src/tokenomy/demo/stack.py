@@ -100,7 +100,7 @@ class LiveStack:
     config ``make_config(backends, alert_url)`` returns; ``stop`` ends everything it started."""
 
     def __init__(self, spec: ClusterSpec, workdir: Path, *, ready_timeout_s: float = 60.0) -> None:
-        self.workdir = workdir
+        self.workdir = workdir.resolve()  # the gateway runs in it: a relative --config would miss
         self.ready_timeout_s = ready_timeout_s
         self.instances: list[Instance] = expand(spec, free_port_base(sum(p.count for p in spec.pools), spec.host))
         self.gateway_port = free_port(spec.host)
