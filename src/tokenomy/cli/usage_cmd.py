@@ -41,7 +41,7 @@ def _tenants_url(args: argparse.Namespace, ledger_url: str) -> str:
     if args.db is not None:
         return ledger_url
     from tokenomy.gateway.config import load_config
-    from tokenomy.gateway.ops_config import ops_config
+    from tokenomy.gateway.ops.config import ops_config
 
     return ops_config(load_config(args.config)).db_url or ledger_url
 
@@ -50,9 +50,10 @@ def run_usage(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tokenomy.gateway.errors import GatewayError
-    from tokenomy.gateway.ledger import SqlLedger, UsageFilter
-    from tokenomy.gateway.usage_api import group_usage, parse_time
-    from tokenomy.gateway.usage_view import grouped_rows, node_names, usage_table
+    from tokenomy.gateway.metering.ledger import UsageFilter
+    from tokenomy.gateway.metering.usage_api import group_usage, parse_time
+    from tokenomy.gateway.metering.usage_view import grouped_rows, node_names, usage_table
+    from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
     try:
         since, until = parse_time(args.since, "since"), parse_time(args.until, "until")

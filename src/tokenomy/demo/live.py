@@ -32,8 +32,9 @@ from tokenomy.demo.scenario import (
 )
 from tokenomy.demo.stack import LiveStack
 from tokenomy.emulator.launcher import LaunchError
-from tokenomy.gateway.ledger import SqlLedger, UsageEvent, UsageFilter
-from tokenomy.gateway.usage_view import node_names
+from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
+from tokenomy.gateway.metering.usage_view import node_names
+from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
 INTERRUPTED = 130
 

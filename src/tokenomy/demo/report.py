@@ -10,8 +10,8 @@ from rich.console import Console
 
 from tokenomy.bench import TurnResult
 from tokenomy.demo.scenario import DemoRun
-from tokenomy.gateway.ledger import UsageEvent
-from tokenomy.gateway.usage_view import grouped_rows, tenant_tree, usage_table
+from tokenomy.gateway.metering.ledger import UsageEvent
+from tokenomy.gateway.metering.usage_view import grouped_rows, tenant_tree, usage_table
 from tokenomy.metrics.report import render_table
 
 TOP_SESSIONS = 5

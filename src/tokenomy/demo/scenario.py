@@ -22,7 +22,7 @@ import httpx
 from tokenomy.bench import BenchConfig, BenchReport, BenchRun, TurnResult, report
 from tokenomy.core import SLO, Session
 from tokenomy.emulator.cluster import ClusterSpec, Pool
-from tokenomy.gateway.keys import new_api_key
+from tokenomy.gateway.ops.keys import new_api_key
 from tokenomy.workload.registry import load_workload
 
 MODEL = "llama-3.1-8b"

@@ -156,7 +156,7 @@ class LiveStack:
     def scrape_engines(self) -> dict[str, dict[str, float]]:
         """Each instance's ``/metrics`` (vLLM names and ours), summed over labels; {} for one that
         does not answer."""
-        from tokenomy.gateway.backends import parse_prometheus
+        from tokenomy.gateway.routing.backends import parse_prometheus
 
         out: dict[str, dict[str, float]] = {}
         with httpx.Client(timeout=5.0) as client:
