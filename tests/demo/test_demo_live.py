@@ -153,9 +153,13 @@ def test_ctrl_c_mid_run_stops_everything_the_demo_started(start_demo) -> None:  
     assert [p for p in _ports(text) if port_answers(p)] == []
 
 
-def test_sigterm_while_the_cluster_starts_stops_what_was_started(start_demo) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("delay_s", [0.0, 0.5])
+def test_sigterm_while_the_cluster_starts_stops_what_was_started(start_demo, delay_s: float) -> None:  # type: ignore[no-untyped-def]
+    """At once, the signal lands while the engines are being forked (a child forked but not yet
+    registered must still be stopped); half a second later, while they start up."""
     demo = start_demo("--short")
     demo.wait_for(r"^starting 1 prefill", 60)
+    time.sleep(delay_s)  # where in the start-up the signal lands; the test waits on the process, not on time
     os.kill(demo.proc.pid, signal.SIGTERM)
     rc, text = demo.finish(60)
     assert rc == 130, text

@@ -12,10 +12,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
 
 from rich.console import Console
 
@@ -30,29 +27,13 @@ from tokenomy.demo.scenario import (
     runaway_tenant,
     tenants,
 )
-from tokenomy.demo.stack import LiveStack
+from tokenomy.demo.stack import Interrupts, LiveStack
 from tokenomy.emulator.launcher import LaunchError
 from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
 from tokenomy.gateway.metering.usage_view import node_names
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
 INTERRUPTED = 130
-
-
-@contextmanager
-def _interruptible(stop: threading.Event) -> Iterator[None]:
-    """SIGTERM behaves as Ctrl-C (KeyboardInterrupt in the main thread); both set ``stop``."""
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-        raise KeyboardInterrupt
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 class _Ticker:
@@ -153,18 +134,19 @@ def run_live_demo(settings: DemoSettings, workdir: Path, console: Console, keep:
     _clear(workdir)
     people, runaway = tenants(settings), runaway_tenant()
     admin_key = "admin-" + secrets.token_urlsafe(18)
-    stop = threading.Event()
+    interrupts = Interrupts()
+    stop = interrupts.stop
     stack = LiveStack(cluster_spec(settings), workdir)
     console_url = f"{stack.gateway_url}/console"
     try:
-        with _interruptible(stop):
+        with interrupts.installed():
             console.rule("Tokenomy live demo")
             console.print(f"starting 1 prefill + 2 decode emulated Llama-3.1-8B/H100 instances "
                           f"(ports {', '.join(str(i.port) for i in stack.instances)}, time scale "
                           f"{settings.time_scale:g}) and the gateway in AMPD mode on {stack.gateway_url}",
                           highlight=False)
             stack.start(lambda backends, alert_url: gateway_config(settings, people, runaway, admin_key,
-                                                                   backends, alert_url), stop)
+                                                                   backends, alert_url), interrupts)
             console.print(f"stack up (pids {' '.join(str(p) for p in stack.pids())}); "
                           f"console while it runs: {console_url}  (admin key {admin_key})", highlight=False)
             _announce(console, settings, people, runaway)
@@ -187,6 +169,9 @@ def run_live_demo(settings: DemoSettings, workdir: Path, console: Console, keep:
         console.print("interrupted: stopping everything the demo started", highlight=False)
         return INTERRUPTED
     except LaunchError as exc:
+        if stop.is_set():  # a signal while a child was starting: still an interruption
+            console.print("interrupted: stopping everything the demo started", highlight=False)
+            return INTERRUPTED
         console.print(f"tokenomy demo: {exc}; logs in {stack.workdir}", highlight=False, style="bold red")
         _tail(stack.workdir / "gateway.log", console)
         return 1
