@@ -154,6 +154,7 @@ def summarize(
     span_s: float = 0.0,
     tenant_refusals: Mapping[GroupKey, int] | None = None,
     tenant_deferrals: Mapping[GroupKey, int] | None = None,
+    refusals_are_records: bool = False,
 ) -> Summary:
     """Reduce ``records`` of a window of ``duration_s`` seconds on ``num_gpus`` GPUs to a Summary.
 
@@ -164,7 +165,8 @@ def summarize(
     and costs. Raises ValueError on negative or non-finite arguments, ``num_gpus < 1``, or a
     zero window with records in it. ``tenant_refusals`` / ``tenant_deferrals`` count, per
     ``(tenant, tier)``, requests admission refused (also in ``rejected``) and requests it made
-    wait (None: not known); they feed ``by_tenant`` and ``by_tier``.
+    wait (None: not known); they feed ``by_tenant`` and ``by_tier``. ``refusals_are_records``: the
+    refused requests are also (unfinished) records, as a client sees them (``bench``).
     """
     recs = list(records)
     refused = {k: int(v) for k, v in (rejected or {}).items() if v}
@@ -197,7 +199,7 @@ def summarize(
     itl = _itl(itl_values, itl_weights, tpots)
     e2e = _pcts(e2es)
     by_tenant, by_tier = tenant_breakdown(recs, slo=slo, duration_s=duration_s, refusals=tenant_refusals,
-                                          deferrals=tenant_deferrals)
+                                          deferrals=tenant_deferrals, refusals_are_records=refusals_are_records)
     return Summary(
         requests=len(recs) + n_rejected,
         finished=len(finished),

@@ -25,12 +25,12 @@ def _p(values: list[float], q: float) -> float | None:
 
 
 def _group(records: list[RequestRecord], refused: int, deferred: int | None, slo: SLO,
-           duration_s: float) -> dict[str, Any]:
+           duration_s: float, refusals_are_records: bool) -> dict[str, Any]:
     finished = [r for r in records if r.finished and r.finish_s is not None and r.first_token_s is not None]
     met = sum(1 for r in finished if slo.met(r.ttft_s or 0.0, r.tpot_s or 0.0))
     ttfts = [t for r in records if (t := r.ttft_s) is not None]
     tpots = [t for r in finished if r.output_tokens > 1 and (t := r.tpot_s) is not None]
-    offered = len(records) + refused
+    offered = len(records) + (0 if refusals_are_records else refused)
     return {
         "requests": offered,
         "finished": len(finished),
@@ -51,9 +51,11 @@ def tenant_breakdown(
     duration_s: float,
     refusals: Mapping[GroupKey, int] | None = None,
     deferrals: Mapping[GroupKey, int] | None = None,
+    refusals_are_records: bool = False,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """``(by_tenant, by_tier)`` (module docstring). ``deferrals`` None: not known (a client
-    cannot see them), reported as None rather than 0."""
+    cannot see them), reported as None rather than 0. ``refusals_are_records``: the refused
+    requests are among ``records`` already (a client's view), so they are not added again."""
     recs = list(records)
     refusals = dict(refusals or {})
     keys: set[GroupKey] = {(r.tenant, r.tier) for r in recs} | set(refusals) | set(deferrals or {})
@@ -68,7 +70,7 @@ def tenant_breakdown(
         out.append({
             name: _group(groups.get(name, []), sum(v for k, v in refusals.items() if k[pos] == name),
                          None if deferrals is None else sum(v for k, v in deferrals.items() if k[pos] == name),
-                         slo, duration_s)
+                         slo, duration_s, refusals_are_records)
             for name in names
         })
     return out[0], out[1]

@@ -6,7 +6,8 @@ loaded every request goes through the ``base`` router (default ``session_affinit
 at least ``busy_kv_usage``) a request of a tier in ``top_tiers`` goes to the instance of least
 :func:`~tokenomy.policy.router.prefix_cost_blocks` (where its prefix is cached, or the queue is
 shortest); any other request is routed by ``base`` among the instances left after setting aside
-the ``reserve_fraction`` least loaded ones for the top tiers. Thresholds are labelled defaults
+the ``reserve_fraction`` least loaded ones (rounded down: none of 2 at the default) for the top
+tiers. Thresholds are labelled defaults
 (docs/closed-loop.md).
 """
 
@@ -61,7 +62,7 @@ class TierAwareRouter:
             best = min(instances, key=lambda v: (prefix_cost_blocks(request, v, self.overlap_weight), v.instance_id))
             self._emit(now, request, best.instance_id, "top tier under load: cached prefix or shortest queue")
             return best.instance_id
-        reserve = min(len(instances) - 1, math.ceil(self.reserve_fraction * len(instances)))
+        reserve = min(len(instances) - 1, math.floor(self.reserve_fraction * len(instances)))
         by_load = sorted(instances, key=lambda v: (v.num_waiting_tokens, v.num_running + v.num_waiting,
                                                     v.instance_id))
         rest = by_load[reserve:]
