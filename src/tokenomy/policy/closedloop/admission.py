@@ -242,7 +242,9 @@ class TierWFQ:
         return max(self.virtual_time, self._finish.get(tenant, 0.0))
 
     def pick(self, queue: Sequence[QueuedView], load: LoadView, now: float) -> PickDecision | None:
-        ready = _eligible(queue, now, self._loaded(load))
+        tier = self.config.tier
+        ready = [i for i in _eligible(queue, now, self._loaded(load))
+                 if load.in_flight < tier(queue[i].tier).max_load_fraction * load.max_in_flight]
         if not ready:
             return None
         heads: dict[str, int] = {}  # each tenant's oldest eligible entry

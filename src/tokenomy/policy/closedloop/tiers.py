@@ -15,16 +15,18 @@ class TierSpec:
     """One service tier.
 
     ``rank`` 0 is the top tier. ``weight`` is a tenant's share of admission slots under weighted
-    fair queueing (a tenant of weight 8 is admitted 8 times as often as one of weight 1 while both
+    fair queueing (a tenant of weight 4 is admitted 4 times as often as one of weight 1 while both
     wait). ``max_defer_s`` is how long one of its requests may wait in the admission queue before
     it is shed: short enough that a request admitted at the end of its wait can still meet a TTFT
-    SLO of a few seconds.
+    SLO of a few seconds. ``max_load_fraction``: a request of this tier is admitted only while
+    fewer than this fraction of ``max_in_flight`` slots are taken, so the top tiers keep headroom.
     """
 
     name: str
     rank: int
     weight: float
     max_defer_s: float
+    max_load_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -35,14 +37,17 @@ class TierSpec:
             raise ValueError(f"tier {self.name!r}: weight must be a finite number > 0, got {self.weight}")
         if not (self.max_defer_s >= 0 and math.isfinite(self.max_defer_s)):
             raise ValueError(f"tier {self.name!r}: max_defer_s must be a finite number >= 0, got {self.max_defer_s}")
+        if not 0 < self.max_load_fraction <= 1:
+            raise ValueError(f"tier {self.name!r}: max_load_fraction must be in (0, 1], got {self.max_load_fraction}")
 
 
 DEFAULT_TIERS: tuple[TierSpec, ...] = (
-    TierSpec("gold", rank=0, weight=8.0, max_defer_s=1.5),
-    TierSpec("silver", rank=1, weight=3.0, max_defer_s=1.0),
+    TierSpec("gold", rank=0, weight=4.0, max_defer_s=1.5),
+    TierSpec("silver", rank=1, weight=2.0, max_defer_s=1.0),
     TierSpec("free", rank=2, weight=1.0, max_defer_s=1.0),
 )
-"""Labelled defaults: weights 8 : 3 : 1, waits of 1.5 s / 1 s / 1 s before shedding (TTFT SLO 2 s)."""
+"""Labelled defaults: weights 4 : 2 : 1, waits of 1.5 s / 1 s / 1 s before shedding (TTFT SLO 2 s);
+picked in simulation over 8 : 3 : 1 and 16 : 4 : 1 (docs/closed-loop.md)."""
 
 
 @dataclass(frozen=True)
