@@ -1,0 +1,198 @@
+"""The gateway's admission pools under a closed-loop policy (``ops.admission.policy``).
+
+The same decision objects as the simulator's admission gate (``sim/admission_gate.py``), built
+from the same :data:`~tokenomy.policy.closedloop.ADMISSION_POLICIES` entry, applied to live
+requests: at most ``max_in_flight`` requests of a pool are forwarded at once; the others wait
+(deferred) until the policy picks them or their deadline passes (shed: 503 ``overloaded`` with
+``retry-after``). A request is never shed before it waited: every refusal for load is a deadline.
+The tenant's tier comes from its key's effective priority (``ops.admission.tiers``: the first tier
+whose ``min_priority`` the priority reaches, the lowest tier otherwise), its consumption rate and
+remaining budget from token operations (:class:`~tokenomy.gateway.admission.AdmissionSignals`).
+Every decision goes to the trace sink given (the gateway logs them at debug level).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tokenomy.gateway.errors import GatewayError
+from tokenomy.policy.closedloop import (
+    Action,
+    ArrivalView,
+    ClosedLoopConfig,
+    DegradeConfig,
+    LoadView,
+    QueuedView,
+    TenantView,
+    TierSpec,
+    make_admission_policy,
+)
+from tokenomy.policy.trace import TraceSink
+
+log = logging.getLogger(__name__)
+
+
+class TierBinding(BaseModel):
+    """A tier of the closed loop and the least key priority that puts a key in it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str = Field(min_length=1)
+    min_priority: int = Field(default=0, ge=0, le=100)
+    weight: float | None = Field(default=None, gt=0, description="None: the policy's default for this name")
+    max_defer_s: float | None = Field(default=None, ge=0)
+    max_load_fraction: float | None = Field(default=None, gt=0, le=1)
+
+
+class DegradeSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    load_fraction: float = Field(default=0.9, gt=0, le=1)
+    from_rank: int = Field(default=1, ge=0)
+    max_tokens_cap: int | None = Field(default=256, ge=1)
+    long_prompt_tokens: int | None = Field(default=16_384, ge=1)
+
+
+def closed_loop_config(tiers: tuple[TierBinding, ...], degrade: DegradeSettings | None,
+                       budget_slow_below: float, budget_pace_s: float, blind_max_defer_s: float) -> ClosedLoopConfig:
+    """The policy's config from the gateway's settings: tiers ranked by ``min_priority`` (highest
+    first); a tier named like a default tier takes that tier's unset values."""
+    defaults = {t.name: t for t in ClosedLoopConfig().tiers}
+    ranked = sorted(tiers, key=lambda t: -t.min_priority)
+    specs = []
+    for rank, t in enumerate(ranked):
+        base = defaults.get(t.name) or ClosedLoopConfig().lowest
+        specs.append(TierSpec(t.name, rank, t.weight or base.weight,
+                              base.max_defer_s if t.max_defer_s is None else t.max_defer_s,
+                              t.max_load_fraction or base.max_load_fraction))
+    deg = None if degrade is None else DegradeConfig(degrade.load_fraction, degrade.from_rank, degrade.max_tokens_cap,
+                                                     degrade.long_prompt_tokens)
+    return ClosedLoopConfig(tiers=tuple(specs) or ClosedLoopConfig().tiers, degrade=deg,
+                            budget_slow_below=budget_slow_below, budget_pace_s=budget_pace_s,
+                            blind_max_defer_s=blind_max_defer_s)
+
+
+@dataclass(slots=True)
+class ClosedLoopTicket:
+    """A slot in a pool, held from ``enter`` until ``leave``; ``max_tokens`` as the policy capped it."""
+
+    pool: str
+    tier: str
+    max_tokens: int
+    view: QueuedView | None = None
+    future: asyncio.Future[None] | None = None
+    state: str = "queued"  # queued -> granted -> left, or queued -> shed
+    waited_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Pool:
+    in_flight: int = 0
+    queue: list[ClosedLoopTicket] = field(default_factory=list)
+
+
+class ClosedLoopPools:
+    """Admission pools applying one closed-loop policy (module docstring).
+
+    ``tier_of(priority)`` names a key's tier; ``enter`` waits for a slot or raises GatewayError
+    (503 ``overloaded`` when shed at its deadline, 429 ``budget_exceeded`` when the policy refuses
+    for budget); ``leave`` frees a slot. ``deferred`` and ``refused`` count requests by tier.
+    """
+
+    def __init__(self, policy: str, config: ClosedLoopConfig, *, max_in_flight: int, pool_of: dict[str, str],
+                 tier_min_priority: dict[str, int], retry_after_s: int = 1, trace: TraceSink | None = None) -> None:
+        self.policy = make_admission_policy(policy, config, trace)
+        self.max_in_flight = max_in_flight
+        self.retry_after_s = retry_after_s
+        self._pool_of = pool_of
+        self._tiers = sorted(tier_min_priority.items(), key=lambda kv: -kv[1])
+        self._pools: dict[str, _Pool] = {}
+        self.deferred: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
+        self.shed_count = 0
+
+    def pool_of(self, model: str) -> str:
+        return self._pool_of.get(model, "default")
+
+    def tier_of(self, priority: int) -> str:
+        for name, least in self._tiers:
+            if priority >= least:
+                return name
+        return self.policy.config.lowest.name
+
+    def in_flight(self, pool: str) -> int:
+        return self._pools.get(pool, _Pool()).in_flight
+
+    def queue_depth(self, pool: str) -> int:
+        return len(self._pools.get(pool, _Pool()).queue)
+
+    def _load(self, p: _Pool) -> LoadView:
+        return LoadView(p.in_flight, self.max_in_flight, len(p.queue))
+
+    async def enter(self, model: str, *, request_id: str, tenant: str, priority: int, tokens_per_s: float,
+                    budget_left_fraction: float | None, prompt_tokens: int, max_tokens: int) -> ClosedLoopTicket:
+        """A granted ticket, after waiting if the pool is full (module docstring)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        name = self.pool_of(model)
+        p = self._pools.setdefault(name, _Pool())
+        tier = self.tier_of(priority)
+        view = TenantView(tenant, tier, tokens_per_s, budget_left_fraction)
+        d = self.policy.arrive(ArrivalView(request_id, view, prompt_tokens, max_tokens), self._load(p), now)
+        if d.action is Action.REFUSE:
+            self.refused[tier] += 1
+            raise GatewayError(429, f"admission: {d.reason}", type="insufficient_quota", code="budget_exceeded")
+        ticket = ClosedLoopTicket(name, tier, d.max_tokens, QueuedView.of(d, now), loop.create_future())
+        p.queue.append(ticket)
+        if d.eligible_s > now:
+            loop.call_at(d.eligible_s, self._pump, name)
+        self._pump(name)
+        if ticket.state == "granted":
+            return ticket
+        self.deferred[tier] += 1
+        assert ticket.future is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(ticket.future), max(0.0, d.deadline_s - now))
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            if ticket.state == "granted":  # granted just as we gave up: hand the slot on
+                self.leave(ticket)
+            elif ticket.state == "queued":
+                ticket.state = "shed"
+                p.queue.remove(ticket)
+                if isinstance(exc, TimeoutError):
+                    assert ticket.view is not None
+                    self.policy.shed(ticket.view, loop.time())
+            if isinstance(exc, TimeoutError):
+                self.shed_count += 1
+                self.refused[tier] += 1
+                raise GatewayError(503, f"pool {name!r} is overloaded: no slot within the {tier} tier's wait",
+                                   type="server_error", code="overloaded",
+                                   headers={"retry-after": str(self.retry_after_s)}) from None
+            raise
+        ticket.waited_s = loop.time() - now
+        return ticket
+
+    def _pump(self, name: str) -> None:
+        p = self._pools[name]
+        now = asyncio.get_running_loop().time()
+        while p.queue and p.in_flight < self.max_in_flight:
+            pick = self.policy.pick([t.view for t in p.queue if t.view is not None], self._load(p), now)
+            if pick is None:
+                return
+            ticket = p.queue.pop(pick.index)
+            ticket.state = "granted"
+            p.in_flight += 1
+            if ticket.future is not None and not ticket.future.done():
+                ticket.future.set_result(None)
+
+    def leave(self, ticket: Any) -> None:
+        """Return a granted slot (idempotent); the policy picks who gets it."""
+        if ticket.state != "granted":
+            return
+        ticket.state = "left"
+        self._pools[ticket.pool].in_flight -= 1
+        self._pump(ticket.pool)
