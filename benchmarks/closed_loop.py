@@ -111,8 +111,8 @@ class OverloadSpec:
         """``tokenomy serve``'s config: one org per tier, its key's priority naming the tier."""
         policy, router = MODES[mode]
         options = {"base": BASE_ROUTER} if router == "tier_aware" else {}
-        tenants = [{"org": t, "priority": TIER_PRIORITY[t], "teams": [{"name": t, "keys": [{"name": t, "key": k}]}]}
-                   for t, k in keys.items()]
+        tenants = [{"org": t, "limits": {"priority": TIER_PRIORITY[t]},
+                    "teams": [{"name": t, "keys": [{"name": t, "key": k}]}]} for t, k in keys.items()]
         return {
             "server": {"port": port},
             "backends": [{"id": f"mixed-{i}", "url": u, "role": "mixed", "models": [self.model], "total_blocks": b}
@@ -121,8 +121,8 @@ class OverloadSpec:
             "router": {"name": router, "options": options},
             "ledger": {"url": f"sqlite:///{tmp}/ledger.db"},
             "ops": {"server_secret": "closed-loop-bench-0123", "reservations": "memory", "tenants": tenants,
-                    "admission": {"max_in_flight": self.max_in_flight, "policy": policy,
-                                  "tiers": [{"name": t, "min_priority": p} for t, p in TIER_PRIORITY.items()]}},
+                    "admission": {"max_in_flight": self.max_in_flight, "closed_loop": {
+                        "policy": policy, "tiers": [{"name": t, "min_priority": p} for t, p in TIER_PRIORITY.items()]}}},
         }
 
 

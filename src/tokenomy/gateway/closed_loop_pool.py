@@ -19,61 +19,21 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from tokenomy.gateway.admission import PoolSignals
+from tokenomy.gateway.closed_loop_settings import ClosedLoopSettings, closed_loop_config
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.policy.closedloop import (
     Action,
     ArrivalView,
     ClosedLoopConfig,
-    DegradeConfig,
     LoadView,
     QueuedView,
     TenantView,
-    TierSpec,
     make_admission_policy,
 )
 from tokenomy.policy.trace import TraceSink
 
 log = logging.getLogger(__name__)
-
-
-class TierBinding(BaseModel):
-    """A tier of the closed loop and the least key priority that puts a key in it."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str = Field(min_length=1)
-    min_priority: int = Field(default=0, ge=0, le=100)
-    weight: float | None = Field(default=None, gt=0, description="None: the policy's default for this name")
-    max_defer_s: float | None = Field(default=None, ge=0)
-    max_load_fraction: float | None = Field(default=None, gt=0, le=1)
-
-
-class DegradeSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    load_fraction: float = Field(default=0.9, gt=0, le=1)
-    from_rank: int = Field(default=1, ge=0)
-    max_tokens_cap: int | None = Field(default=256, ge=1)
-    long_prompt_tokens: int | None = Field(default=16_384, ge=1)
-
-
-def closed_loop_config(tiers: tuple[TierBinding, ...], degrade: DegradeSettings | None,
-                       budget_slow_below: float, budget_pace_s: float, blind_max_defer_s: float) -> ClosedLoopConfig:
-    """The policy's config from the gateway's settings: tiers ranked by ``min_priority`` (highest
-    first); a tier named like a default tier takes that tier's unset values."""
-    defaults = {t.name: t for t in ClosedLoopConfig().tiers}
-    ranked = sorted(tiers, key=lambda t: -t.min_priority)
-    specs = []
-    for rank, t in enumerate(ranked):
-        base = defaults.get(t.name) or ClosedLoopConfig().lowest
-        specs.append(TierSpec(t.name, rank, t.weight or base.weight,
-                              base.max_defer_s if t.max_defer_s is None else t.max_defer_s,
-                              t.max_load_fraction or base.max_load_fraction))
-    deg = None if degrade is None else DegradeConfig(degrade.load_fraction, degrade.from_rank, degrade.max_tokens_cap,
-                                                     degrade.long_prompt_tokens)
-    return ClosedLoopConfig(tiers=tuple(specs) or ClosedLoopConfig().tiers, degrade=deg,
-                            budget_slow_below=budget_slow_below, budget_pace_s=budget_pace_s,
-                            blind_max_defer_s=blind_max_defer_s)
 
 
 @dataclass(slots=True)
@@ -129,6 +89,9 @@ class ClosedLoopPools:
 
     def queue_depth(self, pool: str) -> int:
         return len(self._pools.get(pool, _Pool()).queue)
+
+    def signals(self, pool: str) -> PoolSignals:
+        return PoolSignals(pool, self.in_flight(pool), self.queue_depth(pool), self.max_in_flight)
 
     def _load(self, p: _Pool) -> LoadView:
         return LoadView(p.in_flight, self.max_in_flight, len(p.queue))
@@ -196,3 +159,14 @@ class ClosedLoopPools:
         ticket.state = "left"
         self._pools[ticket.pool].in_flight -= 1
         self._pump(ticket.pool)
+
+
+def build_pools(settings: ClosedLoopSettings, *, max_in_flight: int | None, pools: dict[str, tuple[str, ...]],
+                retry_after_s: int) -> ClosedLoopPools:
+    """The pools ``ops.admission`` describes (``closed_loop`` set); every decision is logged at debug level."""
+    if max_in_flight is None:
+        raise ValueError("ops.admission.closed_loop needs ops.admission.max_in_flight (the slots it shares out)")
+    pool_of = {m: name for name, models in pools.items() for m in models}
+    return ClosedLoopPools(settings.policy, closed_loop_config(settings), max_in_flight=max_in_flight,
+                           pool_of=pool_of, tier_min_priority={t.name: t.min_priority for t in settings.tiers},
+                           retry_after_s=retry_after_s, trace=lambda e: log.debug("closed loop: %s", e))

@@ -185,7 +185,7 @@ class Proxy:
             body["stream_options"] = opts
 
     # -- routing and forwarding ------------------------------------------------------------
-    def _choose(self, req: ParsedRequest, tried: frozenset[str], route: PdRoute | None = None) -> Backend:
+    def _choose(self, req: ParsedRequest, tried: frozenset[str], route: PdRoute | None = None, tier: str = "") -> Backend:
         if self.pd is not None and route is not None:
             return self.pd.choose_decode(req, route, tried)
         now = time.monotonic()
@@ -201,6 +201,7 @@ class Proxy:
             max_output_tokens=req.max_tokens or 1,
             session_id=req.session_id,
             content=((req.stream_key, req.prompt_tokens_estimate),),
+            tier=tier,
         )
         return self.pool.by_id[self.router.choose(core, cands, now)]
 
@@ -212,7 +213,7 @@ class Proxy:
         headers = {"content-type": "application/json", "x-request-id": req.request_id}
         tried: set[str] = set()
         for _attempt in range(self.config.server.retries + 1):
-            backend = self._choose(req, frozenset(tried), route)
+            backend = self._choose(req, frozenset(tried), route, ticket.admission.tier)
             tried.add(backend.instance_id)
             flight = Flight(req, ticket, backend, t0)
             if backend.config.api_key:
