@@ -172,6 +172,21 @@ def simulated(spec: OverloadSpec, sessions: list[Session]) -> dict[str, Any]:
     return out
 
 
+def seed_spread(spec: OverloadSpec, rate: float, seeds: list[int]) -> dict[str, Any]:
+    """Per seed: the closed loop's top- and lowest-tier attainment and its goodput over the blind run's."""
+    rows = {}
+    for seed in seeds:
+        s = dataclasses.replace(spec, seed=seed)
+        sim = simulated(s, s.sessions(rate))
+        b, c = sim["blind"], sim["closed"]
+        rows[seed] = {"gold": c["attainment_by_tier"].get("gold"), "free": c["attainment_by_tier"].get("free"),
+                      "blind_gold": b["attainment_by_tier"].get("gold"),
+                      "goodput_ratio": round(c["goodput_rps"] / b["goodput_rps"], 4) if b["goodput_rps"] else None}
+    ratios = [r["goodput_ratio"] for r in rows.values() if r["goodput_ratio"] is not None]
+    return {"by_seed": rows, "mean_goodput_ratio": round(sum(ratios) / len(ratios), 4) if ratios else None,
+            "min_gold": min(r["gold"] or 0.0 for r in rows.values())}
+
+
 def checks(out: dict[str, Any]) -> dict[str, Any]:
     """The Done-when lines, each with the figures it compares."""
     res: dict[str, Any] = {}
@@ -206,6 +221,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--max-in-flight", type=int, default=d.max_in_flight)
     ap.add_argument("--sim-only", action="store_true", help="only the simulation (seconds, no processes)")
+    ap.add_argument("--sim-seeds", default="0,1,2,3",
+                    help="also simulate these seeds (the run-to-run spread of one short run; '' for none)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     try:
@@ -224,6 +241,10 @@ def main() -> int:
     out: dict[str, Any] = {"r90_rate": r90, "r90_curve": curve, "rate_per_s": rate,
                            "sim": simulated(spec, sessions)}
     print(f"sim: {json.dumps(out['sim'])}", flush=True)
+    seeds = [int(x) for x in args.sim_seeds.split(",") if x.strip()]
+    if seeds:
+        out["sim_seeds"] = seed_spread(spec, rate, seeds)
+        print(f"sim seeds: {json.dumps(out['sim_seeds'])}", flush=True)
     if not args.sim_only:
         from closed_loop_live import live_mode
 

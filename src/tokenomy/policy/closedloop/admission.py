@@ -217,6 +217,11 @@ class TierWFQ:
             over_s = (t.tokens_per_s - limit) * self.config.rate_window_s / limit
             pause_s = max(pause_s, over_s)
             why.append(f"over its rate limit ({t.tokens_per_s:.0f} > {limit:.0f} tokens/s): paced {over_s:.2f} s")
+        ref = self.config.cost_ref_tokens
+        if ref is not None:  # fair in tokens: a request's share of the tenant's slots grows with its size
+            cost = max(a.prompt_tokens + a.max_tokens, 1) / ref
+            weight /= cost
+            why.append(f"cost {cost:.2f} x {ref} tokens")
         max_tokens, hold = a.max_tokens, False
         deg = self.config.degrade
         if deg is not None and tier.rank >= deg.from_rank and self._loaded(load):

@@ -94,6 +94,7 @@ class ClosedLoopConfig:
     budget_slow_below: float = 0.2
     budget_pace_s: float = 2.0
     degrade: DegradeConfig | None = None
+    cost_ref_tokens: int | None = None
     tier_order: dict[str, TierSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
