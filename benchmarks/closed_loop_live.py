@@ -18,7 +18,7 @@ from ampd_live import _emulator_health, _wait_serving
 
 from tokenomy.bench import BenchConfig, run_bench
 from tokenomy.core import Session
-from tokenomy.gateway.keys import new_api_key
+from tokenomy.gateway.ops.keys import new_api_key
 
 
 def _gateway_counts(url: str) -> dict[str, dict[str, float]]:
