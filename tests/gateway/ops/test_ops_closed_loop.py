@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from helpers.ops_factory import add_key, make_guard, request
+from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.guard import SettledUsage
 from tokenomy.gateway.ops.tenancy import NodeLimits
-
-from tokenomy.gateway.errors import GatewayError
 
 
 async def spin(turns: int = 30) -> None:
