@@ -169,10 +169,12 @@ class FakeOpener:
         self.engine = engine
         self.clock = clock
         self.urls: list[str] = []
+        self.auth: dict[str, set[str]] = {}  # session id -> Authorization headers it sent
 
     @asynccontextmanager
     async def __call__(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> AsyncIterator[_FakeResponse]:
         self.urls.append(url)
+        self.auth.setdefault(headers.get("x-session-id", ""), set()).add(headers.get("Authorization", ""))
         yield _FakeResponse(self.engine, self.clock, json.loads(json.dumps(body)))
 
 

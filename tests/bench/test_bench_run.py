@@ -115,3 +115,28 @@ def test_sessions_are_spread_over_targets_and_stay_on_theirs() -> None:
     assert all(len(v) == 1 for v in by_session.values())
     assert {next(iter(v)) for v in by_session.values()} == {
         "http://fake/v1/chat/completions", "http://fake:81/v1/chat/completions"}
+
+
+def test_each_session_sends_its_tenants_key_and_results_are_per_tier() -> None:
+    import dataclasses
+
+    engine = FakeEngine(fail={2: 503})
+    clock = FakeClock()
+    sessions = [dataclasses.replace(s, tenant=t, tier=t) for s, t in zip(agent_sessions(2, turns=2), ("gold", "free"),
+                                                                         strict=True)]
+    opener = FakeOpener(engine, clock)
+    cfg = config(tenant_keys=(("free", "tk-free"), ("gold", "tk-gold")))
+    rep = run_bench(sessions, cfg, clock=clock, opener=opener)
+    assert opener.auth == {"s0": {"Bearer tk-gold"}, "s1": {"Bearer tk-free"}}
+    tiers = rep.summary.by_tier
+    assert set(tiers) == {"gold", "free"}
+    assert sum(g["refused"] for g in tiers.values()) == 1 == rep.errors_by_status["503"]
+    assert sum(g["requests"] for g in tiers.values()) == rep.summary.requests  # refusals are records here
+
+
+def test_a_tenant_without_a_key_is_refused_before_anything_is_sent() -> None:
+    import dataclasses
+
+    sessions = [dataclasses.replace(s, tenant="acme") for s in agent_sessions(1)]
+    with pytest.raises(ValueError, match="no key for tenant\\(s\\) acme"):
+        run_bench(sessions, config(tenant_keys=(("bob", "tk-bob"),)), clock=FakeClock(), opener=FakeOpener(FakeEngine(), FakeClock()))

@@ -10,8 +10,8 @@ from tokenomy.policy.registry import Registry
 from tokenomy.policy.router import SessionAffinityRouter, prefix_cost_blocks
 
 
-def test_registry_lists_the_four_routers() -> None:
-    assert set(ROUTERS.names()) == {"round_robin", "least_loaded", "prefix_aware", "session_affinity"}
+def test_registry_lists_the_routers() -> None:
+    assert set(ROUTERS.names()) == {"round_robin", "least_loaded", "prefix_aware", "session_affinity", "tier_aware"}
 
 
 def test_unknown_router_fails_with_known_names() -> None:

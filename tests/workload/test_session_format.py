@@ -98,3 +98,20 @@ def test_conflicting_tenant_is_rejected(tmp_path: Path) -> None:
     path.write_text(json.dumps({**BASE, "tenant": "x"}) + "\n" + json.dumps(second) + "\n")
     with pytest.raises(ValueError, match="s.jsonl:2: tenant differs"):
         read_sessions(path)
+
+
+def test_tenant_fields_round_trip_and_must_agree_across_a_tenants_sessions(tmp_path: Path) -> None:
+    turn = (Turn(prompt_tokens=10, output_tokens=2),)
+    sessions = [Session("a", 0.0, turn, tenant="acme", tier="gold", budget_tokens=5000, rate_limit_tokens_per_s=50.0),
+                Session("b", 1.0, turn, tenant="acme", tier="gold", budget_tokens=5000, rate_limit_tokens_per_s=50.0),
+                Session("c", 2.0, turn, tenant="bob", tier="free")]
+    path = tmp_path / "s.jsonl"
+    write_sessions(path, sessions)
+    assert read_sessions(path) == sessions
+    bad = path.read_text().replace('"tier":"gold","budget_tokens":5000', '"tier":"silver","budget_tokens":5000', 1)
+    path.write_text(bad)
+    with pytest.raises(ValueError, match="tenant 'acme': tier is 'silver' in session 'a' but 'gold' in session 'b'"):
+        read_sessions(path)
+    path.write_text('{"session_id":"x","turn":0,"arrival_s":0,"input_tokens":5,"output_tokens":1,"budget_tokens":0}\n')
+    with pytest.raises(ValueError, match=r"s.jsonl:1: budget_tokens must be an integer >= 1"):
+        read_sessions(path)

@@ -31,6 +31,8 @@ class BenchConfig:
     request. ``ignore_eos`` sends vLLM's ``ignore_eos`` so the answer has exactly ``max_tokens``
     tokens (the workload's output length); turn it off for endpoints that reject the field.
     ``gpus`` and ``usd_per_gpu_hour`` only feed the cost rows (the bench cannot see the hardware).
+    ``tenant_keys`` maps a session's tenant to the API key its requests carry (``--tenant-keys``);
+    a tenant not in it sends ``api_key``.
     """
 
     targets: tuple[str, ...]
@@ -46,6 +48,11 @@ class BenchConfig:
     gpus: int = 1
     usd_per_gpu_hour: float = 0.0
     seed: int = 0
+    tenant_keys: tuple[tuple[str, str], ...] = ()
+
+    def key_of(self, tenant: str) -> str | None:
+        """The API key requests of ``tenant`` carry."""
+        return dict(self.tenant_keys).get(tenant, self.api_key)
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -65,5 +72,7 @@ class BenchConfig:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.gpus < 1:
             raise ValueError(f"--gpus must be >= 1, got {self.gpus}")
+        if any(not t or not k for t, k in self.tenant_keys):
+            raise ValueError("--tenant-keys: every tenant needs a non-empty name and key")
         if not (self.usd_per_gpu_hour >= 0 and math.isfinite(self.usd_per_gpu_hour)):
             raise ValueError(f"--usd-per-gpu-hour must be >= 0, got {self.usd_per_gpu_hour}")

@@ -15,6 +15,9 @@ from tokenomy.core import RequestRecord, TokenUsage
 from tokenomy.metrics import Summary, summarize
 from tokenomy.metrics.window import busy_window_s, span_s
 
+REFUSAL_STATUSES = ("429", "503")
+"""HTTP statuses a gateway refuses a request with (rate limit or budget; overload)."""
+
 
 def _usage(result: TurnResult, prompt: int, output: int, cached: int) -> TokenUsage:
     """Token classes of one request. The target reports only prompt, output and cached counts;
@@ -57,6 +60,8 @@ def to_record(result: TurnResult, t0: float) -> RequestRecord:
         output_tokens=output,
         session_id=result.session_id,
         turn=result.index,
+        tenant=result.tenant,
+        tier=result.tier,
         usage=_usage(result, prompt, output, cached) if out.ok else TokenUsage(),
         max_itl_s=max(gaps, default=0.0),
         finished=out.ok,
@@ -106,6 +111,9 @@ def report(results: Sequence[TurnResult], t0: float, config: BenchConfig, wall_s
            for a, b in zip(r.outcome.token_times_s, r.outcome.token_times_s[1:], strict=False)]
     end = max((rec.finish_s for rec in records if rec.finish_s is not None), default=0.0)
     end = max(end, max((rec.arrival_s for rec in records), default=0.0), 1e-9)
+    # A gateway's refusal (429, 503) is a failed request, still a record (unfinished): counted
+    # per tenant as refused, inside its requests. Deferrals are not visible to a client (None).
+    refusals = Counter((r.tenant, r.tier) for r in results if r.outcome.status in REFUSAL_STATUSES)
     summary = summarize(
         records,
         slo=config.slo,
@@ -114,6 +122,8 @@ def report(results: Sequence[TurnResult], t0: float, config: BenchConfig, wall_s
         num_gpus=config.gpus,
         usd_per_gpu_hour=config.usd_per_gpu_hour,
         itl_values=itl or None,
+        tenant_refusals=refusals,
+        refusals_are_records=True,
     )
     errors = Counter(r.outcome.status for r in results if not r.outcome.ok)
     examples = {r.outcome.status: r.outcome.message[:300] for r in reversed(results) if not r.outcome.ok}

@@ -26,6 +26,8 @@ class TurnResult:
     turn: Turn
     target: str
     outcome: Outcome
+    tenant: str = "default"
+    tier: str = ""
 
 
 class BenchRun:
@@ -58,24 +60,28 @@ class BenchRun:
         self.t0 = 0.0
         path = "/v1/chat/completions" if config.api == "chat" else "/v1/completions"
         self._urls = [t + path for t in config.targets]
-        self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        missing = sorted({s.tenant for s in self.sessions if config.key_of(s.tenant) is None}) if config.tenant_keys else []
+        if missing:
+            raise ValueError(f"--tenant-keys gives no key for tenant(s) {', '.join(missing)} and no --api-key is set")
 
     def _expired(self) -> bool:
         return self.config.concurrency is not None and self.clock.now() - self.t0 >= self.config.duration_s
 
     async def _session(self, opener: Opener, index: int, session: Session) -> None:
         url = self._urls[index % len(self._urls)]
+        key = self.config.key_of(session.tenant)
+        auth = {"Authorization": f"Bearer {key}"} if key else {}
         for k, turn in enumerate(session.turns):
             if k > 0:
                 await self.clock.sleep(turn.think_time_s)
             if self._expired():
                 return
             prompt, content = self._builder.prompt(turn)
-            headers = {**self._headers, "x-session-id": session.session_id,
+            headers = {**auth, "x-session-id": session.session_id,
                        "x-request-id": f"{session.session_id}:{k}"}
             outcome = await send(opener, url, request_body(self.config, prompt, turn.output_tokens),
                                  headers, self.clock)
-            result = TurnResult(session.session_id, k, turn, url, outcome)
+            result = TurnResult(session.session_id, k, turn, url, outcome, session.tenant, session.tier)
             self.results.append(result)
             if self._on_result is not None:
                 self._on_result(result)

@@ -41,9 +41,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--arrival-cv", type=float, default=1.0)
     g.add_argument("--max-sessions", type=int, default=None, help="cap on sessions taken from the workload")
     g.add_argument("--seed", type=int, default=0, help="workload and prompt-text seed")
+    g.add_argument("--tenants", default=None, metavar="MIX",
+                   help="give sessions without a tenant one drawn from a tier mix, e.g. gold:0.2,silver:0.3,free:0.5")
     r = p.add_argument_group("requests")
     r.add_argument("--model", default=None, help="model name to send (default: the target's first /v1/models entry)")
     r.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY if set)")
+    r.add_argument("--tenant-keys", type=Path, default=None, metavar="FILE",
+                   help="YAML/JSON mapping tenant -> API key: each session sends its tenant's key "
+                        "(tenants not listed send --api-key)")
     api = r.add_mutually_exclusive_group()
     api.add_argument("--chat", dest="api", action="store_const", const="chat", help="/v1/chat/completions (default)")
     api.add_argument("--completions", dest="api", action="store_const", const="completions",
@@ -72,13 +77,14 @@ def load_sessions(args: argparse.Namespace) -> list[Session]:
     if args.concurrency is not None and args.workload in SYNTHETIC:
         n = args.max_sessions or SESSIONS_PER_STREAM * args.concurrency
         sessions = load_workload(args.workload, rate_per_s=1.0, duration_s=2.0 * n + 10,
-                                 seed=args.seed, max_sessions=n)
+                                 seed=args.seed, max_sessions=n, tenants=args.tenants)
     else:
         default_rate = 0.0 if args.workload not in SYNTHETIC else 1.0
         rate = default_rate if args.rate is None else args.rate
         duration = math.inf if args.concurrency is not None else args.duration
         sessions = load_workload(args.workload, rate_per_s=rate, duration_s=duration, seed=args.seed,
-                                 arrival=args.arrival, arrival_cv=args.arrival_cv, max_sessions=args.max_sessions)
+                                 arrival=args.arrival, arrival_cv=args.arrival_cv, max_sessions=args.max_sessions,
+                                 tenants=args.tenants)
     if not sessions:
         raise CLIError(f"--workload {args.workload!r} produced no sessions (check --rate and --duration)")
     return sessions
@@ -103,16 +109,35 @@ BENCH_SCHEMA = "tokenomy.bench/1"
 """``tokenomy bench --json``: ``tokenomy.sim/2``'s top-level keys, with the bench settings as ``spec``."""
 
 
+def read_tenant_keys(path: Path | None) -> tuple[tuple[str, str], ...]:
+    """``--tenant-keys FILE``: a YAML (or JSON) mapping of tenant names to API keys."""
+    if path is None:
+        return ()
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CLIError(f"--tenant-keys {path}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise CLIError(f"--tenant-keys {path}: not YAML/JSON: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict) or not raw or not all(isinstance(k, str) and isinstance(v, str) and k and v
+                                                       for k, v in raw.items()):
+        raise CLIError(f"--tenant-keys {path}: expected a mapping of tenant names to API keys (strings)")
+    return tuple(sorted(raw.items()))
+
+
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     api_key = args.api_key if args.api_key is not None else os.environ.get("OPENAI_API_KEY")
     targets = _targets(args.target)
     probe = BenchConfig(targets=targets, model=args.model or "-", concurrency=args.concurrency)
-    model = args.model or discover_model(probe.targets[0], api_key)
+    tenant_keys = read_tenant_keys(args.tenant_keys)
+    model = args.model or discover_model(probe.targets[0], api_key or (tenant_keys[0][1] if tenant_keys else None))
     return BenchConfig(
         targets=targets, model=model, api=args.api, api_key=api_key, concurrency=args.concurrency,
         duration_s=args.duration, request_timeout_s=args.timeout, ignore_eos=not args.no_ignore_eos,
         slo=SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot), gpus=args.gpus,
-        usd_per_gpu_hour=args.usd_per_gpu_hour, seed=args.seed,
+        usd_per_gpu_hour=args.usd_per_gpu_hour, seed=args.seed, tenant_keys=tenant_keys,
     )
 
 
@@ -173,7 +198,8 @@ def _print_and_write(
         settings = {"targets": list(config.targets), "model": config.model, "api": config.api,
                     "workload": args.workload, "concurrency": config.concurrency, "rate": args.rate,
                     "duration_s": config.duration_s, "max_sessions": args.max_sessions, "seed": config.seed,
-                    "ignore_eos": config.ignore_eos}
+                    "ignore_eos": config.ignore_eos, "tenants": args.tenants,
+                    "tenant_keys": sorted(t for t, _ in config.tenant_keys)}  # names only: keys are secrets
         payload: dict[str, Any] = {
             "schema": BENCH_SCHEMA,
             "spec": settings,  # the settings that made this run, as `tokenomy sim --json` embeds its spec

@@ -23,6 +23,7 @@ from tokenomy.experiment import (
     load_spec,
     parse_split,
 )
+from tokenomy.policy.closedloop import ADMISSION_POLICIES
 from tokenomy.sim.variants import VARIANTS
 from tokenomy.workload import FORMATS, SYNTHETIC
 
@@ -82,6 +83,9 @@ def add_experiment_args(p: argparse.ArgumentParser, *, default_deployments: str)
     g.add_argument("--max-sessions", type=_positive_int(), default=None,
                    help="keep the first N sessions by start time (default: all)")
     g.add_argument("--seed", type=int, default=None, help=f"random seed (default: {_W.seed})")
+    g.add_argument("--tenants", default=None, metavar="MIX",
+                   help="give sessions without a tenant one drawn from a tier mix, e.g. "
+                        "gold:0.2,silver:0.3,free:0.5 (TIER:SHARE[:TENANTS]; default: none)")
     c = p.add_argument_group("cluster")
     c.add_argument("--model", default=None,
                    help=f"catalog name or path to a Hugging Face config.json (default: {_C.model})")
@@ -100,6 +104,11 @@ def add_experiment_args(p: argparse.ArgumentParser, *, default_deployments: str)
                    help=f"engine batch limit (default: {_C.max_num_seqs})")
     c.add_argument("--horizon", type=_number(strict=True), default=None,
                    help="stop the clock here; unfinished requests miss the SLO (default: run until drained)")
+    c.add_argument("--admission", default=None, metavar="POLICY",
+                   help=f"closed-loop admission in front of the cluster: {' | '.join(ADMISSION_POLICIES)} "
+                        "(default: none, every request goes straight in)")
+    c.add_argument("--max-in-flight", type=_positive_int(), default=None,
+                   help=f"with --admission: requests admitted at once, cluster-wide (default: {_C.max_in_flight})")
     c.add_argument("--plan", type=Path, default=None,
                    help="a plan file from `tokenomy plan --out`: its topology replaces the cluster and "
                    "deployment flags (default: none)")
@@ -163,11 +172,12 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
         deployments=_deployments(args.default_deployments))
     workload = replace(base.workload, **_given(args, {
         "workload": "source", "format": "format", "rate": "rate_per_s", "duration": "duration_s",
-        "arrival": "arrival", "arrival_cv": "arrival_cv", "max_sessions": "max_sessions", "seed": "seed"}))
+        "arrival": "arrival", "arrival_cv": "arrival_cv", "max_sessions": "max_sessions", "seed": "seed",
+        "tenants": "tenants"}))
     cluster = replace(base.cluster, **_given(args, {
         "model": "model", "gpu": "gpu", "tp": "tp", "instances": "instances", "router": "router",
         "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
-        "horizon": "horizon_s"}))
+        "horizon": "horizon_s", "admission": "admission", "max_in_flight": "max_in_flight"}))
     slo = replace(base.slo, **_given(args, {"slo_ttft": "ttft_s", "slo_tpot": "tpot_s"}))
     fixed = base.fixed_split
     if args.prefill is not None or args.decode is not None:

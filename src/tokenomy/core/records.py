@@ -25,6 +25,7 @@ class RequestRecord:
     session_id: str = ""
     turn: int = 0
     tenant: str = "default"
+    tier: str = ""
     usage: TokenUsage = field(default_factory=TokenUsage)
     max_itl_s: float = 0.0
     preemptions: int = 0

@@ -62,19 +62,31 @@ class Turn:
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """A conversation or agent run: turns issued one after another (closed loop)."""
+    """A conversation or agent run: turns issued one after another (closed loop).
+
+    ``tenant`` is who pays; ``tier`` its service class (``""``: none, admission treats it as the
+    lowest tier). ``budget_tokens`` (prompt + output tokens the tenant may use over the run) and
+    ``rate_limit_tokens_per_s`` are the tenant's, repeated on each of its sessions (None: none).
+    """
 
     session_id: str
     start_s: float
     turns: tuple[Turn, ...]
     tenant: str = "default"
     priority: int = 0
+    tier: str = ""
+    budget_tokens: int | None = None
+    rate_limit_tokens_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.turns:
             raise ValueError(f"session {self.session_id!r} has no turns")
         if self.start_s < 0:
             raise ValueError(f"start_s must be >= 0, got {self.start_s}")
+        if self.budget_tokens is not None and self.budget_tokens < 1:
+            raise ValueError(f"budget_tokens must be >= 1, got {self.budget_tokens}")
+        if self.rate_limit_tokens_per_s is not None and not self.rate_limit_tokens_per_s > 0:
+            raise ValueError(f"rate_limit_tokens_per_s must be > 0, got {self.rate_limit_tokens_per_s}")
 
 
 @dataclass(slots=True)
@@ -94,6 +106,7 @@ class Request:
     content: tuple[Segment, ...] = ()
     tenant: str = "default"
     priority: int = 0
+    tier: str = ""
 
     @classmethod
     def from_turn(cls, session: Session, index: int, arrival_s: float) -> Request:
@@ -109,6 +122,7 @@ class Request:
             content=turn.content,
             tenant=session.tenant,
             priority=session.priority,
+            tier=session.tier,
         )
 
     @property

@@ -22,8 +22,11 @@ from typing import Any
 
 from tokenomy.core import SLO
 from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
+from tokenomy.policy.closedloop import ADMISSION_POLICIES
+from tokenomy.sim.admission_options import AdmissionOptions
 from tokenomy.sim.config import SimConfig
 from tokenomy.sim.variants import VARIANTS, is_disaggregated, make_variant
+from tokenomy.workload.tenants import TenantMix
 
 Split = tuple[int, int]
 """(prefill instances, decode instances)."""
@@ -47,8 +50,11 @@ class WorkloadSpec:
     arrival_cv: float = 1.0
     max_sessions: int | None = None
     seed: int = 0
+    tenants: str | None = None  # a tenant mix, e.g. "gold:0.2,silver:0.3,free:0.5" (workload/tenants.py)
 
     def __post_init__(self) -> None:
+        if self.tenants is not None:
+            TenantMix.parse(self.tenants)  # raises ValueError naming the bad entry
         if self.rate_per_s is not None and not (0 <= self.rate_per_s < math.inf):
             raise ValueError(f"workload rate_per_s must be a finite number >= 0, got {self.rate_per_s}")
         if self.duration_s is not None and not self.duration_s > 0:
@@ -71,6 +77,9 @@ class ClusterSpec:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     horizon_s: float | None = None
+    # The closed loop's front door (sim/admission_gate.py): a policy of ADMISSION_POLICIES, or None.
+    admission: str | None = None
+    max_in_flight: int = 64
     # A disaggregated deployment's roles may have their own shape (a planner's heterogeneous pools,
     # `tokenomy plan`); None: ``tp`` and ``gpu``.
     prefill_tp: int | None = None
@@ -83,7 +92,9 @@ class ClusterSpec:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ValueError(f"cluster {name} must be >= 1, got {v}")
-        for name in ("tp", "instances", "max_num_batched_tokens", "max_num_seqs"):
+        if self.admission is not None:
+            ADMISSION_POLICIES.get(self.admission)  # raises ValueError naming the known ones
+        for name in ("tp", "instances", "max_num_batched_tokens", "max_num_seqs", "max_in_flight"):
             if getattr(self, name) < 1:
                 raise ValueError(f"cluster {name} must be >= 1, got {getattr(self, name)}")
         if self.horizon_s is not None and not self.horizon_s > 0:
@@ -197,6 +208,7 @@ class ExperimentSpec:
             model=c.model, gpu=c.gpu, tp=c.tp, instances=c.instances, prefill=prefill, decode=decode,
             router=c.router, max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
             horizon_s=c.horizon_s,
+            admission=AdmissionOptions(c.admission, c.max_in_flight) if c.admission is not None else None,
         )
         config = make_variant(dep.name, base)
         shapes = {k: getattr(c, k) for k in ("prefill_tp", "decode_tp", "prefill_gpu", "decode_gpu")

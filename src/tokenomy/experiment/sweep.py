@@ -56,7 +56,7 @@ def load_sessions(spec: ExperimentSpec, rate_per_s: float | None = None) -> tupl
     return load_workload_info(
         w.source, format=w.format, rate_per_s=rate_per_s if rate_per_s is not None else w.rate_per_s,
         duration_s=w.duration_s, seed=w.seed, arrival=w.arrival, arrival_cv=w.arrival_cv,
-        max_sessions=w.max_sessions,
+        max_sessions=w.max_sessions, tenants=w.tenants,
     )
 
 

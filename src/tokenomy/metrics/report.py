@@ -72,6 +72,8 @@ def render_table(
         table.add_row(f"tokens: {cls}", *[f"{s.tokens.get(cls, 0):,}" for s in summaries.values()])
     out = console or Console()
     out.print(table)
+    if any(s.by_tier for s in summaries.values()):
+        out.print(tier_table(summaries))
     reasons: dict[str, int] = {}
     for summary in summaries.values():
         for reason, n in summary.rejected_reasons.items():
@@ -79,6 +81,30 @@ def render_table(
     for reason, n in reasons.items():
         out.print(f"rejected: {n:,} request(s): {reason}; they count as SLO misses and add no tokens or time",
                   highlight=False)
+    return table
+
+
+def _fmt(value: Any, kind: str) -> str:
+    if value is None:
+        return "-"
+    return {"pct": f"{value:.1%}", "s": f"{value:.3f}", "rps": f"{value:.3f}", "n": f"{value:,}"}[kind]
+
+
+_TIER_ROWS = (("attainment", "attainment", "pct"), ("goodput (req/s)", "goodput_rps", "rps"),
+              ("TTFT P50 (s)", "ttft_p50_s", "s"), ("TTFT P99 (s)", "ttft_p99_s", "s"),
+              ("TPOT P50 (s)", "tpot_p50_s", "s"), ("TPOT P99 (s)", "tpot_p99_s", "s"),
+              ("requests", "requests", "n"), ("refused", "refused", "n"), ("deferred", "deferred", "n"))
+
+
+def tier_table(summaries: Mapping[str, Summary]) -> Table:
+    """One column per (deployment, tier): attainment, goodput, TTFT/TPOT P50/P99, refusals, deferrals."""
+    table = Table(title="per tier")
+    table.add_column("metric", style="bold")
+    cols = [(name, tier, s.by_tier[tier]) for name, s in summaries.items() for tier in s.by_tier]
+    for name, tier, _ in cols:
+        table.add_column(f"{name}: {tier or '(none)'}", justify="right")
+    for label, key, kind in _TIER_ROWS:
+        table.add_row(label, *[_fmt(g.get(key), kind) for _, _, g in cols])
     return table
 
 

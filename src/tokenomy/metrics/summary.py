@@ -24,6 +24,8 @@ Definitions (the same ones ``vllm bench serve`` uses, so numbers compare):
   output tokens; None ("n/a") when no price was given (``usd_per_gpu_hour`` 0).
 * MFU: useful FLOPs / (window x peak FLOP/s of all the GPUs together); None ("n/a") when the
   peak is not known (``peak_flops_per_s`` 0, e.g. ``tokenomy bench``, which sees no hardware).
+* ``by_tenant`` / ``by_tier``: the same figures per tenant and per tier, with refusals and
+  deferrals (``metrics/tenants.py``); empty when the run has no tenants.
 
 Undefined values (a percentile of no samples, a cost per token with no tokens) are None, so
 the JSON form never holds NaN.
@@ -40,6 +42,7 @@ import numpy as np
 
 from tokenomy.core import SLO, RequestRecord, TokenUsage
 from tokenomy.metrics.percentiles import percentile, weighted_mean, weighted_percentiles
+from tokenomy.metrics.tenants import GroupKey, tenant_breakdown
 
 _SECONDS_PER_HOUR = 3600.0
 _PER_MILLION = 1e6
@@ -82,6 +85,8 @@ class Summary:
     cost_per_mtok_output_usd: float | None = None
     mfu: float | None = None
     tokens: dict[str, int] = field(default_factory=lambda: TokenUsage().to_dict())
+    by_tenant: dict[str, dict[str, Any]] = field(default_factory=dict)
+    by_tier: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of every field; any non-finite float becomes None."""
@@ -148,6 +153,9 @@ def summarize(
     itl_weights: Sequence[float] | None = None,
     rejected: Mapping[str, int] | None = None,
     span_s: float = 0.0,
+    tenant_refusals: Mapping[GroupKey, int] | None = None,
+    tenant_deferrals: Mapping[GroupKey, int] | None = None,
+    refusals_are_records: bool = False,
 ) -> Summary:
     """Reduce ``records`` of a window of ``duration_s`` seconds on ``num_gpus`` GPUs to a Summary.
 
@@ -157,7 +165,10 @@ def summarize(
     (not in ``records``): they count in ``requests`` and as SLO misses, nowhere else. Empty
     ``records`` give a Summary of zeros and None percentiles; a zero window gives zero rates
     and costs. Raises ValueError on negative or non-finite arguments, ``num_gpus < 1``, or a
-    zero window with records in it.
+    zero window with records in it. ``tenant_refusals`` / ``tenant_deferrals`` count, per
+    ``(tenant, tier)``, requests admission refused (also in ``rejected``) and requests it made
+    wait (None: not known); they feed ``by_tenant`` and ``by_tier``. ``refusals_are_records``: the
+    refused requests are also (unfinished) records, as a client sees them (``bench``).
     """
     recs = list(records)
     refused = {k: int(v) for k, v in (rejected or {}).items() if v}
@@ -190,6 +201,8 @@ def summarize(
     tpot = _pcts(tpots)
     itl = _itl(itl_values, itl_weights, tpots)
     e2e = _pcts(e2es)
+    by_tenant, by_tier = tenant_breakdown(recs, slo=slo, duration_s=duration_s, refusals=tenant_refusals,
+                                          deferrals=tenant_deferrals, refusals_are_records=refusals_are_records)
     return Summary(
         requests=len(recs) + n_rejected,
         finished=len(finished),
@@ -214,4 +227,6 @@ def summarize(
         cost_per_mtok_output_usd=cost_usd / output_tokens * _PER_MILLION if output_tokens and priced else None,
         mfu=(total_flops / peak_work if peak_work > 0 else 0.0) if peak_flops_per_s > 0 else None,
         tokens=usage.to_dict(),
+        by_tenant=by_tenant,
+        by_tier=by_tier,
     )

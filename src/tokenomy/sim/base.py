@@ -75,6 +75,7 @@ def record_of(
         session_id=request.session_id,
         turn=request.turn,
         tenant=request.tenant,
+        tier=request.tier,
         usage=usage,
         max_itl_s=max_itl_s,
         preemptions=preemptions,

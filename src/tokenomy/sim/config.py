@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tokenomy.policy.ampd import BindingConfig, PlacementConfig, ReorderConfig, RetentionConfig
+from tokenomy.sim.admission_options import AdmissionOptions
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class SimConfig:
     prefill_gpu: str | None = None
     decode_gpu: str | None = None
     ampd: AMPDOptions = field(default_factory=AMPDOptions)
+    admission: AdmissionOptions | None = None  # a closed-loop front door (sim/admission_gate.py); None: none
 
     def __post_init__(self) -> None:
         for name in ("tp", "instances", "prefill", "decode", "max_num_batched_tokens", "max_num_seqs",

@@ -17,6 +17,7 @@ from tokenomy.metrics.window import busy_window_s, span_s
 from tokenomy.perf import PerfModel
 from tokenomy.policy.trace import TraceSink
 from tokenomy.sim import deployments as _deployments  # noqa: F401  (registers the deployments)
+from tokenomy.sim.admission_gate import AdmissionGate
 from tokenomy.sim.base import Deployment, SimContext, get_deployment
 from tokenomy.sim.config import SimConfig
 from tokenomy.sim.loop import EventLoop
@@ -51,7 +52,7 @@ class _Driver:
         self.loop = loop
         self.sessions = sessions
         self.records: list[RequestRecord] = []
-        self.deployment: Deployment | None = None
+        self.deployment: Deployment | AdmissionGate | None = None
         self.rejected: dict[str, int] = {}
         self._session_of: dict[str, Session] = {}
 
@@ -71,7 +72,7 @@ class _Driver:
             reason = REJECT_EXCEEDS_KV
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
             return
-        self.deployment.submit(request, self.loop.now)
+        self.deployment.submit(request, self.loop.now)  # a gate that refuses it ends the session
 
     def done(self, request: Request, record: RequestRecord) -> None:
         self.records.append(record)
@@ -108,11 +109,15 @@ def simulate(
     ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done, slo=slo, trace=trace,
                      decision_trace=decision_trace, role_perf=role_perf)
     deployment = get_deployment(config.deployment)(ctx)
-    driver.deployment = deployment
+    gate = None
+    if config.admission is not None:
+        gate = AdmissionGate(loop, deployment, config.admission, sessions, driver.done, decision_trace)
+        ctx.done = gate.on_done
+    driver.deployment = gate or deployment
     driver.start()
     horizon = config.horizon_s if config.horizon_s is not None else float("inf")
     loop.run(until_s=horizon, on_tick=progress)
-    records = driver.records + [_unfinished(r) for r in deployment.unfinished()]
+    records = driver.records + [_unfinished(r) for r in (gate or deployment).unfinished()]
     # Requests of sessions whose turn never arrived before the horizon are not counted:
     # they were never offered to the system.
     sim_end = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
@@ -131,8 +136,10 @@ def simulate(
         peak_flops_per_s=_gpu_weighted(deployment, perf, "bf16_flops_per_s"),
         itl_values=ctx.itl_values,
         itl_weights=ctx.itl_weights,
-        rejected=driver.rejected,
+        rejected=driver.rejected | dict(gate.rejected) if gate is not None else driver.rejected,
         span_s=span_s(records, sim_end),
+        tenant_refusals=gate.refused if gate is not None else None,
+        tenant_deferrals=gate.deferred if gate is not None else None,
     )
     return SimResult(
         config=config,
@@ -166,6 +173,7 @@ def _unfinished(request: Request) -> RequestRecord:
         session_id=request.session_id,
         turn=request.turn,
         tenant=request.tenant,
+        tier=request.tier,
         usage=TokenUsage(),
         finished=False,
     )

@@ -41,6 +41,7 @@ from tokenomy.workload.registry import (
     load_workload_info,
 )
 from tokenomy.workload.session_format import read_sessions, write_sessions
+from tokenomy.workload.tenants import TenantMix, TierShare, assign_tenants
 
 __all__ = [
     "AGENT_PROFILES",
@@ -58,7 +59,10 @@ __all__ = [
     "ChatProfile",
     "LogNormal",
     "StreamKeys",
+    "TenantMix",
+    "TierShare",
     "agent_sessions",
+    "assign_tenants",
     "chat_sessions",
     "detect_format",
     "gamma_arrivals",

@@ -31,6 +31,7 @@ from tokenomy.workload.chat import chat_sessions
 from tokenomy.workload.keys import StreamKeys
 from tokenomy.workload.mooncake import read_mooncake
 from tokenomy.workload.session_format import read_sessions
+from tokenomy.workload.tenants import TenantMix, assign_tenants
 from tokenomy.workload.textlines import numbered_lines, parse_json_object
 
 SyntheticFn = Callable[[np.ndarray, np.random.Generator, StreamKeys], list[Session]]
@@ -197,8 +198,32 @@ def load_workload_info(
     arrival_cv: float = 1.0,
     max_sessions: int | None = None,
     sessionize: bool = False,
+    tenants: str | TenantMix | None = None,
 ) -> tuple[list[Session], WorkloadInfo]:
     """:func:`load_workload`, plus a :class:`WorkloadInfo` saying what ran and what was cut."""
+    sessions, info = _load_workload_info(spec, format=format, rate_per_s=rate_per_s, duration_s=duration_s,
+                                         seed=seed, arrival=arrival, arrival_cv=arrival_cv,
+                                         max_sessions=max_sessions, sessionize=sessionize)
+    if tenants is None:
+        return sessions, info
+    mix = TenantMix.parse(tenants) if isinstance(tenants, str) else tenants
+    sessions = assign_tenants(sessions, mix, seed)
+    note = f"tenants drawn from {mix.to_text()} (sessions that named a tenant kept it)"
+    return sessions, dataclasses.replace(info, notes=(*info.notes, note))
+
+
+def _load_workload_info(
+    spec: str,
+    *,
+    format: str | None,
+    rate_per_s: float | None,
+    duration_s: float | None,
+    seed: int,
+    arrival: str,
+    arrival_cv: float,
+    max_sessions: int | None,
+    sessionize: bool,
+) -> tuple[list[Session], WorkloadInfo]:
     if max_sessions is not None and max_sessions < 1:
         raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
     if spec in SYNTHETIC:
@@ -266,6 +291,7 @@ def load_workload(
     arrival_cv: float = 1.0,
     max_sessions: int | None = None,
     sessionize: bool = False,
+    tenants: str | TenantMix | None = None,
 ) -> list[Session]:
     """Sessions for ``spec``, sorted by ``start_s``, with unique ids; deterministic in ``seed``.
 
@@ -280,10 +306,13 @@ def load_workload(
       sessions starting at or after ``duration_s`` are dropped. ``mooncake-sessions:<path>``
       or ``sessionize=True`` links Mooncake requests into multi-turn sessions.
     - ``max_sessions`` keeps the first N sessions by start time.
+    - ``tenants`` (a :class:`~tokenomy.workload.tenants.TenantMix` or its text, e.g.
+      ``"gold:0.2,silver:0.3,free:0.5"``) gives every session without a tenant one drawn from
+      the mix, deterministically in ``seed`` (synthetic workloads and traces alike).
 
     Raises ValueError (one line naming the file and line, and the format it was read as).
     """
     return load_workload_info(
         spec, format=format, rate_per_s=rate_per_s, duration_s=duration_s, seed=seed, arrival=arrival,
-        arrival_cv=arrival_cv, max_sessions=max_sessions, sessionize=sessionize,
+        arrival_cv=arrival_cv, max_sessions=max_sessions, sessionize=sessionize, tenants=tenants,
     )[0]

@@ -12,7 +12,10 @@ Fields (docs/workloads.md has the full description):
   (Mooncake-style block ids; each id becomes a stream of one block, the last one the
   remainder, and the output a fresh stream keyed above every key in the file);
 - optional ``tenant`` (str) and ``priority`` (int): session-wide, given on any line of the
-  session; lines that give them must agree.
+  session; lines that give them must agree;
+- optional ``tier`` (str), ``budget_tokens`` (int >= 1) and ``rate_limit_tokens_per_s``
+  (number > 0): tenant-wide, session-wide like ``tenant``; every session of a tenant that
+  gives one must give the same value.
 
 ``read_sessions(write_sessions(sessions))`` returns equal sessions.
 """
@@ -51,9 +54,36 @@ def write_sessions(path: str | Path, sessions: Iterable[Session]) -> int:
                 row["tenant"] = s.tenant
             if k == 0 and s.priority != 0:
                 row["priority"] = s.priority
+            if k == 0:
+                row.update(_tenant_fields(s))
             lines.append(json.dumps(row, separators=(",", ":")))
     Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return len(lines)
+
+
+_TENANT_FIELDS = ("tier", "budget_tokens", "rate_limit_tokens_per_s")
+
+
+def _tenant_fields(s: Session) -> dict[str, Any]:
+    """The tenant-wide fields a session carries (none when unset)."""
+    values = {"tier": s.tier or None, "budget_tokens": s.budget_tokens,
+              "rate_limit_tokens_per_s": s.rate_limit_tokens_per_s}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _tenant_value(row: dict[str, Any], name: str, where: str) -> Any:
+    value = row[name]
+    if name == "tier":
+        ok = isinstance(value, str)
+    elif name == "budget_tokens":
+        ok = type(value) is int and value >= 1
+    else:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
+    if not ok:
+        what = {"tier": "a string", "budget_tokens": "an integer >= 1",
+                "rate_limit_tokens_per_s": "a finite number > 0"}[name]
+        raise ValueError(f"{where}: {name} must be {what}, got {value!r}")
+    return float(value) if name == "rate_limit_tokens_per_s" else value
 
 
 def _int(row: dict[str, Any], name: str, where: str, minimum: int) -> int:
@@ -160,6 +190,12 @@ def read_sessions(path: str | Path) -> list[Session]:
                 if k > 0 and meta[sid].get(f"{name}_set") and row[name] != meta[sid][name]:
                     raise ValueError(f"{where}: {name} differs from earlier lines of session {sid!r}")
                 meta[sid][name], meta[sid][f"{name}_set"] = row[name], True
+        for name in _TENANT_FIELDS:
+            if name in row:
+                value = _tenant_value(row, name, where)
+                if name in meta[sid] and meta[sid][name] != value:
+                    raise ValueError(f"{where}: {name} differs from earlier lines of session {sid!r}")
+                meta[sid][name] = value
         uses_hashes = "prefix_hashes" in row
         try:
             turns[sid].append(_turn(row, where, next_key))
@@ -167,9 +203,24 @@ def read_sessions(path: str | Path) -> list[Session]:
             msg = str(exc)
             raise ValueError(msg if msg.startswith(where) else f"{where}: {msg}") from None
         next_key += uses_hashes
-    return [
+    sessions = [
         Session(
-            sid, meta[sid]["start_s"], tuple(ts), tenant=meta[sid]["tenant"], priority=meta[sid]["priority"]
+            sid, meta[sid]["start_s"], tuple(ts), tenant=meta[sid]["tenant"], priority=meta[sid]["priority"],
+            tier=meta[sid].get("tier", ""), budget_tokens=meta[sid].get("budget_tokens"),
+            rate_limit_tokens_per_s=meta[sid].get("rate_limit_tokens_per_s"),
         )
         for sid, ts in turns.items()
     ]
+    _check_tenants_agree(sessions, path)
+    return sessions
+
+
+def _check_tenants_agree(sessions: list[Session], path: str | Path) -> None:
+    """Every session of a tenant that gives a tenant-wide field gives the same value."""
+    seen: dict[tuple[str, str], tuple[Any, str]] = {}
+    for s in sessions:
+        for name, value in _tenant_fields(s).items():
+            first = seen.setdefault((s.tenant, name), (value, s.session_id))
+            if first[0] != value:
+                raise ValueError(f"{path}: tenant {s.tenant!r}: {name} is {first[0]!r} in session "
+                                 f"{first[1]!r} but {value!r} in session {s.session_id!r}")

@@ -49,6 +49,7 @@ class ParsedRequest:
     client_named_id: bool  # the id came from the client's x-request-id (checked for reuse)
     fingerprint: str  # hash of the prompt's tail (last messages / last 256 characters)
     stream_key: int  # which conversation prefix this is, for prefix-aware routing
+    tier: str = ""  # the tenant's tier once admitted (ops.admission.closed_loop); routers may read it
 
 
 def _bad(message: str, param: str | None = None, code: str = "invalid_value", status: int = 400) -> GatewayError:

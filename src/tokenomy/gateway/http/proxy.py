@@ -114,6 +114,7 @@ class Proxy:
                 now_s=time.time(),
             )
         )
+        req.tier = admission.tier
         return Ticket(admission)
 
     def _cap_body(self, req: ParsedRequest, ticket: Ticket) -> None:

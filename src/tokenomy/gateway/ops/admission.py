@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.closed_loop_settings import ClosedLoopSettings
 
 
 class AdmissionConfig(BaseModel):
@@ -35,6 +36,8 @@ class AdmissionConfig(BaseModel):
     priority_weight: float = Field(default=100.0, ge=0)
     budget_weight: float = Field(default=10.0, ge=0)
     rate_weight: float = Field(default=1.0, ge=0)
+    closed_loop: ClosedLoopSettings | None = Field(
+        default=None, description="a closed-loop policy (tier_wfq, fifo) instead of the priority queue")
 
 
 @dataclass(frozen=True, slots=True)

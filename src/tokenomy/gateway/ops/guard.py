@@ -43,6 +43,7 @@ class Admission:
     tenant_path: tuple[str, ...]  # (org, team, key) node ids, root first
     model: str
     priority: int = 0  # higher is served first
+    tier: str = ""  # the closed loop's tier (ops.admission.closed_loop); routers may read it
     reserved_cost_usd: float = 0.0
     reserved_tokens: int = 0
     output_token_cap: int | None = None  # a hard cap the stream must not exceed (session/key budget)

@@ -19,6 +19,11 @@ class OpsMetrics:
                                  ["pool"], registry=r)
         self.pool_in_flight = Gauge("tokenomy_gateway_admission_in_flight", "Requests admitted and in flight",
                                     ["pool"], registry=r)
+        self.admission_deferred = Counter("tokenomy_gateway_admission_deferred",
+                                          "Requests the closed-loop admission made wait, by tier", ["tier"], registry=r)
+        self.admission_refused = Counter("tokenomy_gateway_admission_refused",
+                                         "Requests the closed-loop admission shed or refused, by tier", ["tier"],
+                                         registry=r)
         self.alerts = Counter("tokenomy_gateway_alerts", "Alerts emitted", ["kind"], registry=r)
         self.reserved_usd = Counter("tokenomy_gateway_budget_reserved_usd", "Worst-case cost reserved",
                                     registry=r)

@@ -28,6 +28,7 @@ from tokenomy.gateway.ops.admission import AdmissionSignals, PriorityAdmission, 
 from tokenomy.gateway.ops.alerts import Alert, Alerter, SpendRateMonitor
 from tokenomy.gateway.ops.breaker import Breakers
 from tokenomy.gateway.ops.budget import Budgets, PriceLike, worst_case_cost_usd
+from tokenomy.gateway.ops.closed_loop import ClosedLoopTicket, build_pools
 from tokenomy.gateway.ops.config import GatewayConfigLike, OpsConfig, ops_config, secret_of
 from tokenomy.gateway.ops.guard import Admission, AdmitRequest, SettledUsage
 from tokenomy.gateway.ops.metrics import OpsMetrics
@@ -51,7 +52,7 @@ class _Flight:
     session_id: str | None
     worst_usd: float
     grant: RateGrant
-    ticket: Ticket | None
+    ticket: Ticket | ClosedLoopTicket | None
     output_tokens: int = 0
 
 
@@ -69,6 +70,9 @@ class OpsGuard:
         self.budgets = Budgets(reservations, config.alerts.budget_thresholds, config.hold_ttl_s)
         self.breakers = Breakers(config.breaker)
         self.admission = PriorityAdmission(config.admission)
+        adm = config.admission
+        self.closed = None if adm.closed_loop is None else build_pools(
+            adm.closed_loop, max_in_flight=adm.max_in_flight, pools=adm.pools, retry_after_s=adm.retry_after_s)
         self.metrics = metrics or OpsMetrics()
         self.alerter = alerter or Alerter(config.alerts)
         a = config.alerts
@@ -92,7 +96,7 @@ class OpsGuard:
         if self.admission.config.max_in_flight is None:
             return admission  # no overload control configured: nothing to queue for
         try:
-            flight.ticket = await self.admission.enter(request.model, self.signals(admission.key_id, flight.path))
+            flight.ticket = await self._enter(request, admission, flight)
         except BaseException as err:
             self._undo(admission.request_id, flight)
             if isinstance(err, GatewayError):
@@ -101,6 +105,28 @@ class OpsGuard:
         finally:
             self._observe_pool(request.model)
         return admission
+
+    async def _enter(self, request: AdmitRequest, admission: Admission, flight: _Flight) -> Ticket | ClosedLoopTicket:
+        """A slot in the model's pool: the priority queue, or the closed loop (its tier, its cap)."""
+        sig = self.signals(admission.key_id, flight.path)
+        if self.closed is None:
+            return await self.admission.enter(request.model, sig)
+        tier = self.closed.tier_of(sig.priority)
+        try:
+            ticket = await self.closed.enter(
+                request.model, request_id=request.request_id, tenant=admission.tenant_path[0], priority=sig.priority,
+                tokens_per_s=sig.consumption_tokens_per_s, budget_left_fraction=sig.remaining_budget_fraction,
+                prompt_tokens=request.prompt_tokens_estimate, max_tokens=request.max_tokens)
+        except GatewayError:
+            self.metrics.admission_refused.labels(tier).inc()
+            raise
+        if ticket.waited_s > 0:
+            self.metrics.admission_deferred.labels(tier).inc()
+        admission.tier = ticket.tier
+        if ticket.max_tokens < request.max_tokens:  # degraded under load
+            cap = admission.output_token_cap
+            admission.output_token_cap = ticket.max_tokens if cap is None else min(cap, ticket.max_tokens)
+        return ticket
 
     def on_tokens(self, admission: Admission, new_output_tokens: int) -> bool:
         """Count a chunk of ``new_output_tokens``; False when it would cross a hard cap (the session
@@ -255,8 +281,11 @@ class OpsGuard:
     def _finish(self, key_id: str, flight: _Flight, actual_usd: float) -> None:
         self.limits.finish(flight.grant)
         self.breakers.finish(key_id, flight.session_id, flight.worst_usd, actual_usd)
-        if flight.ticket is not None:
+        if isinstance(flight.ticket, ClosedLoopTicket) and self.closed is not None:
+            self.closed.leave(flight.ticket)
+        elif isinstance(flight.ticket, Ticket):
             self.admission.leave(flight.ticket)
+        if flight.ticket is not None:
             self._observe_pool(flight.ticket.pool, is_pool=True)
 
     def signals(self, key_id: str, path: tuple[Node, ...] | None = None) -> AdmissionSignals:
@@ -277,8 +306,9 @@ class OpsGuard:
         return {i for i in tree.subtree(key_id) if tree.get(i).kind.value == "key"}
 
     def _observe_pool(self, model_or_pool: str, is_pool: bool = False) -> None:
-        pool = model_or_pool if is_pool else self.admission.pool_of(model_or_pool)
-        sig = self.admission.signals(pool)
+        pools = self.closed or self.admission
+        pool = model_or_pool if is_pool else pools.pool_of(model_or_pool)
+        sig = pools.signals(pool)
         gauges = self._pool_gauges.get(pool)
         if gauges is None:
             gauges = self._pool_gauges[pool] = (self.metrics.queue_depth.labels(pool),

@@ -29,7 +29,7 @@ def core_request(req: ParsedRequest, now: float, history_tokens: int = 0, prompt
     return CoreRequest(
         request_id=req.request_id, arrival_s=now, prompt_tokens=prompt,
         max_output_tokens=req.max_tokens or 1, session_id=req.session_id,
-        history_tokens=min(history_tokens, prompt - 1), content=((req.stream_key, prompt),),
+        history_tokens=min(history_tokens, prompt - 1), content=((req.stream_key, prompt),), tier=req.tier,
     )
 
 
@@ -65,6 +65,7 @@ class Route:
             max_output_tokens=req.max_tokens or 1,
             session_id=req.session_id,
             content=((req.stream_key, req.prompt_tokens_estimate),),
+            tier=req.tier,
         )
         return self.pool.by_id[self.router.choose(core, cands, now)]
 
