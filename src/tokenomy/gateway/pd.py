@@ -52,12 +52,17 @@ class PdRoute:
 
     ``kv_transfer_params`` None: the decode backend prefills locally. ``prefill_instance``: the
     backend that ran the remote prefill (None when local). ``reason`` says why.
+    ``prefill_cached_tokens``: the prompt tokens the prefill backend did not compute (its
+    ``usage.prompt_tokens_details.cached_tokens``; None when local or not reported). Metering
+    takes the cached/recomputed split from here, not from the decode backend, whose count of
+    KV it pulled differs by engine (docs/gateway.md, "Metering under P/D").
     """
 
     decode_instance: str
     kv_transfer_params: dict[str, Any] | None
     prefill_instance: str | None
     reason: str
+    prefill_cached_tokens: int | None = None
 
 
 def core_request(req: ParsedRequest, now: float, history_tokens: int = 0, prompt_tokens: int | None = None
@@ -100,9 +105,10 @@ class PrefillHop:
         self.upstream = upstream
 
     async def run(self, req: ParsedRequest, backend: Backend, history_tokens: int = 0,
-                  prompt_tokens: int | None = None) -> dict[str, Any]:
-        """The ``kv_transfer_params`` ``backend`` answered (``history_tokens``: see :data:`HISTORY_KEY`;
-        ``prompt_tokens``: the prompt's size if better known than the parser's estimate).
+                  prompt_tokens: int | None = None) -> tuple[dict[str, Any], int | None]:
+        """The ``kv_transfer_params`` ``backend`` answered, and the prompt tokens it reported as cached
+        (None: not reported). ``history_tokens``: see :data:`HISTORY_KEY`; ``prompt_tokens``: the
+        prompt's size if better known than the parser's estimate.
 
         Raises UpstreamConnectError (safe to try another backend), GatewayError (the backend
         refused the request, or answered without ``kv_transfer_params``).
@@ -147,7 +153,9 @@ class PrefillHop:
         if not isinstance(params, dict) or not params.get("do_remote_prefill"):
             raise GatewayError(502, f"prefill backend {backend.instance_id} answered without kv_transfer_params "
                                "(is it a P/D engine with a KV connector?)", "server_error", "prefill_failed")
-        return params
+        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return params, cached if isinstance(cached, int) else None
 
 
 class PdRouter:
@@ -198,12 +206,12 @@ class PdRouter:
         try:
             for backend in order:
                 try:
-                    params = await self.hop.run(req, backend, history,
-                                                None if self.ampd is None else self.ampd.prompt_tokens(req))
+                    params, cached = await self.hop.run(req, backend, history,
+                                                        None if self.ampd is None else self.ampd.prompt_tokens(req))
                 except UpstreamConnectError as exc:
                     self.pool.mark_down(backend, time.monotonic(), str(exc))
                     continue
-                route = PdRoute(decode_id, params, backend.instance_id, reason)
+                route = PdRoute(decode_id, params, backend.instance_id, reason, cached)
                 break
         finally:
             if self.ampd is not None:

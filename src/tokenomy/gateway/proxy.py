@@ -107,6 +107,7 @@ class Flight:
     first_token_s: float | None = None  # perf_counter of the first output token
     last_token_s: float | None = None
     delivered_tokens: int = 0
+    prefill_cached_tokens: int | None = None  # from a remote prefill (PdRoute): metering's cached count
 
     @property
     def admission(self) -> Admission:
@@ -215,6 +216,8 @@ class Proxy:
             backend = self._choose(req, frozenset(tried), route)
             tried.add(backend.instance_id)
             flight = Flight(req, ticket, backend, t0)
+            if route is not None and route.kv_transfer_params is not None:
+                flight.prefill_cached_tokens = route.prefill_cached_tokens
             if backend.config.api_key:
                 headers["authorization"] = f"Bearer {backend.config.api_key}"
             backend.dispatched(req.request_id, req.prompt_tokens_estimate)
@@ -309,6 +312,8 @@ class Proxy:
                 self.sessions.put(key, await self.ledger.session_state(*key) or _NO_TURN)
             prev = self.sessions.get(key)
             prev = None if prev is _NO_TURN else prev
+        if flight.prefill_cached_tokens is not None:  # prefilled remotely: the prefill side's split
+            cached = flight.prefill_cached_tokens
         classes = classify(prev, prompt, out, cached)
         if req.session_id and outcome == "ok":
             self.sessions.put(key, _state(classes))
