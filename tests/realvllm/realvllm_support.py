@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tokenomy.gateway.backends import parse_prometheus
-from tokenomy.gateway.keys import new_api_key
+from tokenomy.gateway.ops.keys import new_api_key
+from tokenomy.gateway.routing.backends import parse_prometheus
 from tokenomy.vllm.launch import find_vllm_python
 
 MODEL = "tiny"
