@@ -23,7 +23,14 @@ from tokenomy.gateway.config import GatewayConfig
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.http.parse import ParsedRequest
 from tokenomy.gateway.metering.ledger import Ledger, UsageEvent
-from tokenomy.gateway.metering.meter import SessionState, SessionTracker, TokenClasses, classify, cost
+from tokenomy.gateway.metering.meter import (
+    SessionState,
+    SessionTracker,
+    TokenClasses,
+    classify,
+    cost,
+    prefill_cached_tokens,
+)
 from tokenomy.gateway.metering.prom import GatewayMetrics
 from tokenomy.gateway.ops.guard import Admission, Guard, SettledUsage
 from tokenomy.gateway.routing.backends import Backend, BackendPool
@@ -133,6 +140,9 @@ class Completion:
                 self.sessions.put(key, await self.ledger.session_state(*key) or _NO_TURN)
             prev = self.sessions.get(key)
             prev = None if prev is _NO_TURN else prev
+        remote_cached = prefill_cached_tokens(flight.route.kv_transfer_params)
+        if remote_cached is not None:  # prefilled remotely: the prefill side's cached/recomputed split
+            cached = remote_cached
         classes = classify(prev, prompt, out, cached)
         if req.session_id and outcome == "ok":
             self.sessions.put(key, _state(classes))

@@ -131,6 +131,22 @@ def estimate_tokens(text_chars: int) -> int:
     return max(1, text_chars // 4)
 
 
+def prefill_cached_tokens(kv_transfer_params: Any) -> int | None:
+    """Under P/D, the prompt tokens the prefill backend did not compute, from the
+    ``kv_transfer_params`` it answered (``remote_prefill_cached_tokens``: vLLM's NixlConnector and
+    our emulator send it); None when the request was not prefilled remotely or the engine did not say.
+
+    Metering takes a remotely prefilled request's cached/recomputed split from here rather than
+    from the decode backend's ``cached_tokens``: what a decode side reports for KV it received
+    depends on the connector (NIXL reports this same number; a connector that loads KV from disk
+    reports the loaded tokens as cached), while the prefill side's count is what was computed.
+    """
+    if not isinstance(kv_transfer_params, dict):
+        return None
+    n = kv_transfer_params.get("remote_prefill_cached_tokens")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
 def usage_numbers(usage: Any, prompt_estimate: int, delivered: int) -> tuple[int, int, int]:
     """(prompt, output, cached) from an OpenAI ``usage`` object; estimates when it is missing."""
     if not isinstance(usage, dict):
