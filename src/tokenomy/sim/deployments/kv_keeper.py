@@ -41,7 +41,7 @@ from tokenomy.policy.ampd import (
 from tokenomy.sim.base import SimContext
 from tokenomy.sim.deployments.policies import pcie_bytes_per_s
 from tokenomy.sim.instance import SimInstance
-from tokenomy.sim.link import KVLink
+from tokenomy.sim.link import KVFabric, KVLink
 
 
 @dataclass(slots=True)
@@ -63,9 +63,12 @@ class _HostCopy:
 class KVKeeper:
     """Retention and the host KV tier of ``decodes`` (the instances that hold sessions' KV)."""
 
-    def __init__(self, ctx: SimContext, decodes: list[SimInstance], policies: AmpdPolicies) -> None:
+    def __init__(
+        self, ctx: SimContext, decodes: list[SimInstance], policies: AmpdPolicies, fabric: KVFabric | None = None
+    ) -> None:
         cfg = ctx.config
         self.ctx = ctx
+        self._fabric = fabric
         if policies.retention is None:
             raise ValueError("KVKeeper needs a retention policy")
         self.policy = policies.retention
@@ -86,6 +89,12 @@ class KVKeeper:
         self.reloaded_tokens = 0
         self.moved_tokens = 0
         self.host_evictions = 0
+
+    @property
+    def fabric(self) -> KVFabric:
+        if self._fabric is None:
+            raise RuntimeError("this KVKeeper was built without a KV fabric: it cannot move history")
+        return self._fabric
 
     def on_arrival(self, request: Request, now: float) -> None:
         """The session's next turn arrived: its tool call is over (an observation for the estimate)."""
@@ -111,23 +120,25 @@ class KVKeeper:
         ready = self._from_host[decode.instance_id].transfer(start, missing * self.ctx.perf.kv_bytes_per_token)
         return ready, host
 
-    def follow(self, request: Request, target: SimInstance, link: KVLink, now: float) -> int:
+    def follow(self, request: Request, target: SimInstance, now: float) -> int:
         """A router sent the session's turn to ``target``: if its history is on another instance
         and ``history_follows`` says so, move it there (:meth:`move_history`); tokens sent."""
         home = self._home.get(request.session_id)
         if not history_follows(self._binding, home, target.instance_id) or home not in self._by_id:
             return 0
         self._home[request.session_id] = target.instance_id
-        return self.move_history(request, self._by_id[home], target, link, now)
+        return self.move_history(request, self._by_id[home], target, now)
 
     def history_ready_s(self, session_id: str) -> float:
         """When the session's host copy can be read (0 without one; later while a moved copy travels)."""
         copy = self._host.get(session_id)
         return 0.0 if copy is None else copy.ready_s
 
-    def move_history(self, request: Request, old: SimInstance, new: SimInstance, link: KVLink, now: float) -> int:
+    def move_history(self, request: Request, old: SimInstance, new: SimInstance, now: float) -> int:
         """Send the session's history that ``old`` holds (GPU prefix cache or host copy) to ``new``'s
-        host tier over ``link`` (``new``'s inbound KV link); returns the tokens sent.
+        host tier over the KV fabric (``new``'s inbound port); returns the tokens sent. The copy
+        is usable when the transfer is through (estimated at the start, set when it arrives); a
+        transfer cut by its timeout leaves no copy.
 
         Applies a binding decision with ``move_history``; the old instance's pin and copy are released.
         """
@@ -147,8 +158,18 @@ class KVKeeper:
         expire = copy.expire_s if copy is not None else now
         self._drop_host(sid)
         self._make_room(sid, new.instance_id, nbytes, now)
-        arrived = link.transfer(now, nbytes)
-        self._host[sid] = _HostCopy(new.instance_id, tokens, expire, ready_s=arrived)
+        fabric = self.fabric
+        copy = _HostCopy(new.instance_id, tokens, expire, ready_s=now + fabric.eta_s(old.instance_id, new.instance_id, nbytes, now))
+        self._host[sid] = copy
+
+        def arrived() -> None:
+            copy.ready_s = self.ctx.loop.now
+
+        def cut() -> None:
+            if self._host.get(sid) is copy:
+                self._drop_host(sid)
+
+        fabric.send(old.instance_id, new.instance_id, nbytes, now, arrived, kind="history_move", on_timeout=cut)
         self._host_bytes[new.instance_id] += nbytes
         self.moved_tokens += tokens
         return tokens
