@@ -177,7 +177,7 @@ class KVFabric:
             return  # rescheduled since: a transfer started or was cut on this port
         now = self.loop.now
         for key in self._links[name].pop_through(now):
-            t = self._live[key]
+            t = self._live[key]  # type: ignore[index]  # the fabric's keys are ints
             self.loop.at(now + self._links[name].latency_s, self._finish, key)
             self._account(t, t.n_bytes)
         self._schedule(name)

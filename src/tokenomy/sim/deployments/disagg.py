@@ -122,6 +122,7 @@ class Disaggregated(Deployment):
         kv_bytes = request.prompt_tokens * self.ctx.role_perf.get(Role.DECODE, self.ctx.perf).kv_bytes_per_token
         state = _Prefilled(request, fin, instance.instance_id)
         self._in_transfer[request.request_id] = state
+        assert self.fabric is not None
         self.fabric.send(instance.instance_id, target, kv_bytes, now, lambda: self._arrive_on_decode(target, state),
                          kind="prompt_kv", on_timeout=lambda: self._timed_out(state))
 
