@@ -77,6 +77,7 @@ class AMPD(Deployment):
         }
         self._keeper = KVKeeper(ctx, self.decodes, self.policies, self.fabric) if opts.retention else None
         self._turns: dict[str, _Turn] = {}
+        self._kv_bytes = ctx.role_perf.get(Role.DECODE, ctx.perf).kv_bytes_per_token
         self.local_prefills = 0
         self.remote_prefills = 0
 
@@ -220,7 +221,7 @@ class AMPD(Deployment):
             self.ctx.done(req, self._unfinished_record(turn))
 
         def send() -> None:
-            fabric.send(turn.decode_id, prefill.instance_id, from_decode * self.ctx.perf.kv_bytes_per_token,
+            fabric.send(turn.decode_id, prefill.instance_id, from_decode * self._kv_bytes,
                         self.ctx.loop.now, start, kind="history_pull", on_timeout=cut)
 
         if sent > now:
@@ -255,7 +256,7 @@ class AMPD(Deployment):
             del self._turns[req.request_id]
             self.ctx.done(req, self._unfinished_record(turn))
 
-        self.fabric.send(instance.instance_id, turn.decode_id, send * self.ctx.perf.kv_bytes_per_token, fin.finish_s,
+        self.fabric.send(instance.instance_id, turn.decode_id, send * self._kv_bytes, fin.finish_s,
                          lambda: self._arrive_on_decode(turn), kind="prompt_kv", on_timeout=cut)
 
     def _unfinished_record(self, turn: _Turn) -> RequestRecord:

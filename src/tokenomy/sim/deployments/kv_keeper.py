@@ -30,6 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from tokenomy.core import Request
+from tokenomy.perf import PerfModel
 from tokenomy.policy.ampd import (
     AmpdPolicies,
     HostCopyView,
@@ -39,7 +40,6 @@ from tokenomy.policy.ampd import (
     history_follows,
 )
 from tokenomy.sim.base import SimContext
-from tokenomy.sim.deployments.policies import pcie_bytes_per_s
 from tokenomy.sim.instance import SimInstance
 from tokenomy.sim.link import KVFabric, KVLink
 
@@ -76,7 +76,10 @@ class KVKeeper:
         self._eviction = policies.host_eviction
         self._binding = policies.config.binding
         self._home: dict[str, str] = {}  # session -> instance that ended its last turn
-        pcie = pcie_bytes_per_s(ctx)
+        # Instances of one pool share a shape; on a mixed inventory the first one's stands for all.
+        perf = decodes[0].engine.perf if decodes and isinstance(decodes[0].engine.perf, PerfModel) else ctx.perf
+        self._kv_bytes = perf.kv_bytes_per_token
+        pcie = perf.gpu.pcie_bytes_per_s * perf.tp  # every TP rank has its own PCIe link
         self._by_id = {d.instance_id: d for d in decodes}
         # PCIe is full duplex: copies to host and reloads from host do not queue behind each other.
         self._to_host = {d.instance_id: KVLink(bytes_per_s=pcie) for d in decodes}
@@ -84,7 +87,7 @@ class KVKeeper:
         self._pins: dict[str, _Pin] = {}
         self._host: OrderedDict[str, _HostCopy] = OrderedDict()
         self._host_bytes = {d.instance_id: 0 for d in decodes}
-        self._host_capacity_bytes = int(cfg.ampd.host_kv_bytes_per_gpu * cfg.tp)
+        self._host_capacity_bytes = int(cfg.ampd.host_kv_bytes_per_gpu * perf.tp)
         self.decisions: dict[Retention, int] = {r: 0 for r in Retention}
         self.reloaded_tokens = 0
         self.moved_tokens = 0
@@ -117,7 +120,7 @@ class KVKeeper:
         missing = host - on_gpu
         self.reloaded_tokens += missing
         start = max(now, self.history_ready_s(request.session_id))
-        ready = self._from_host[decode.instance_id].transfer(start, missing * self.ctx.perf.kv_bytes_per_token)
+        ready = self._from_host[decode.instance_id].transfer(start, missing * self._kv_bytes)
         return ready, host
 
     def follow(self, request: Request, target: SimInstance, now: float) -> int:
@@ -151,7 +154,7 @@ class KVKeeper:
         self._unpin(sid)
         if tokens <= 0:
             return 0
-        kv_bytes = self.ctx.perf.kv_bytes_per_token
+        kv_bytes = self._kv_bytes
         nbytes = tokens * kv_bytes
         if nbytes > self._host_capacity_bytes:
             return 0
@@ -176,7 +179,7 @@ class KVKeeper:
 
     def _make_room(self, session_id: str, instance_id: str, nbytes: int, now: float) -> None:
         """Evict host copies on ``instance_id`` as the host-eviction policy decides, for ``nbytes`` more."""
-        kv_bytes = self.ctx.perf.kv_bytes_per_token
+        kv_bytes = self._kv_bytes
         copies = [
             HostCopyView(sid, c.kv_tokens * kv_bytes, c.expire_s)
             for sid, c in self._host.items()
@@ -221,7 +224,7 @@ class KVKeeper:
         self.decisions[decision.action] += 1
         if decision.action is not Retention.OFFLOAD:
             return
-        kv_bytes = self.ctx.perf.kv_bytes_per_token
+        kv_bytes = self._kv_bytes
         nbytes = kv_tokens * kv_bytes
         iid = instance.instance_id
         # Blocks already on host from the session's previous offload are not copied again.
@@ -239,7 +242,7 @@ class KVKeeper:
     def _drop_host(self, session_id: str) -> None:
         copy = self._host.pop(session_id, None)
         if copy is not None:
-            self._host_bytes[copy.instance_id] -= copy.kv_tokens * self.ctx.perf.kv_bytes_per_token
+            self._host_bytes[copy.instance_id] -= copy.kv_tokens * self._kv_bytes
 
     def _relieve(self, instance: SimInstance, now: float) -> None:
         """Under memory pressure, un-pin sessions on this instance as the policy orders."""
