@@ -28,7 +28,9 @@ Points (SLO TTFT / TPOT; TTFT bounds and rates are ours, docs/ampd-results.md):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import pickle
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -72,9 +74,9 @@ POINTS: dict[str, Point] = {
     "a": Point("gaia", "llama-3.1-8b", "h100:8", SLO(2.0, 0.1), (2.0, 2.5, 3.0, 3.5, 4.0), 120.0,
                ampd_splits=("1:7", "2:6"), disagg_splits=("5:3", "3:5")),
     "b": Point("coding-agent", "llama-3.1-70b", "h100:4@tp4,h20:8@tp4", SLO(10.0, 0.1),
-               (0.02, 0.03, 0.045, 0.06, 0.08), 1200.0),
+               (0.03, 0.045, 0.06, 0.08, 0.1), 1200.0),
     "c": Point("coding-agent", "llama-3.1-70b", "h100:16@tp4", SLO(10.0, 0.05), (0.03, 0.05, 0.07, 0.09),
-               900.0, ampd_splits=("1:3", "2:2"), disagg_splits=("1:3", "2:2")),
+               600.0, ampd_splits=("1:3", "2:2"), disagg_splits=("1:3",)),
     "d": Point("toolbench", "llama-3.1-8b", "h100:4,h20:4", SLO(2.0, 0.1), (10.0, 20.0, 30.0, 40.0, 50.0), 40.0),
 }
 
@@ -130,6 +132,40 @@ def compare(spec: ExperimentSpec, results: dict[Job, RunResult]) -> dict[str, An
     }
 
 
+def _cached(cache: Path | None, spec: ExperimentSpec, job: Job) -> Path | None:
+    if cache is None:
+        return None
+    key = json.dumps([spec.to_dict(), job.deployment.label, job.split, job.rate_per_s], sort_keys=True)
+    return cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.pkl"
+
+
+def run_point(key: str, spec: ExperimentSpec, workers: int, cache: Path | None, t0: float) -> dict[Job, RunResult]:
+    """Every (deployment, split, rate) of one point; finished jobs are kept in ``cache`` (a rerun
+    skips them: the simulator is deterministic)."""
+    jobs = [Job(d, split, r) for d in spec.deployments for split in spec.splits_of(d) for r in spec.rates or ()]
+    jobs.sort(key=lambda j: -(j.rate_per_s or 0))  # heavy (high rate) first
+    results: dict[Job, RunResult] = {}
+    todo = []
+    for job in jobs:
+        path = _cached(cache, spec, job)
+        if path is not None and path.exists():
+            results[job] = pickle.loads(path.read_bytes())
+        else:
+            todo.append(job)
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [pool.submit(_run, (key, spec, j)) for j in todo]
+        for fut in as_completed(futures):
+            _, job, res = fut.result()
+            results[job] = res
+            path = _cached(cache, spec, job)
+            if path is not None:
+                path.write_bytes(pickle.dumps(res))
+            print(f"[{len(results)}/{len(jobs)} {time.perf_counter() - t0:6.0f}s] {key} {job.deployment.label} "
+                  f"{job.split} @ {job.rate_per_s:g}/s: {res.summary.slo_attainment:.1%} ({res.wall_s:.0f} s)",
+                  flush=True)
+    return results
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path, required=True)
@@ -137,38 +173,31 @@ def main() -> int:
     ap.add_argument("--points", default="a,b,c,d")
     ap.add_argument("--quick", action="store_true", help="development: first, middle and last rate, half duration")
     ap.add_argument("--no-planner", action="store_true", help="skip the planner's choice")
+    ap.add_argument("--cache", type=Path, default=None, help="keep each finished simulation here (reruns skip it)")
     args = ap.parse_args()
     keys = [k.strip() for k in args.points.split(",") if k.strip()]
     unknown = [k for k in keys if k not in POINTS]
     if unknown:
         print(f"ampd_grid: error: unknown point(s) {unknown}; known: {', '.join(POINTS)}", file=sys.stderr)
         return 2
+    if args.cache is not None:
+        args.cache.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    specs: dict[str, ExperimentSpec] = {}
+    points: dict[str, Any] = {}
+    sim_s = 0.0
     for k in keys:
         p = POINTS[k]
         rates = (p.rates[0], p.rates[len(p.rates) // 2], p.rates[-1]) if args.quick else p.rates
-        specs[k] = p.spec(rates, p.duration_s / 2 if args.quick else None)
-    tasks = [(k, spec, Job(d, split, r)) for k, spec in specs.items() for d in spec.deployments
-             for split in spec.splits_of(d) for r in spec.rates or ()]
-    tasks.sort(key=lambda t: -(t[2].rate_per_s or 0) / max(t[1].rates or (1.0,)))  # heavy (high rate) first
-    results: dict[str, dict[Job, RunResult]] = {k: {} for k in specs}
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        futures = [pool.submit(_run, t) for t in tasks]
-        for n, fut in enumerate(as_completed(futures), 1):
-            k, job, res = fut.result()
-            results[k][job] = res
-            print(f"[{n}/{len(tasks)} {time.perf_counter() - t0:6.0f}s] {k} {job.deployment.label} "
-                  f"{job.split} @ {job.rate_per_s:g}/s: {res.summary.slo_attainment:.1%}", flush=True)
-    points: dict[str, Any] = {}
-    for k, spec in specs.items():
-        out = compare(spec, results[k])
+        spec = p.spec(rates, p.duration_s / 2 if args.quick else None)
+        results = run_point(k, spec, args.workers, args.cache, t0)
+        sim_s += sum(r.wall_s for r in results.values())
+        out = compare(spec, results)
         if not args.no_planner:
-            p = POINTS[k]
             assert spec.rates is not None
             rate = p.planning_rate or spec.rates[len(spec.rates) // 2]
             choice = choose_deployment(spec, rate, candidates=("ampd", *OTHERS), workers=args.workers,
                                        duration_s=spec.workload.duration_s)
+            sim_s += sum(r.wall_s for r in choice.results)
             chosen = out["goodput"][choice.deployment]
             best = max(out["goodput"].values())
             out["planner"] = choice.to_dict()
@@ -179,14 +208,20 @@ def main() -> int:
         out["spec"] = spec.to_dict()
         points[k] = out
         _print(k, out)
+        _write(args, points, t0, sim_s)
+    return 0
+
+
+def _write(args: argparse.Namespace, points: dict[str, Any], t0: float, sim_s: float) -> None:
     summary = {k: {key: v.get(key) for key in ("band_ratio", "goodput_ratio", "p99_ttft_no_worse", "planner_choice",
                                                "planner_goodput_ratio")} for k, v in points.items()}
     payload = {"points": {k: {**summary[k], "detail": points[k]} for k in points},
-               "wall_s": round(time.perf_counter() - t0, 1), "workers": args.workers, "quick": args.quick}
+               "wall_s": round(time.perf_counter() - t0, 1), "simulation_s": round(sim_s, 1),
+               "workers": args.workers, "quick": args.quick}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(payload, indent=2) + "\n")
-    print(json.dumps({"points": summary, "wall_s": payload["wall_s"]}, indent=2))
-    return 0
+    print(json.dumps({"points": summary, "wall_s": payload["wall_s"], "simulation_s": payload["simulation_s"]},
+                     indent=2), flush=True)
 
 
 def _print(key: str, out: dict[str, Any]) -> None:

@@ -5,9 +5,9 @@ what separates these deployments (KV memory across tool calls, prefill/decode in
 history shipped between instances, link queueing). So the choice is made the way a careful
 operator would make it: simulate each candidate on the same GPUs at the rate to serve, on an
 independent sample of the workload (another seed than the one the caller reports on), and
-take the one with the most SLO-meeting requests per second; ties go to the one listed first
-(simpler deployments are listed after AMPD only where they lose). The answer says why, in
-numbers: the winner's attainment and tails beside each other candidate's.
+take the one whose SLO attainment at that rate is highest; candidates within half a point of
+the best tie, and ties go to the one on fewer GPUs, then to the lower P99 TTFT. The answer says
+why, in numbers: the winner's attainment and tails beside each other candidate's.
 """
 
 from __future__ import annotations
@@ -16,8 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from tokenomy.experiment.results import RunResult
-from tokenomy.experiment.spec import DeploymentSpec, ExperimentSpec, Split
+from tokenomy.experiment.spec import ClusterSpec, DeploymentSpec, ExperimentSpec, Split, WorkloadSpec
 from tokenomy.experiment.sweep import Job, run_jobs
+from tokenomy.plan.planner import Plan
+
+TIE_ATTAINMENT = 0.005
+"""Attainments this close to the best count as a tie (half a point: below a sample's noise)."""
 
 CANDIDATES = ("colocated", "colocated-offload", "disagg", "disagg-offload", "ampd")
 """What ``choose_deployment`` compares by default (the spec's splits apply to the disaggregated)."""
@@ -73,27 +77,73 @@ def choose_deployment(
 ) -> Choice:
     """Simulate every candidate (at each of its splits in ``spec``) at ``rate_per_s`` on a sample
     of the workload drawn with ``spec.workload.seed + seed_offset`` (and ``duration_s`` if given),
-    and choose the one with the highest goodput (then attainment, then the lowest P99 TTFT)."""
+    and choose the one with the highest SLO attainment (ties: fewer GPUs, then lower P99 TTFT)."""
+    return choose_on([(spec, tuple(candidates))], rate_per_s, seed_offset=seed_offset, duration_s=duration_s,
+                     workers=workers)
+
+
+def choose_on(
+    topologies: Sequence[tuple[ExperimentSpec, tuple[str, ...]]],
+    rate_per_s: float,
+    *,
+    seed_offset: int = 1,
+    duration_s: float | None = None,
+    workers: int = 1,
+) -> Choice:
+    """:func:`choose_deployment` where candidates run on their own topologies (each spec's cluster:
+    e.g. the planner's disaggregated pools for AMPD and disagg, its mixed pool for colocated)."""
     if not rate_per_s > 0:
         raise ValueError(f"the planning rate must be > 0, got {rate_per_s}")
-    workload = replace(spec.workload, seed=spec.workload.seed + seed_offset,
-                       duration_s=duration_s if duration_s is not None else spec.workload.duration_s)
-    deployments = tuple(DeploymentSpec(name) for name in candidates)
-    sample = replace(spec, workload=workload, deployments=deployments, rates=(rate_per_s,))
-    jobs = [Job(d, split, rate_per_s) for d in deployments for split in sample.splits_of(d)]
-    done = run_jobs(sample, jobs, executor="pool", workers=workers)
-    results = tuple(done[j] for j in jobs)
+    results: list[RunResult] = []
+    for spec, candidates in topologies:
+        workload = replace(spec.workload, seed=spec.workload.seed + seed_offset,
+                           duration_s=duration_s if duration_s is not None else spec.workload.duration_s)
+        deployments = tuple(DeploymentSpec(name) for name in candidates)
+        sample = replace(spec, workload=workload, deployments=deployments, rates=(rate_per_s,))
+        jobs = [Job(d, split, rate_per_s) for d in deployments for split in sample.splits_of(d)]
+        done = run_jobs(sample, jobs, executor="pool", workers=workers)
+        results.extend(done[j] for j in jobs)
+    spec = topologies[0][0]
     order = {id(r): i for i, r in enumerate(results)}
+    top = max(r.summary.slo_attainment for r in results)
 
-    def key(r: RunResult) -> tuple[float, float, float, int]:
+    def key(r: RunResult) -> tuple[bool, int, float, int]:
+        # Within TIE_ATTAINMENT of the best attainment every candidate serves the rate as well:
+        # then the one on fewer GPUs, then the lower P99 TTFT, then the order listed.
         s = r.summary
-        return (-s.goodput_rps, -s.slo_attainment, s.ttft_p99_s if s.ttft_p99_s is not None else float("inf"),
-                order[id(r)])
+        return (s.slo_attainment < top - TIE_ATTAINMENT, r.num_gpus,
+                s.ttft_p99_s if s.ttft_p99_s is not None else float("inf"), order[id(r)])
 
     ranked = sorted(results, key=key)
     best = ranked[0]
     name = best.deployment.partition("@")[0]
-    return Choice(name, best.split, rate_per_s, results, _why(best, ranked[1:], spec))
+    return Choice(name, best.split, rate_per_s, tuple(results), _why(best, ranked[1:], spec))
+
+
+def plan_topologies(plan: Plan, workload: WorkloadSpec) -> list[tuple[ExperimentSpec, tuple[str, ...]]]:
+    """The planner's disaggregated pools (for AMPD and disagg, with and without the host tier) and
+    its mixed pool (for colocated, with and without it), as experiment specs on ``workload``."""
+    req = plan.request
+    sols = [s for s in (plan.solution, plan.other_mode) if s is not None]
+    out: list[tuple[ExperimentSpec, tuple[str, ...]]] = []
+    for sol in sols:
+        roles = {o.candidate.role: o for o in sol.chosen}
+        base = ClusterSpec(model=req.model, max_num_batched_tokens=req.limits.max_num_batched_tokens,
+                           max_num_seqs=req.limits.max_num_seqs, gpus_per_node=req.gpus_per_node)
+        if "mixed" in roles:
+            m = roles["mixed"]
+            cluster = replace(base, gpu=m.candidate.gpu, tp=m.candidate.tp, instances=m.count)
+            out.append((ExperimentSpec(workload=workload, cluster=cluster, deployments=(DeploymentSpec("colocated"),),
+                                       slo=req.slo), ("colocated-offload", "colocated")))
+        else:
+            p, d = roles["prefill"], roles["decode"]
+            cluster = replace(base, gpu=p.candidate.gpu, tp=p.candidate.tp, instances=p.count + d.count,
+                              prefill_gpu=p.candidate.gpu, prefill_tp=p.candidate.tp,
+                              decode_gpu=d.candidate.gpu, decode_tp=d.candidate.tp)
+            out.append((ExperimentSpec(workload=workload, cluster=cluster, deployments=(DeploymentSpec("disagg"),),
+                                       slo=req.slo, fixed_split=(p.count, d.count)),
+                        ("ampd", "disagg-offload", "disagg")))
+    return out
 
 
 def _label(r: RunResult) -> str:
@@ -110,7 +160,7 @@ def _tails(r: RunResult) -> str:
 def _why(best: RunResult, others: Sequence[RunResult], spec: ExperimentSpec) -> str:
     """The choice in numbers, and what limits the runner-up of each kind."""
     slo = spec.slo
-    parts = [f"{_label(best)}: {best.summary.goodput_rps:.3g} SLO-meeting requests/s ({_tails(best)})"]
+    parts = [f"{_label(best)} on {best.num_gpus} GPUs: {_tails(best)}"]
     seen: set[str] = set()
     for r in others:
         kind = r.deployment.partition("@")[0]
@@ -124,6 +174,5 @@ def _why(best: RunResult, others: Sequence[RunResult], spec: ExperimentSpec) -> 
         if s.tpot_p99_s is not None and s.tpot_p99_s > slo.tpot_s:
             limit.append("TPOT")
         bound = f", its tail misses {' and '.join(limit)}" if limit else ""
-        ratio = best.summary.goodput_rps / s.goodput_rps if s.goodput_rps > 0 else float("inf")
-        parts.append(f"{_label(r)}: {s.goodput_rps:.3g}/s ({_tails(r)}{bound}; the choice serves {ratio:.2f}x)")
+        parts.append(f"{_label(r)} on {r.num_gpus} GPUs: {_tails(r)}{bound}")
     return "; ".join(parts)
