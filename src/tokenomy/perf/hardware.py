@@ -177,7 +177,9 @@ def _parse_entries(path: Path, entries: list[dict[str, Any]]) -> list[GPUSpec]:
             numbers["source"] = source
             spec = GPUSpec(name, *(numbers[f.name] for f in fields(GPUSpec) if f.name != "name"))
         else:
-            numbers["source"] = source if set(numbers) else base.source
+            given = sorted(numbers)
+            numbers["source"] = str(entry["source"]) if "source" in entry else (
+                f"{base.source}; {', '.join(given)} from {path}" if given else base.source)
             spec = GPUSpec(base.name, *(numbers.get(f.name, getattr(base, f.name)) for f in fields(GPUSpec)
                                         if f.name != "name"))
         loaded.append(spec)
