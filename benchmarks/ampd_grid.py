@@ -31,6 +31,7 @@ import argparse
 import hashlib
 import json
 import pickle
+import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -45,6 +46,7 @@ from tokenomy.experiment.spec import ClusterSpec, DeploymentSpec, ExperimentSpec
 from tokenomy.experiment.sweep import Job, run_job
 
 OTHERS = ("disagg-offload", "colocated-offload", "colocated")
+CPU_S = [0.0]  # CPU seconds of the simulations run by this invocation (cached ones not counted)
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,12 @@ POINTS: dict[str, Point] = {
 }
 
 
-def _run(args: tuple[str, ExperimentSpec, Job]) -> tuple[str, Job, RunResult]:
+def _run(args: tuple[str, ExperimentSpec, Job]) -> tuple[str, Job, RunResult, float]:
+    """One simulation, and the CPU seconds it took (the machine may be shared: wall time is not cost)."""
     key, spec, job = args
-    return key, job, run_job(spec, job)
+    cpu0 = time.process_time()
+    res = run_job(spec, job)
+    return key, job, res, time.process_time() - cpu0
 
 
 def compare(spec: ExperimentSpec, results: dict[Job, RunResult]) -> dict[str, Any]:
@@ -155,8 +160,9 @@ def run_point(key: str, spec: ExperimentSpec, workers: int, cache: Path | None, 
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [pool.submit(_run, (key, spec, j)) for j in todo]
         for fut in as_completed(futures):
-            _, job, res = fut.result()
+            _, job, res, cpu = fut.result()
             results[job] = res
+            CPU_S[0] += cpu
             path = _cached(cache, spec, job)
             if path is not None:
                 path.write_bytes(pickle.dumps(res))
@@ -195,8 +201,16 @@ def main() -> int:
         if not args.no_planner:
             assert spec.rates is not None
             rate = p.planning_rate or spec.rates[len(spec.rates) // 2]
-            choice = choose_deployment(spec, rate, candidates=("ampd", *OTHERS), workers=args.workers,
-                                       duration_s=spec.workload.duration_s)
+            path = _cached(args.cache, spec, Job(DeploymentSpec("ampd"), None, -rate))  # the choice's own key
+            if path is not None and path.exists():
+                choice = pickle.loads(path.read_bytes())
+            else:
+                cpu0 = time.process_time()
+                choice = choose_deployment(spec, rate, candidates=("ampd", *OTHERS), workers=args.workers,
+                                           duration_s=spec.workload.duration_s)
+                CPU_S[0] += time.process_time() - cpu0  # (its pool's children count in process_cpu_s)
+                if path is not None:
+                    path.write_bytes(pickle.dumps(choice))
             sim_s += sum(r.wall_s for r in choice.results)
             chosen = out["goodput"][choice.deployment]
             best = max(out["goodput"].values())
@@ -212,11 +226,18 @@ def main() -> int:
     return 0
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (every pool is shut down per point)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _write(args: argparse.Namespace, points: dict[str, Any], t0: float, sim_s: float) -> None:
     summary = {k: {key: v.get(key) for key in ("band_ratio", "goodput_ratio", "p99_ttft_no_worse", "planner_choice",
                                                "planner_goodput_ratio")} for k, v in points.items()}
     payload = {"points": {k: {**summary[k], "detail": points[k]} for k in points},
                "wall_s": round(time.perf_counter() - t0, 1), "simulation_s": round(sim_s, 1),
+               "grid_cpu_s": round(CPU_S[0], 1), "process_cpu_s": round(_cpu_s(), 1),
                "workers": args.workers, "quick": args.quick}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(payload, indent=2) + "\n")
