@@ -30,7 +30,7 @@ def test_bad_inventories_fail_with_one_line(text: str) -> None:
 
 def test_sim_compare_on_a_mixed_inventory_runs_every_deployment_on_the_same_gpus(tmp_path: Path) -> None:
     out, saved = tmp_path / "c.json", tmp_path / "spec.yaml"
-    rc = main(["sim", "compare", "--workload", "toolbench", "--duration", "8", "--gpus", "h100:2,h20:2",
+    rc = main(["sim", "compare", "--workload", "toolbench", "--duration", "4", "--gpus", "h100:2,h20:2",
                "--gpus-per-node", "8", "--deployments", "colocated,disagg,ampd", "--rates", "1", "--workers", "1",
                "--json", str(out), "--save-spec", str(saved), "--quiet"])
     assert rc == 0

@@ -75,8 +75,8 @@ def test_sim_compare_plan_runs_the_plan_split(tmp_path: Path) -> None:
 
 def test_plan_choose_simulates_the_deployments_and_sim_plan_runs_the_choice(tmp_path: Path) -> None:
     out = tmp_path / "plan.yaml"
-    rc = main(["plan", "--workload", "toolbench", "--rate", "3", "--duration", "30", "--gpus", "h100:2,h20:2",
-               "--choose", "--choose-duration", "8", "--out", str(out)])
+    rc = main(["plan", "--workload", "toolbench", "--rate", "3", "--duration", "20", "--gpus", "h100:2,h20:2",
+               "--choose", "--choose-duration", "5", "--out", str(out)])
     assert rc == 0
     data = yaml.safe_load(out.read_text())
     chosen = data["chosen_by_simulation"]

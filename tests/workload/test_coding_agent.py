@@ -8,8 +8,8 @@ from tokenomy.workload import load_workload
 from tokenomy.workload.coding_agent import CODING_AGENT
 
 
-def sessions(seed: int = 0):  # type: ignore[no-untyped-def]
-    return load_workload("coding-agent", rate_per_s=1, duration_s=120, seed=seed)
+def sessions(seed: int = 0, duration_s: float = 120):  # type: ignore[no-untyped-def]
+    return load_workload("coding-agent", rate_per_s=1, duration_s=duration_s, seed=seed)
 
 
 def test_each_turn_extends_the_previous_one_unless_the_agent_compacted() -> None:
@@ -42,4 +42,4 @@ def test_published_shape_tens_of_turns_long_histories_short_outputs_heavy_tails(
 
 
 def test_deterministic_under_a_seed() -> None:
-    assert sessions(3) == sessions(3) and sessions(3) != sessions(4)
+    assert sessions(3, 20) == sessions(3, 20) and sessions(3, 20) != sessions(4, 20)

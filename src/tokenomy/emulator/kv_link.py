@@ -43,9 +43,10 @@ class AsyncKVLink:
         self.time_scale = time_scale
         self.timeout_s = timeout_s
         self.counters = LinkCounters()
-        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._waiters: dict[int, asyncio.Future[float]] = {}
         self._ids = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # the modelled time the timer stands for
         self._t0: float | None = None
 
     def _now(self) -> float:
@@ -59,16 +60,16 @@ class AsyncKVLink:
         Raises :class:`KVTransferTimeout` when it is cut."""
         start = self._now()
         key = next(self._ids)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self._waiters[key] = fut
         self._link.start(start, n_bytes, key)
         self._reschedule()
         self.counters.transfers += 1
         try:
             if self.timeout_s is None:
-                await fut
+                through = await fut
             else:
-                await asyncio.wait_for(asyncio.shield(fut), self.timeout_s * self.time_scale)
+                through = await asyncio.wait_for(asyncio.shield(fut), self.timeout_s * self.time_scale)
         except TimeoutError:
             self._cut(key)
             self.counters.timeouts += 1
@@ -79,7 +80,9 @@ class AsyncKVLink:
             raise
         if self._link.latency_s > 0:
             await asyncio.sleep(self._link.latency_s * self.time_scale)
-        took = self._now() - start
+        # The model's time, not when a busy event loop woke up: a late wakeup delays the request
+        # but is not link time.
+        took = through + self._link.latency_s - start
         alone = n_bytes / self._link.bytes_per_s + self._link.latency_s
         self.counters.seconds += took
         self.counters.wait_seconds += max(0.0, took - alone)
@@ -99,14 +102,16 @@ class AsyncKVLink:
         nxt = self._link.next_through_s()
         if nxt is not None and self._t0 is not None:
             loop = asyncio.get_running_loop()
+            self._timer_at = nxt
             self._timer = loop.call_at(self._t0 + nxt * self.time_scale, self._through)
 
     def _through(self) -> None:
         self._timer = None
-        for key in self._link.pop_through(self._now()):
+        at = self._timer_at
+        for key in self._link.pop_through(at):
             fut = self._waiters.pop(key, None)  # type: ignore[call-overload]
             if fut is not None and not fut.done():
-                fut.set_result(None)
+                fut.set_result(at)
         self._reschedule()
 
     def close(self) -> None:
