@@ -61,10 +61,12 @@ class Point:
     disagg_splits: tuple[str, ...] = ()
     planning_rate: float = 0.0  # 0: the middle rate
 
-    def spec(self, rates: tuple[float, ...] | None = None, duration_s: float | None = None) -> ExperimentSpec:
-        deps = [DeploymentSpec.parse(f"ampd@{s}") for s in self.ampd_splits] or [DeploymentSpec("ampd")]
-        deps += [DeploymentSpec.parse(f"disagg-offload@{s}") for s in self.disagg_splits] or [
-            DeploymentSpec("disagg-offload")]
+    def spec(self, rates: tuple[float, ...] | None = None, duration_s: float | None = None,
+             first_split_only: bool = False) -> ExperimentSpec:
+        ampd = self.ampd_splits[:1] if first_split_only else self.ampd_splits
+        disagg = self.disagg_splits[:1] if first_split_only else self.disagg_splits
+        deps = [DeploymentSpec.parse(f"ampd@{s}") for s in ampd] or [DeploymentSpec("ampd")]
+        deps += [DeploymentSpec.parse(f"disagg-offload@{s}") for s in disagg] or [DeploymentSpec("disagg-offload")]
         deps += [DeploymentSpec("colocated-offload"), DeploymentSpec("colocated")]
         return ExperimentSpec(
             workload=WorkloadSpec(self.workload, duration_s=duration_s or self.duration_s),
@@ -78,7 +80,7 @@ POINTS: dict[str, Point] = {
     "b": Point("coding-agent", "llama-3.1-70b", "h100:4@tp4,h20:8@tp4", SLO(10.0, 0.1),
                (0.03, 0.045, 0.06, 0.08, 0.1), 1200.0),
     "c": Point("coding-agent", "llama-3.1-70b", "h100:16@tp4", SLO(10.0, 0.05), (0.03, 0.05, 0.07, 0.09),
-               600.0, ampd_splits=("1:3", "2:2"), disagg_splits=("1:3",)),
+               600.0, ampd_splits=("2:2", "1:3"), disagg_splits=("1:3",)),
     "d": Point("toolbench", "llama-3.1-8b", "h100:4,h20:4", SLO(2.0, 0.1), (10.0, 20.0, 30.0, 40.0, 50.0), 40.0),
 }
 
@@ -177,7 +179,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--points", default="a,b,c,d")
-    ap.add_argument("--quick", action="store_true", help="development: first, middle and last rate, half duration")
+    ap.add_argument("--quick", action="store_true",
+                    help="development: first, middle and last rate, half duration, each kind's first split only")
     ap.add_argument("--no-planner", action="store_true", help="skip the planner's choice")
     ap.add_argument("--cache", type=Path, default=None, help="keep each finished simulation here (reruns skip it)")
     args = ap.parse_args()
@@ -194,7 +197,7 @@ def main() -> int:
     for k in keys:
         p = POINTS[k]
         rates = (p.rates[0], p.rates[len(p.rates) // 2], p.rates[-1]) if args.quick else p.rates
-        spec = p.spec(rates, p.duration_s / 2 if args.quick else None)
+        spec = p.spec(rates, p.duration_s / 2 if args.quick else None, first_split_only=args.quick)
         results = run_point(k, spec, args.workers, args.cache, t0)
         sim_s += sum(r.wall_s for r in results.values())
         out = compare(spec, results)
