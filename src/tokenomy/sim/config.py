@@ -26,6 +26,7 @@ class AMPDOptions:
     reorder: bool = True
     retention: bool = True
     admission: bool = True
+    link_aware: bool = True  # placement adds the KV ports' queueing to a remote prefill's TTFT
     binding_config: BindingConfig = field(default_factory=BindingConfig)
     # Decode-side chunks of 512 tokens (decodes included) keep a local prefill's ITL cost small;
     # 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).

@@ -99,7 +99,7 @@ class AMPD(Deployment):
                 now=now,
                 history_cached_tokens_on_decode=on_decode,
                 prefill_backlog_tokens={pid: q.backlog_tokens() for pid, q in self._queues.items()},
-                link_wait_s=self._link_waits(decode.instance_id, now),
+                link_wait_s=self._link_waits(decode.instance_id, now) if self.ctx.config.ampd.link_aware else None,
             )
             local, prefill_id = placement.local, placement.prefill_instance or ""
         turn = _Turn(request, decode.instance_id, local, prefill_id, placement=placement)
