@@ -70,12 +70,12 @@ def choose_deployment(
     spec: ExperimentSpec,
     rate_per_s: float,
     *,
-    candidates: Sequence[str] = CANDIDATES,
+    candidates: Sequence[str | DeploymentSpec] = CANDIDATES,
     seed_offset: int = 1,
     duration_s: float | None = None,
     workers: int = 1,
 ) -> Choice:
-    """Simulate every candidate (at each of its splits in ``spec``) at ``rate_per_s`` on a sample
+    """Simulate every candidate (a name, or a deployment with a pinned split) (at each of its splits in ``spec``) at ``rate_per_s`` on a sample
     of the workload drawn with ``spec.workload.seed + seed_offset`` (and ``duration_s`` if given),
     and choose the one with the highest SLO attainment (ties: fewer GPUs, then lower P99 TTFT)."""
     return choose_on([(spec, tuple(candidates))], rate_per_s, seed_offset=seed_offset, duration_s=duration_s,
@@ -83,7 +83,7 @@ def choose_deployment(
 
 
 def choose_on(
-    topologies: Sequence[tuple[ExperimentSpec, tuple[str, ...]]],
+    topologies: Sequence[tuple[ExperimentSpec, tuple[str | DeploymentSpec, ...]]],
     rate_per_s: float,
     *,
     seed_offset: int = 1,
@@ -98,7 +98,7 @@ def choose_on(
     for spec, candidates in topologies:
         workload = replace(spec.workload, seed=spec.workload.seed + seed_offset,
                            duration_s=duration_s if duration_s is not None else spec.workload.duration_s)
-        deployments = tuple(DeploymentSpec(name) for name in candidates)
+        deployments = tuple(c if isinstance(c, DeploymentSpec) else DeploymentSpec(c) for c in candidates)
         sample = replace(spec, workload=workload, deployments=deployments, rates=(rate_per_s,))
         jobs = [Job(d, split, rate_per_s) for d in deployments for split in sample.splits_of(d)]
         done = run_jobs(sample, jobs, executor="pool", workers=workers)
@@ -120,12 +120,14 @@ def choose_on(
     return Choice(name, best.split, rate_per_s, tuple(results), _why(best, ranked[1:], spec))
 
 
-def plan_topologies(plan: Plan, workload: WorkloadSpec) -> list[tuple[ExperimentSpec, tuple[str, ...]]]:
+def plan_topologies(
+    plan: Plan, workload: WorkloadSpec
+) -> list[tuple[ExperimentSpec, tuple[str | DeploymentSpec, ...]]]:
     """The planner's disaggregated pools (for AMPD and disagg, with and without the host tier) and
     its mixed pool (for colocated, with and without it), as experiment specs on ``workload``."""
     req = plan.request
     sols = [s for s in (plan.solution, plan.other_mode) if s is not None]
-    out: list[tuple[ExperimentSpec, tuple[str, ...]]] = []
+    out: list[tuple[ExperimentSpec, tuple[str | DeploymentSpec, ...]]] = []
     for sol in sols:
         roles = {o.candidate.role: o for o in sol.chosen}
         base = ClusterSpec(model=req.model, max_num_batched_tokens=req.limits.max_num_batched_tokens,
