@@ -104,3 +104,14 @@ def test_vidur_profiled_models_are_in_the_catalog() -> None:
     for name in ("Llama-2-7B", "Llama-2-70B", "Llama-3-8B", "Llama-3-70B", "Qwen-72B", "InternLM-20B",
                  "CodeLlama-34B"):
         assert get_model(name).name == name
+
+
+def test_every_catalog_gpu_carries_its_source() -> None:
+    from tokenomy.perf import get_gpu, gpu_names
+
+    for name in gpu_names():  # (another test may have overridden a price from a file: then it says so)
+        assert get_gpu(name).source
+    for name in ("h100", "h200", "h20", "a100"):
+        assert "datasheet" in get_gpu(name).source or "product brief" in get_gpu(name).source
+        assert "Price: labelled default" in get_gpu(name).source
+    assert "148 TFLOPS" in get_gpu("h20").source and "96 GB" in get_gpu("h20").source

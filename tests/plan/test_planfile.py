@@ -71,3 +71,23 @@ def test_sim_compare_plan_runs_the_plan_split(tmp_path: Path) -> None:
     assert rc == 0
     deployments = json.loads(out.read_text())["deployments"]
     assert list(deployments) == ["disagg@1:1"] and deployments["disagg@1:1"]["split"] == {"prefill": 1, "decode": 1}
+
+
+def test_plan_choose_simulates_the_deployments_and_sim_plan_runs_the_choice(tmp_path: Path) -> None:
+    out = tmp_path / "plan.yaml"
+    rc = main(["plan", "--workload", "toolbench", "--rate", "3", "--duration", "20", "--gpus", "h100:2,h20:2",
+               "--choose", "--choose-duration", "5", "--out", str(out)])
+    assert rc == 0
+    data = yaml.safe_load(out.read_text())
+    chosen = data["chosen_by_simulation"]
+    cands = chosen["candidates"]
+    assert {c["deployment"] for c in cands} == {"ampd", "disagg", "disagg-offload", "colocated", "colocated-offload"}
+    top = max(c["slo_attainment"] for c in cands)
+    me = next(c for c in cands if c["deployment"] == chosen["deployment"])
+    assert me["slo_attainment"] >= top - 0.005  # the best attainment, or tied with it
+    assert data["deployment"] == chosen["deployment"] and chosen["why"].startswith(chosen["label"])
+    result_json = tmp_path / "sim.json"
+    assert main(["sim", "--plan", str(out), "--workload", "toolbench", "--rate", "3", "--duration", "4", "--quiet",
+                 "--json", str(result_json)]) == 0
+    (label,) = json.loads(result_json.read_text())["deployments"]
+    assert label.partition("@")[0] == chosen["deployment"]

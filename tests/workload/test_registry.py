@@ -60,7 +60,7 @@ def test_sessionized_think_times_scale_with_the_timeline(mooncake_file: Path) ->
 @pytest.mark.parametrize(
     ("spec", "kwargs", "message"),
     [
-        ("swebench", {}, "unknown workload 'swebench'; choices: chat, gaia, toolbench, or a file"),
+        ("swebench", {}, "unknown workload 'swebench'; choices: chat, coding-agent, gaia, toolbench, or a file"),
         ("trace.parquet", {}, "unknown workload"),
         ("missing.jsonl", {}, "not found"),
         ("chat", {"arrival": "uniform"}, "known: gamma, poisson"),

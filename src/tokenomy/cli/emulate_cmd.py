@@ -38,6 +38,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's own, as vLLM; capped by KV)")
     g.add_argument("--link-gbps", type=float, default=None,
                    help="PD: KV-transfer bandwidth into this instance, GB/s (default: the GPU's NIC)")
+    g.add_argument("--kv-transfer-timeout", type=float, default=None, metavar="S",
+                   help="PD: cut a KV pull still in flight after S modelled seconds and fail its request "
+                        "(504); concurrent pulls share the port's bandwidth (default: no timeout)")
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -68,6 +71,7 @@ def config_from_args(args: argparse.Namespace, *, port: int, instance_id: str) -
         eos_mean_tokens=args.eos_mean_tokens,
         kv_release_timeout_s=args.kv_release_timeout,
         link_bytes_per_s=None if args.link_gbps is None else args.link_gbps * 1e9,
+        kv_transfer_timeout_s=args.kv_transfer_timeout,
         time_scale=args.time_scale, max_lag_s=args.max_lag_ms / 1e3, host=args.host, port=port,
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -46,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fit the queueing model to short one-instance simulations (cached)")
     p.add_argument("--calibration-cache", type=Path, default=None,
                    help="calibration cache file (default: ~/.cache/tokenomy/plan-calibration.json)")
+    p.add_argument("--choose", action="store_true",
+                   help="also choose the deployment: simulate AMPD, disagg and colocated, each with and without "
+                        "the host KV tier, on the planned pools at --rate (an independent sample, seed + 1) and "
+                        "say which to run and why; --out then records it for `tokenomy sim --plan`")
+    p.add_argument("--choose-duration", type=float, default=120.0,
+                   help="seconds of workload each --choose simulation runs (default 120)")
+    p.add_argument("--workers", type=int, default=1, help="processes for --choose's simulations")
     p.add_argument("--out", type=Path, default=None, help="write the plan here (YAML)")
     p.add_argument("--json", type=Path, default=None, help="write the plan here as JSON")
     p.add_argument("--html", type=Path, default=None, help="write a self-contained HTML report (tables, plots) here")
@@ -96,6 +104,7 @@ def run_plan(args: argparse.Namespace) -> int:
         calibration = calibrate_plan_inputs(request, stats, sessions, cache, on_progress=console.print)
     result = plan(stats, request, calibration)
     table, lines = print_plan(console, result)
+    choice = _choose(console, args, result) if args.choose else None
     if args.html:
         from tokenomy.cli.html_out import write_plan_html
 
@@ -103,12 +112,28 @@ def run_plan(args: argparse.Namespace) -> int:
                         _bars(result))
         console.print(f"wrote {args.html}")
     if args.out:
-        write_plan(result, args.out)
+        write_plan(result, args.out, choice)
         console.print(f"wrote {args.out}")
     if args.json:
-        args.json.write_text(json.dumps(plan_to_dict(result), indent=2))
+        args.json.write_text(json.dumps(plan_to_dict(result, choice), indent=2))
         console.print(f"wrote {args.json}")
     return 0
+
+
+def _choose(console: Console, args: argparse.Namespace, result: Plan) -> dict[str, Any]:
+    """Simulate every deployment on the planned pools and say which to run (experiment.choose)."""
+    from tokenomy.experiment.choose import choose_on, plan_topologies
+    from tokenomy.experiment.spec import WorkloadSpec
+    from tokenomy.sim.variants import is_disaggregated
+
+    if not args.choose_duration > 0:
+        raise ValueError(f"--choose-duration must be > 0, got {args.choose_duration}")
+    workload = WorkloadSpec(args.workload, rate_per_s=args.rate, duration_s=args.choose_duration, seed=args.seed)
+    choice = choose_on(plan_topologies(result, workload), args.rate, workers=max(1, args.workers))
+    console.print(f"[bold]deployment: {choice.label}[/] (simulated {args.choose_duration:g} s at {args.rate:g} "
+                  f"sessions/s on the planned pools, seed {args.seed + 1})")
+    console.print(f"why: {choice.why}")
+    return {**choice.to_dict(), "disaggregated": is_disaggregated(choice.deployment)}
 
 
 def _topology(options: tuple) -> str:

@@ -97,6 +97,15 @@ def add_experiment_args(p: argparse.ArgumentParser, *, default_deployments: str)
                    help="prefill instances of disaggregated deployments (default: half of --instances)")
     c.add_argument("--decode", type=_positive_int(), default=None,
                    help="decode instances (default: --instances minus --prefill)")
+    c.add_argument("--gpus", default=None, metavar="INVENTORY",
+                   help="a mixed GPU inventory, NAME:COUNT[@tpN],... e.g. h100:4,h20:8 (sets --instances; "
+                        "colocated runs each type as mixed instances, disaggregated ones prefill on the "
+                        "compute-rich type)")
+    c.add_argument("--gpus-per-node", type=_positive_int(), default=None,
+                   help="instances fill nodes of this many GPUs: KV moves over NVLink inside a node, over "
+                        "RDMA NICs across (default: every instance its own node)")
+    c.add_argument("--kv-transfer-timeout", type=_number(strict=True), default=None, metavar="S",
+                   help="a KV transfer still in flight after S seconds is cut; its request is incomplete")
     c.add_argument("--router", default=None, help=f"router of the (prefill) instances (default: {_C.router})")
     c.add_argument("--max-num-batched-tokens", type=_positive_int(), default=None,
                    help=f"engine token budget per step (default: {_C.max_num_batched_tokens})")
@@ -177,7 +186,8 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
     cluster = replace(base.cluster, **_given(args, {
         "model": "model", "gpu": "gpu", "tp": "tp", "instances": "instances", "router": "router",
         "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
-        "horizon": "horizon_s", "admission": "admission", "max_in_flight": "max_in_flight"}))
+        "horizon": "horizon_s", "admission": "admission", "max_in_flight": "max_in_flight",
+        "gpus": "gpus", "gpus_per_node": "gpus_per_node", "kv_transfer_timeout": "kv_transfer_timeout_s"}))
     slo = replace(base.slo, **_given(args, {"slo_ttft": "ttft_s", "slo_tpot": "tpot_s"}))
     fixed = base.fixed_split
     if args.prefill is not None or args.decode is not None:

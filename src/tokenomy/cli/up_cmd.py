@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="overrides the file's model")
     p.add_argument("--gpu", default=None, help="overrides the file's GPU")
     p.add_argument("--tp", type=int, default=None)
+    for role in ("prefill", "decode"):  # heterogeneous pools: each role on its own GPU type and TP
+        p.add_argument(f"--{role}-gpu", default=None, help=f"GPU of the {role} instances (no cluster file)")
+        p.add_argument(f"--{role}-tp", type=int, default=None, help=f"TP of the {role} instances (no cluster file)")
     p.add_argument("--host", default=None)
     p.add_argument("--port-base", type=int, default=None, help="instance i listens on port-base + i (default 8100)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -57,14 +60,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_up)
 
 
+def _role_shape(args: argparse.Namespace, role: str) -> dict[str, Any]:
+    """``--prefill-gpu``/``--prefill-tp`` (and decode's) for that role's pool."""
+    if role == "mixed":
+        return {}
+    shape = {"gpu": getattr(args, f"{role}_gpu", None), "tp": getattr(args, f"{role}_tp", None)}
+    return {k: v for k, v in shape.items() if v is not None}
+
+
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     shape = args.instances is not None or args.prefill is not None or args.decode is not None
     if args.cluster is not None:
-        if shape:
-            raise CLIError("--instances/--prefill/--decode cannot be combined with a cluster file")
+        if shape or any(getattr(args, f"{r}_{k}", None) is not None for r in ("prefill", "decode") for k in ("gpu", "tp")):
+            raise CLIError("--instances/--prefill/--decode and per-role --*-gpu/--*-tp cannot be combined "
+                           "with a cluster file (give pools their gpu and tp there)")
         spec = load_cluster(args.cluster)
     elif shape:
-        pools = [Pool.model_validate({"role": role, "count": n}) for role, n in
+        pools = [Pool.model_validate({"role": role, "count": n, **_role_shape(args, role)}) for role, n in
                  (("mixed", args.instances), ("prefill", args.prefill), ("decode", args.decode)) if n]
         if not pools or any(n is not None and n < 0 for n in (args.instances, args.prefill, args.decode)):
             raise CLIError("--instances/--prefill/--decode must leave at least one instance and none negative")

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 ENGINE_KEYS = frozenset({
     "max_num_batched_tokens", "max_num_seqs", "block_size", "gpu_memory_utilization", "num_gpu_blocks",
     "no_prefix_caching", "max_model_len", "link_gbps", "served_model_name", "tokenizer", "eos_mean_tokens",
-    "kv_release_timeout", "time_scale", "max_lag_ms",
+    "kv_release_timeout", "time_scale", "max_lag_ms", "kv_transfer_timeout",
 })
 # (No ``trace_events`` here: every instance would write the same file.)
 """Keys allowed under ``engine``: the flags of ``tokenomy emulate`` (dashes as underscores)."""

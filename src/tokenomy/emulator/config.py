@@ -65,6 +65,7 @@ class EmulatorConfig:
     eos_mean_tokens: float = DEFAULT_EOS_MEAN_TOKENS
     kv_release_timeout_s: float = DEFAULT_KV_RELEASE_TIMEOUT_S
     link_bytes_per_s: float | None = None
+    kv_transfer_timeout_s: float | None = None
     time_scale: float = 1.0
     max_lag_s: float = DEFAULT_MAX_LAG_S
     host: str = "127.0.0.1"
@@ -84,6 +85,8 @@ class EmulatorConfig:
             raise ValueError(f"--kv-release-timeout must be > 0, got {self.kv_release_timeout_s}")
         if self.link_bytes_per_s is not None and self.link_bytes_per_s <= 0:
             raise ValueError(f"--link-gbps must be > 0, got {self.link_bytes_per_s / 1e9}")
+        if self.kv_transfer_timeout_s is not None and not self.kv_transfer_timeout_s > 0:
+            raise ValueError(f"--kv-transfer-timeout must be > 0, got {self.kv_transfer_timeout_s}")
         if self.time_scale <= 0:
             raise ValueError(f"--time-scale must be > 0, got {self.time_scale}")
         if self.max_lag_s < 0:

@@ -19,6 +19,7 @@ from tokenomy.emulator.chat import render
 from tokenomy.emulator.config import EmulatorConfig
 from tokenomy.emulator.driver import EngineDriver, EngineStopped, RequestHandle
 from tokenomy.emulator.generation import OutputPlan, content_of, plan_output
+from tokenomy.emulator.kv_link import AsyncKVLink, KVTransferTimeout
 from tokenomy.emulator.metrics import EmulatorMetrics
 from tokenomy.emulator.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from tokenomy.emulator.tokenizer import Tokenizer, load_tokenizer
@@ -98,6 +99,10 @@ class Emulator:
         self.kv_history_pulls_total = 0  # prefill side: history KV pulled from a decode instance (HISTORY_KEY)
         self.kv_history_pull_tokens_total = 0
         self.kv_retained_total = 0  # requests pinned after finishing by a retention hint
+        # The inbound KV port (every TP rank its own NIC): concurrent pulls share its bandwidth.
+        link = config.link_bytes_per_s or self.perf.gpu.inter_node_bytes_per_s
+        self.kv_link = AsyncKVLink(link * self.perf.tp, latency_s=self.perf.coeffs.kv_transfer_setup_s,
+                                   time_scale=config.time_scale, timeout_s=config.kv_transfer_timeout_s)
         self._http: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -123,6 +128,7 @@ class Emulator:
                 await self._task
         for timer in self._held.values():
             timer.cancel()
+        self.kv_link.close()
         if self._http is not None:
             await self._http.aclose()
         if self._trace is not None:
@@ -144,6 +150,13 @@ class Emulator:
              self.kv_history_pull_tokens_total),
             ("tokenomy:kv_retained_requests", "Requests whose KV was pinned after finishing by a retention hint.",
              self.kv_retained_total),
+            ("tokenomy:kv_transfer_seconds", "Modelled seconds KV pulls took, start to arrival, summed.",
+             self.kv_link.counters.seconds),
+            ("tokenomy:kv_transfer_wait_seconds", "Modelled seconds KV pulls queued behind concurrent pulls on "
+             "this instance's port (beyond their time alone), summed.", self.kv_link.counters.wait_seconds),
+            ("tokenomy:kv_transfer_bytes", "Bytes of KV moved into this instance.", self.kv_link.counters.bytes),
+            ("tokenomy:kv_transfer_timeouts", "KV pulls cut by --kv-transfer-timeout (their requests failed).",
+             self.kv_link.counters.timeouts),
         ]
 
     def retain_hint(self, client_request_id: str, ttl_s: float) -> None:
@@ -238,10 +251,9 @@ class Emulator:
         if job.remote_prefill is not None:
             preloaded = n_prompt - 1  # the last prompt token is recomputed to sample the first output token
             cached = self.engine.cached_prefix_tokens(content, n_prompt)
-            job.transfer_s = self.perf.kv_transfer_time_s(max(0, preloaded - cached), self.config.link_bytes_per_s)
+            job.transfer_s = await self._pull(max(0, preloaded - cached))
             self.kv_transfers_total += 1
             self.kv_transfer_tokens_total += max(0, preloaded - cached)
-            await asyncio.sleep(job.transfer_s * self.config.time_scale)
             self._notify_pulled(job.remote_prefill)
             kwargs["preloaded_tokens"] = preloaded
         elif job.remote_decode:
@@ -249,10 +261,9 @@ class Emulator:
             if job.history_tokens > 0:
                 pull = max(0, job.history_tokens - self.engine.cached_prefix_tokens(content, n_prompt))
                 if pull:
-                    job.transfer_s = self.perf.kv_transfer_time_s(pull, self.config.link_bytes_per_s)
+                    job.transfer_s = await self._pull(pull)
                     self.kv_history_pulls_total += 1
                     self.kv_history_pull_tokens_total += pull
-                    await asyncio.sleep(job.transfer_s * self.config.time_scale)
                 kwargs["preloaded_tokens"] = job.history_tokens
         try:
             # A pulled prefill already waited its transfer: its step may not start before now.
@@ -272,6 +283,16 @@ class Emulator:
             job.retain_ttl_s = self._retain_hints.pop(job.client_request_id)
             self.engine.retain(job.request_id)
         return handle
+
+    async def _pull(self, tokens: int) -> float:
+        """Pull ``tokens`` of KV over the inbound port (shared with concurrent pulls); modelled
+        seconds taken. A pull cut by ``--kv-transfer-timeout`` fails the request (504)."""
+        if tokens <= 0:
+            return 0.0
+        try:
+            return await self.kv_link.transfer(tokens * self.perf.kv_bytes_per_token)
+        except KVTransferTimeout as exc:
+            raise APIError(504, str(exc), type_="KVTransferTimeoutError") from None
 
     def abort(self, handle: RequestHandle) -> None:
         """The client went away: free the request's KV now (no-op if it already finished)."""

@@ -31,11 +31,14 @@ class RunResult:
     num_gpus: int
     sim_end_s: float
     wall_s: float
+    kv_transfers: dict[str, Any] | None = None  # SimResult.transfers.to_dict(): waits, bytes, timeouts
 
     def to_dict(self) -> dict[str, Any]:
         d = self.summary.to_dict()
         d.update(num_gpus=self.num_gpus, sim_end_s=self.sim_end_s, wall_s=round(self.wall_s, 3),
                  split=_split_dict(self.split), rate_per_s=self.rate_per_s)
+        if self.kv_transfers is not None:
+            d["kv_transfers"] = self.kv_transfers
         return d
 
 

@@ -24,6 +24,7 @@ from tokenomy.core import SLO
 from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
 from tokenomy.policy.closedloop import ADMISSION_POLICIES
 from tokenomy.sim.admission_options import AdmissionOptions
+from tokenomy.perf.inventory import GpuPool, format_gpus, parse_gpus, role_pools
 from tokenomy.sim.config import SimConfig
 from tokenomy.sim.variants import VARIANTS, is_disaggregated, make_variant
 from tokenomy.workload.tenants import TenantMix
@@ -86,8 +87,25 @@ class ClusterSpec:
     decode_tp: int | None = None
     prefill_gpu: str | None = None
     decode_gpu: str | None = None
+    # A mixed GPU inventory, ``h100:4,h20:8`` (tokenomy.perf.inventory): it sets ``instances``, and
+    # ``gpu``/``tp`` to its first pool's; disaggregated deployments prefill on the compute-rich type.
+    gpus: str | None = None
+    gpus_per_node: int | None = None  # KV over NVLink inside a node, RDMA across (None: every instance a node)
+    kv_transfer_timeout_s: float | None = None  # a KV transfer cut after this long leaves its request incomplete
 
     def __post_init__(self) -> None:
+        if self.gpus is not None:
+            pools = parse_gpus(self.gpus, self.tp)
+            object.__setattr__(self, "gpus", format_gpus(pools))
+            object.__setattr__(self, "instances", sum(p.instances for p in pools))
+            object.__setattr__(self, "gpu", pools[0].gpu)
+            object.__setattr__(self, "tp", pools[0].tp)
+            if any(getattr(self, k) is not None for k in ("prefill_tp", "decode_tp", "prefill_gpu", "decode_gpu")):
+                raise ValueError("cluster gpus sets each role's GPU and TP: drop prefill_/decode_ gpu and tp")
+        if self.gpus_per_node is not None and self.gpus_per_node < 1:
+            raise ValueError(f"cluster gpus_per_node must be >= 1, got {self.gpus_per_node}")
+        if self.kv_transfer_timeout_s is not None and not self.kv_transfer_timeout_s > 0:
+            raise ValueError(f"cluster kv_transfer_timeout_s must be > 0, got {self.kv_transfer_timeout_s}")
         for name in ("prefill_tp", "decode_tp"):
             v = getattr(self, name)
             if v is not None and v < 1:
@@ -175,6 +193,12 @@ class ExperimentSpec:
         if isinstance(self.splits, str) and self.splits not in SPLIT_MODES:
             raise ValueError(f"splits must be {' | '.join(SPLIT_MODES)} or a list of P:D, got {self.splits!r}")
         n = self.cluster.instances
+        mixed = self.mixed_split
+        if mixed is not None:
+            for dep in self.deployments:
+                if dep.split is not None and dep.split != mixed:
+                    raise ValueError(f"{dep.label}: on the mixed inventory {self.cluster.gpus} the split is "
+                                     f"{mixed[0]}:{mixed[1]} (the compute-rich type prefills)")
         pinned = [(d.label, d.split) for d in self.deployments if d.split]
         listed = [] if isinstance(self.splits, str) else [(f"splits {p}:{d}", (p, d)) for p, d in self.splits]
         fixed = [("fixed split", self.fixed_split)] if self.fixed_split else []
@@ -191,6 +215,9 @@ class ExperimentSpec:
         """The splits ``dep`` runs: ``[None]`` for a colocated deployment."""
         if not dep.disaggregated:
             return [None]
+        mixed = self.mixed_split
+        if mixed is not None:  # a mixed inventory: its types are the roles
+            return [mixed]
         if dep.split is not None:
             return [dep.split]
         n = self.cluster.instances
@@ -199,6 +226,20 @@ class ExperimentSpec:
         if not isinstance(self.splits, str):
             return list(self.splits)
         return [self.fixed_split or (max(1, n // 2), n - max(1, n // 2))]
+
+    @property
+    def mixed_split(self) -> Split | None:
+        """The split a mixed inventory of two types gives disaggregated deployments (None: one type)."""
+        pools = self.pools
+        if len(pools) < 2:
+            return None
+        prefill, decode = role_pools(pools)
+        return prefill.instances, decode.instances
+
+    @property
+    def pools(self) -> tuple[GpuPool, ...]:
+        c = self.cluster
+        return parse_gpus(c.gpus, c.tp) if c.gpus else (GpuPool(c.gpu, c.instances * c.tp, c.tp),)
 
     def sim_config(self, dep: DeploymentSpec, split: Split | None) -> SimConfig:
         """The simulator's config for one deployment at one split."""
@@ -210,9 +251,17 @@ class ExperimentSpec:
             horizon_s=c.horizon_s,
             admission=AdmissionOptions(c.admission, c.max_in_flight) if c.admission is not None else None,
         )
+        base = replace(base, gpus_per_node=c.gpus_per_node, kv_transfer_timeout_s=c.kv_transfer_timeout_s)
         config = make_variant(dep.name, base)
         shapes = {k: getattr(c, k) for k in ("prefill_tp", "decode_tp", "prefill_gpu", "decode_gpu")
                   if getattr(c, k) is not None}
+        pools = self.pools
+        if len(pools) > 1 and config.deployment == "colocated":
+            config = replace(config, mixed_pools=tuple((p.gpu, p.tp, p.instances) for p in pools))
+        elif len(pools) > 1:
+            pre, dec = role_pools(pools)
+            config = replace(config, gpu=pre.gpu, tp=pre.tp, prefill=pre.instances, decode=dec.instances)
+            shapes = {"prefill_gpu": pre.gpu, "prefill_tp": pre.tp, "decode_gpu": dec.gpu, "decode_tp": dec.tp}
         if shapes:  # after the variant: SimConfig refuses role shapes on a non-disaggregated deployment
             config = replace(config, **shapes)
         return replace(config, router=dep.router) if dep.router else config

@@ -69,7 +69,7 @@ def run_job(spec: ExperimentSpec, job: Job, sessions: Sequence[Session] | None =
     result = simulate(sessions, config, spec.slo, progress=progress, trace=trace,
                       decision_trace=trace.emit if trace is not None else None)
     return RunResult(job.deployment.label, job.split, job.rate_per_s, result.summary, result.num_gpus,
-                     result.sim_end_s, result.wall_s)
+                     result.sim_end_s, result.wall_s, kv_transfers=result.transfers.to_dict())
 
 
 def plan_jobs(spec: ExperimentSpec) -> list[Job]:

@@ -34,11 +34,12 @@ class GPUSpec:
     inter_node_bytes_per_s: float
     pcie_bytes_per_s: float
     usd_per_gpu_hour: float
+    source: str = ""  # where the figures come from (datasheet); the price is always a labelled default
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name != "name" and not value > 0:
+            if f.name not in ("name", "source") and not value > 0:
                 raise ValueError(f"GPUSpec {self.name!r}: {f.name} must be > 0, got {value!r}")
 
 
@@ -49,23 +50,29 @@ _CATALOG: dict[str, GPUSpec] = {
         # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS BF16 dense (1,979 sparse),
         # 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s bidirectional, PCIe Gen5 128 GB/s bidirectional;
         # scale-out: one ConnectX-7 400 Gb/s NIC per GPU (DGX H100 datasheet).
-        GPUSpec("H100-SXM", 989.4e12, 3.35e12, 80 * _GIB, 450 * _GB, 50 * _GB, 64 * _GB, 3.00),
+        GPUSpec("H100-SXM", 989.4e12, 3.35e12, 80 * _GIB, 450 * _GB, 50 * _GB, 64 * _GB, 3.00,
+                source="NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS BF16 dense, 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s bidirectional, PCIe Gen5 128 GB/s bidirectional; DGX H100 datasheet: one ConnectX-7 400 Gb/s NIC per GPU. Price: labelled default"),
         # NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 4.8 TB/s HBM3e, 141 GB,
         # NVLink 900 GB/s, PCIe Gen5; DGX H200: ConnectX-7 400 Gb/s per GPU.
-        GPUSpec("H200", 989.4e12, 4.8e12, 141 * _GB, 450 * _GB, 50 * _GB, 64 * _GB, 3.80),
+        GPUSpec("H200", 989.4e12, 4.8e12, 141 * _GB, 450 * _GB, 50 * _GB, 64 * _GB, 3.80,
+                source="NVIDIA H200 datasheet (SXM): 989 TFLOPS BF16 dense, 4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s; DGX H200: ConnectX-7 400 Gb/s per GPU. Price: labelled default"),
         # NVIDIA H20 (HGX H20 product brief): 148 TFLOPS BF16 dense, 4.0 TB/s, 96 GB HBM3,
         # NVLink 900 GB/s, PCIe Gen5 x16; 400 Gb/s NIC per GPU assumed as in HGX designs.
-        GPUSpec("H20", 148e12, 4.0e12, 96 * _GB, 450 * _GB, 50 * _GB, 64 * _GB, 1.50),
+        GPUSpec("H20", 148e12, 4.0e12, 96 * _GB, 450 * _GB, 50 * _GB, 64 * _GB, 1.50,
+                source="NVIDIA HGX H20 product brief: 148 TFLOPS FP16/BF16 dense, 4.0 TB/s HBM3, 96 GB, NVLink 900 GB/s, PCIe Gen5 x16; 400 Gb/s NIC per GPU assumed as in HGX designs (not in the brief). Price: labelled default"),
         # NVIDIA A100 datasheet (80GB SXM): 312 TFLOPS BF16 dense, 2,039 GB/s HBM2e, 80 GB,
         # NVLink 600 GB/s bidirectional, PCIe Gen4 64 GB/s bidirectional; DGX A100: 200 Gb/s HDR per GPU.
-        GPUSpec("A100-80GB", 312e12, 2.039e12, 80 * _GIB, 300 * _GB, 25 * _GB, 32 * _GB, 2.00),
+        GPUSpec("A100-80GB", 312e12, 2.039e12, 80 * _GIB, 300 * _GB, 25 * _GB, 32 * _GB, 2.00,
+                source="NVIDIA A100 datasheet (80GB SXM): 312 TFLOPS BF16 dense, 2,039 GB/s HBM2e, 80 GB, NVLink 600 GB/s bidirectional, PCIe Gen4 64 GB/s bidirectional; DGX A100: 200 Gb/s HDR per GPU. Price: labelled default"),
         # NVIDIA L40S datasheet: 362.05 TFLOPS BF16 dense (733 sparse), 864 GB/s GDDR6, 48 GB,
         # no NVLink (peer traffic over PCIe Gen4 x16, 64 GB/s bidirectional); 200 Gb/s NIC assumed.
-        GPUSpec("L40S", 362.05e12, 864 * _GB, 48 * _GB, 32 * _GB, 25 * _GB, 32 * _GB, 1.00),
+        GPUSpec("L40S", 362.05e12, 864 * _GB, 48 * _GB, 32 * _GB, 25 * _GB, 32 * _GB, 1.00,
+                source="NVIDIA L40S datasheet: 362.05 TFLOPS BF16 dense, 864 GB/s GDDR6, 48 GB, no NVLink (PCIe Gen4 x16); 200 Gb/s NIC assumed. Price: labelled default"),
         # Huawei Ascend 910B (public figures for the 910B3 SKU; they vary by SKU): ~313 TFLOPS
         # FP16/BF16 dense, 64 GB HBM2e at ~1.6 TB/s, HCCS 392 GB/s per chip, 200 Gb/s RoCE per NPU,
         # PCIe Gen5 x16.
-        GPUSpec("Ascend-910B", 313e12, 1.6e12, 64 * _GB, 196 * _GB, 25 * _GB, 64 * _GB, 1.50),
+        GPUSpec("Ascend-910B", 313e12, 1.6e12, 64 * _GB, 196 * _GB, 25 * _GB, 64 * _GB, 1.50,
+                source="Huawei Ascend 910B3 public figures (vary by SKU): ~313 TFLOPS FP16/BF16 dense, 64 GB HBM2e at ~1.6 TB/s, HCCS 392 GB/s per chip, 200 Gb/s RoCE per NPU, PCIe Gen5 x16. Price: labelled default"),
     )
 }
 
@@ -157,17 +164,22 @@ def _parse_entries(path: Path, entries: list[dict[str, Any]]) -> list[GPUSpec]:
         if unknown:
             raise ValueError(f"{path}: GPU {name!r} has unknown fields {sorted(unknown)}; known: {sorted(known_fields)}")
         try:
-            numbers = {k: float(v) for k, v in entry.items() if k != "name"}
+            numbers: dict[str, Any] = {k: float(v) for k, v in entry.items() if k not in ("name", "source")}
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{path}: GPU {name!r} has a non-numeric field: {exc}") from None
+        source = str(entry.get("source", f"user file {path}"))
         try:
             base = get_gpu(name)
         except KeyError:
-            missing = known_fields - set(numbers) - {"name"}
+            missing = known_fields - set(numbers) - {"name", "source"}
             if missing:
                 raise ValueError(f"{path}: new GPU {name!r} is missing fields {sorted(missing)}") from None
+            numbers["source"] = source
             spec = GPUSpec(name, *(numbers[f.name] for f in fields(GPUSpec) if f.name != "name"))
         else:
+            given = sorted(numbers)
+            numbers["source"] = str(entry["source"]) if "source" in entry else (
+                f"{base.source}; {', '.join(given)} from {path}" if given else base.source)
             spec = GPUSpec(base.name, *(numbers.get(f.name, getattr(base, f.name)) for f in fields(GPUSpec)
                                         if f.name != "name"))
         loaded.append(spec)

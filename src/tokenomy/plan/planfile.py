@@ -27,16 +27,21 @@ def _prediction(p: Prediction) -> dict[str, Any]:
     return out
 
 
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    """The YAML-ready form of ``plan`` (see :func:`write_plan`)."""
+def plan_to_dict(plan: Plan, choice: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The YAML-ready form of ``plan`` (see :func:`write_plan`). ``choice``: the deployment chosen
+    by simulation (``tokenomy plan --choose``: ``deployment``, ``disaggregated``, ``why`` and the
+    candidates); the pools written are then those of the topology it runs on."""
     req, st = plan.request, plan.stats
+    solution = plan.solution
+    if choice is not None and plan.other_mode is not None and choice["disaggregated"] != solution.disaggregated:
+        solution = plan.other_mode
     pools = [{"role": o.candidate.role, "gpu": o.candidate.gpu, "tp": o.candidate.tp, "count": o.count,
-              "predicted": _prediction(o.prediction)} for o in plan.chosen]
+              "predicted": _prediction(o.prediction)} for o in solution.chosen]
     _, metric, p95 = plan.bottleneck()
     out: dict[str, Any] = {
         "version": FORMAT_VERSION,
         "model": req.model,
-        "deployment": "disagg" if plan.solution.disaggregated else "colocated",
+        "deployment": choice["deployment"] if choice else ("disagg" if plan.solution.disaggregated else "colocated"),
         "pools": pools,
         "objective": req.objective,
         "slo": {"ttft_s": req.slo.ttft_s, "tpot_s": req.slo.tpot_s},
@@ -49,14 +54,16 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                       "usd_per_hour": round(plan.solution.usd_per_hour, 2)},
         "binding": plan.binding,
     }
+    if choice is not None:
+        out["chosen_by_simulation"] = {k: v for k, v in choice.items() if k != "disaggregated"}
     if plan.runner_up is not None:
         out["runner_up"] = [{"role": o.candidate.role, "gpu": o.candidate.gpu, "tp": o.candidate.tp, "count": o.count}
                             for o in plan.runner_up.chosen]
     return out
 
 
-def write_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(plan_to_dict(plan), sort_keys=False))
+def write_plan(plan: Plan, path: str | Path, choice: dict[str, Any] | None = None) -> None:
+    Path(path).write_text(yaml.safe_dump(plan_to_dict(plan, choice), sort_keys=False))
 
 
 def read_plan(path: str | Path) -> dict[str, Any]:
@@ -96,6 +103,8 @@ def sim_overrides(path: str | Path) -> dict[str, Any]:
 
 
 def deployment_label(path: str | Path) -> str:
-    """The ``sim compare`` deployment name of the plan: ``colocated`` or ``disagg@P:D``."""
+    """The ``sim compare`` deployment of the plan: the variant it names (``ampd``, ``colocated-offload``,
+    ... as ``tokenomy plan --choose`` writes; else ``colocated`` or ``disagg``), at the plan's split."""
     o = sim_overrides(path)
-    return "colocated" if o["deployment"] == "colocated" else f"disagg@{o['prefill']}:{o['decode']}"
+    name = str(read_plan(path).get("deployment") or o["deployment"])
+    return name if o["deployment"] == "colocated" else f"{name}@{o['prefill']}:{o['decode']}"

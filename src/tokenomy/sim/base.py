@@ -13,6 +13,7 @@ from tokenomy.perf import PerfModel
 from tokenomy.policy.trace import TraceSink
 from tokenomy.sim.config import SimConfig
 from tokenomy.sim.instance import SimInstance
+from tokenomy.sim.link import KVFabric
 from tokenomy.sim.loop import EventLoop
 
 DoneCallback = Callable[[Request, RequestRecord], None]
@@ -35,6 +36,7 @@ class SimContext:
     decision_trace: TraceSink | None = None  # receives every policy decision (tokenomy.policy.trace)
     role_perf: dict[Role, PerfModel] = field(default_factory=dict)
     """Per-role step-time models where a role's instances differ from ``perf`` (SimConfig.role_shape)."""
+
 
 
 def usage_of(request: Request, prefill_side: FinishedRequest, output_tokens: int, extra_preempted: int = 0) -> TokenUsage:
@@ -82,6 +84,23 @@ def record_of(
         finished=finished,
         prefill_instance=prefill_instance,
         decode_instance=decode_instance,
+    )
+
+
+def incomplete_record(request: Request, prefill: FinishedRequest, prefill_instance: str) -> RequestRecord:
+    """A request whose prefill ran but whose KV never reached its decode instance (a transfer
+    cut by its timeout): no first token, not finished, its prefill work still counted."""
+    return record_of(
+        request,
+        usage_of(request, prefill, 0),
+        first_token_s=None,
+        finish_s=None,
+        output_tokens=0,
+        max_itl_s=0.0,
+        preemptions=prefill.num_preemptions,
+        prefill_instance=prefill_instance,
+        decode_instance="",
+        finished=False,
     )
 
 
@@ -151,11 +170,14 @@ class Deployment(ABC):
     def __init__(self, ctx: SimContext) -> None:
         self.ctx = ctx
         self.instances: list[SimInstance] = []
+        self.fabric: KVFabric | None = None  # its KV network, if it moves KV (stats go in the result)
 
-    def _make_instance(self, instance_id: str, role: Role, max_num_batched_tokens: int | None = None) -> SimInstance:
+    def _make_instance(
+        self, instance_id: str, role: Role, max_num_batched_tokens: int | None = None, perf: PerfModel | None = None
+    ) -> SimInstance:
         cfg = self.ctx.config
         max_num_seqs = cfg.decode_max_num_seqs if role is Role.DECODE else cfg.max_num_seqs
-        perf = self.ctx.role_perf.get(role, self.ctx.perf)
+        perf = perf or self.ctx.role_perf.get(role, self.ctx.perf)
         engine_cfg = EngineConfig(
             num_gpu_blocks=perf.num_kv_blocks(cfg.block_size_tokens, cfg.gpu_memory_utilization),
             block_size_tokens=cfg.block_size_tokens,

@@ -27,6 +27,7 @@ class AMPDOptions:
     reorder: bool = True
     retention: bool = True
     admission: bool = True
+    link_aware: bool = True  # placement adds the KV ports' queueing to a remote prefill's TTFT
     binding_config: BindingConfig = field(default_factory=BindingConfig)
     # Decode-side chunks of 512 tokens (decodes included) keep a local prefill's ITL cost small;
     # 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).
@@ -58,8 +59,14 @@ class SimConfig:
     colocated and disaggregated deployments the host KV tier, PCIe model and retention policies
     of AMPD (``ampd``'s retention config and host memory), for fair comparisons.
     ``prefill_tp``/``prefill_gpu`` and ``decode_tp``/``decode_gpu`` give a disaggregated
-    deployment's roles their own instance shape (default: ``tp`` and ``gpu``); only ``disagg``
-    runs them (a planner's heterogeneous pools).
+    deployment's roles their own instance shape (default: ``tp`` and ``gpu``); ``disagg`` and
+    ``ampd`` run them (heterogeneous pools: compute-rich prefill, bandwidth-rich decode).
+    ``mixed_pools`` runs a colocated deployment on a mixed inventory: ``(gpu, tp, instances)``
+    per GPU type, every instance mixed (``instances``, ``gpu`` and ``tp`` then only name the
+    first pool). ``gpus_per_node``: instances fill nodes of that many GPUs in order, and KV
+    moves over NVLink inside a node and over RDMA NICs across nodes (None: every instance is
+    its own node). ``kv_transfer_timeout_s``: a KV transfer still in flight after that long is
+    cut and its request recorded as incomplete (None: no timeout).
     """
 
     deployment: str = "colocated"
@@ -84,6 +91,9 @@ class SimConfig:
     decode_tp: int | None = None
     prefill_gpu: str | None = None
     decode_gpu: str | None = None
+    mixed_pools: tuple[tuple[str, int, int], ...] | None = None
+    gpus_per_node: int | None = None
+    kv_transfer_timeout_s: float | None = None
     ampd: AMPDOptions = field(default_factory=AMPDOptions)
     admission: AdmissionOptions | None = None  # a closed-loop front door (sim/admission_gate.py); None: none
 
@@ -101,8 +111,17 @@ class SimConfig:
         for name in ("prefill_tp", "decode_tp"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.has_role_shapes and self.deployment != "disagg":
-            raise ValueError(f"per-role tp/gpu are supported by the disagg deployment only, not {self.deployment!r}")
+        if self.has_role_shapes and self.deployment not in ("disagg", "ampd"):
+            raise ValueError(f"per-role tp/gpu are supported by disagg and ampd, not {self.deployment!r}")
+        if self.mixed_pools is not None:
+            if self.deployment != "colocated":
+                raise ValueError(f"mixed_pools are for colocated deployments, not {self.deployment!r}")
+            if not self.mixed_pools or any(tp < 1 or n < 1 for _, tp, n in self.mixed_pools):
+                raise ValueError(f"mixed_pools need (gpu, tp >= 1, instances >= 1) each, got {self.mixed_pools}")
+        if self.gpus_per_node is not None and self.gpus_per_node < 1:
+            raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
+        if self.kv_transfer_timeout_s is not None and not self.kv_transfer_timeout_s > 0:
+            raise ValueError(f"kv_transfer_timeout_s must be > 0, got {self.kv_transfer_timeout_s}")
 
     @property
     def has_role_shapes(self) -> bool:

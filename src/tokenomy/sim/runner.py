@@ -20,6 +20,7 @@ from tokenomy.sim import deployments as _deployments  # noqa: F401  (registers t
 from tokenomy.sim.admission_gate import AdmissionGate
 from tokenomy.sim.base import Deployment, SimContext, get_deployment
 from tokenomy.sim.config import SimConfig
+from tokenomy.sim.link import TransferStats
 from tokenomy.sim.loop import EventLoop
 
 ProgressFn = Callable[[float], None]
@@ -39,6 +40,8 @@ class SimResult:
     events: int
     num_gpus: int
     instance_busy_s: dict[str, float] = field(default_factory=dict)
+    transfers: TransferStats = field(default_factory=TransferStats)
+    """The KV network's traffic: waits, bytes by link and by what was carried, timeouts."""
 
     @property
     def output_tokens(self) -> int:
@@ -55,6 +58,7 @@ class _Driver:
         self.deployment: Deployment | AdmissionGate | None = None
         self.rejected: dict[str, int] = {}
         self._session_of: dict[str, Session] = {}
+        self.last_incomplete_s = 0.0
 
     def start(self) -> None:
         for s in self.sessions:
@@ -76,6 +80,8 @@ class _Driver:
 
     def done(self, request: Request, record: RequestRecord) -> None:
         self.records.append(record)
+        if record.finish_s is None:  # incomplete (a KV transfer cut by its timeout): the session ends
+            self.last_incomplete_s = max(self.last_incomplete_s, self.loop.now)
         session = self._session_of[request.session_id]
         nxt = request.turn + 1
         if nxt < len(session.turns) and record.finish_s is not None:
@@ -120,7 +126,8 @@ def simulate(
     records = driver.records + [_unfinished(r) for r in (gate or deployment).unfinished()]
     # Requests of sessions whose turn never arrived before the horizon are not counted:
     # they were never offered to the system.
-    sim_end = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
+    sim_end = max((r.finish_s for r in records if r.finish_s is not None), default=driver.last_incomplete_s)
+    sim_end = max(sim_end, driver.last_incomplete_s)
     if config.horizon_s is not None and loop.pending:
         sim_end = config.horizon_s
     # Rates and costs are over the busy window (metrics/window.py), not a span stretched by
@@ -150,6 +157,7 @@ def simulate(
         events=loop.events_run,
         num_gpus=deployment.num_gpus,
         instance_busy_s={i.instance_id: i.busy_s for i in deployment.instances},
+        transfers=deployment.fabric.stats if deployment.fabric is not None else TransferStats(),
     )
 
 

@@ -26,6 +26,10 @@ def _ampd(binding: bool, placement: bool, reorder: bool, retention: bool, admiss
     return make
 
 
+def _link_blind(c: SimConfig) -> SimConfig:
+    return replace(c, ampd=replace(c.ampd, link_aware=False))
+
+
 VARIANTS: dict[str, Variant] = {
     "colocated": lambda c: replace(c, deployment="colocated", router="prefix_aware"),
     "colocated-affinity": lambda c: replace(c, deployment="colocated", router="session_affinity"),
@@ -39,6 +43,8 @@ VARIANTS: dict[str, Variant] = {
     "ampd-binding-placement-reorder": _ampd(True, True, True, False),
     "ampd-fifo-admission": _ampd(True, True, True, True),
     "ampd": _ampd(True, True, True, True, True),
+    # Ablation of the fifth round: placement blind to the KV ports' queueing.
+    "ampd-link-blind": lambda c: _link_blind(_ampd(True, True, True, True, True)(c)),
 }
 
 

@@ -28,6 +28,7 @@ from tokenomy.workload.agentic import GAIA, TOOLBENCH, agent_sessions
 from tokenomy.workload.arrivals import get_arrival
 from tokenomy.workload.azure import read_azure
 from tokenomy.workload.chat import chat_sessions
+from tokenomy.workload.coding_agent import coding_agent_sessions
 from tokenomy.workload.keys import StreamKeys
 from tokenomy.workload.mooncake import read_mooncake
 from tokenomy.workload.session_format import read_sessions
@@ -41,6 +42,7 @@ SYNTHETIC: dict[str, SyntheticFn] = {
     "chat": lambda t, rng, keys: chat_sessions(t, rng, keys=keys),
     "gaia": lambda t, rng, keys: agent_sessions(GAIA, t, rng, keys=keys),
     "toolbench": lambda t, rng, keys: agent_sessions(TOOLBENCH, t, rng, keys=keys),
+    "coding-agent": lambda t, rng, keys: coding_agent_sessions(t, rng, keys=keys),
 }
 
 MAX_SYNTHETIC_SESSIONS = 100_000

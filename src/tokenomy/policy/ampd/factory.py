@@ -47,6 +47,11 @@ class PolicyDeps:
     estimator: Estimator
     pcie_bytes_per_s: float
     trace: TraceSink | None = None
+    prefill_estimator: Estimator | None = None  # the prefill pool's, where its GPUs differ (None: estimator)
+
+    @property
+    def prefill(self) -> Estimator:
+        return self.prefill_estimator or self.estimator
 
 
 PolicyFactory = Callable[[AmpdPolicyConfig, PolicyDeps], Any]
@@ -62,12 +67,12 @@ def _binding(cfg: AmpdPolicyConfig, deps: PolicyDeps) -> SessionBinder | None:
 def _placement(cfg: AmpdPolicyConfig, deps: PolicyDeps) -> AdaptivePlacement | None:
     if cfg.placement is None:
         return None
-    return AdaptivePlacement(cfg.placement, deps.estimator, trace=deps.trace)
+    return AdaptivePlacement(cfg.placement, deps.estimator, trace=deps.trace, prefill_estimator=deps.prefill)
 
 
 @AMPD_POLICIES.register("dispatch")
 def _dispatch(cfg: AmpdPolicyConfig, deps: PolicyDeps) -> PrefillDispatch:
-    reorder = None if cfg.reorder is None else LookaheadReorder(cfg.reorder, deps.estimator)
+    reorder = None if cfg.reorder is None else LookaheadReorder(cfg.reorder, deps.prefill)
     return PrefillDispatch(cfg.dispatch, reorder, trace=deps.trace)
 
 
@@ -109,14 +114,21 @@ class AmpdPolicies:
 
 
 def build_ampd_policies(
-    config: AmpdPolicyConfig, estimator: Estimator, *, pcie_bytes_per_s: float, trace: TraceSink | None = None
+    config: AmpdPolicyConfig,
+    estimator: Estimator,
+    *,
+    pcie_bytes_per_s: float,
+    trace: TraceSink | None = None,
+    prefill_estimator: Estimator | None = None,
 ) -> AmpdPolicies:
     """Build every AMPD policy from its ``AMPD_POLICIES`` entry.
 
+    ``estimator`` prices work on the decode (session-holding) instances; ``prefill_estimator``
+    work on prefill instances where their GPUs or TP differ (heterogeneous pools).
     ``pcie_bytes_per_s`` is one instance's bandwidth to its host memory (prices offloads);
     ``trace`` receives every decision as a flat event (``tokenomy.policy.trace``).
     """
-    deps = PolicyDeps(estimator, pcie_bytes_per_s, trace)
+    deps = PolicyDeps(estimator, pcie_bytes_per_s, trace, prefill_estimator)
     built = {name: AMPD_POLICIES.get(name)(config, deps) for name in AMPD_POLICIES.names()}
     return AmpdPolicies(
         binder=built["binding"],

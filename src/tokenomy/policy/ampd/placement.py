@@ -96,9 +96,17 @@ class PlacementDecision:
 class AdaptivePlacement:
     """Decides local versus remote prefill from TTFT and ITL slack (module docstring)."""
 
-    def __init__(self, config: PlacementConfig, estimator: Estimator, *, trace: TraceSink | None = None) -> None:
+    def __init__(
+        self,
+        config: PlacementConfig,
+        estimator: Estimator,
+        *,
+        trace: TraceSink | None = None,
+        prefill_estimator: Estimator | None = None,
+    ) -> None:
         self.config = config
-        self.estimator = estimator
+        self.estimator = estimator  # the decode instances' (local prefills)
+        self.remote = prefill_estimator or estimator  # the prefill instances' (heterogeneous pools)
         self.trace = trace
 
     def decide(
@@ -112,16 +120,19 @@ class AdaptivePlacement:
         history_cached_tokens_on_decode: int,
         prefill_queue_delay_s: Mapping[str, float] | None = None,
         prefill_backlog_tokens: Mapping[str, int] | None = None,
+        link_wait_s: Mapping[str, float] | None = None,
     ) -> PlacementDecision:
         """Place the prefill of ``request`` whose decode is bound to ``decode``.
 
         ``history_cached_tokens_on_decode``: prompt-prefix tokens whose KV the decode node holds
         (the session's retained history). ``prefill_queue_delay_s``: measured queue delays by
-        prefill instance id, overriding the estimate from waiting tokens.
+        prefill instance id, overriding the estimate from waiting tokens. ``link_wait_s``: by
+        prefill instance id, the queueing on the KV links a remote prefill there would use
+        (history pull, the KV's way back), added to its TTFT.
         """
         decision = self._decide(
             request, decode, prefills, slo, now, history_cached_tokens_on_decode, prefill_queue_delay_s,
-            prefill_backlog_tokens,
+            prefill_backlog_tokens, link_wait_s,
         )
         decision = replace(decision, request_id=request.request_id, decode_instance=decode.instance_id)
         emit(self.trace, "placement", now, decision)
@@ -137,6 +148,7 @@ class AdaptivePlacement:
         history_cached_tokens_on_decode: int,
         prefill_queue_delay_s: Mapping[str, float] | None,
         prefill_backlog_tokens: Mapping[str, int] | None,
+        link_wait_s: Mapping[str, float] | None = None,
     ) -> PlacementDecision:
         if request.prompt_tokens < 1:
             raise ValueError(f"request {request.request_id!r} has no prompt tokens")
@@ -151,7 +163,9 @@ class AdaptivePlacement:
         itl_slack = self.config.itl_bound_factor * slo.tpot_s - itl_s
         remote = [
             (
-                waited + self._remote(request, p, on_decode, prefill_queue_delay_s, prefill_backlog_tokens),
+                waited
+                + self._remote(request, p, on_decode, prefill_queue_delay_s, prefill_backlog_tokens)
+                + (link_wait_s.get(p.instance_id, 0.0) if link_wait_s else 0.0),
                 p.instance_id,
             )
             for p in prefills
@@ -185,16 +199,16 @@ class AdaptivePlacement:
             return place(True, "first turn: every prefill node misses TTFT, local meets it")
         return place(False, "first turn goes remote")
 
-    def _drain_s(self, tokens: int, budget: int) -> float:
+    def _drain_s(self, tokens: int, budget: int, estimator: Estimator | None = None) -> float:
         """Time to compute ``tokens`` queued prompt tokens in full steps of ``budget`` tokens."""
         if tokens <= 0:
             return 0.0
-        return tokens / budget * self.estimator.prefill_time_s(budget, 0)
+        return tokens / budget * (estimator or self.estimator).prefill_time_s(budget, 0)
 
     def _transfer_s(self, tokens: int) -> float:
         if tokens <= 0:
             return 0.0
-        return self.estimator.kv_transfer_time_s(tokens, self.config.link_bytes_per_s)
+        return self.remote.kv_transfer_time_s(tokens, self.config.link_bytes_per_s)
 
     def _remote(
         self,
@@ -218,11 +232,11 @@ class AdaptivePlacement:
             queued = backlogs[p.instance_id] if backlogs is not None and p.instance_id in backlogs else None
             if queued is None:
                 queued = p.num_waiting_tokens
-            wait = self._drain_s(queued, self.config.prefill_budget_tokens)
+            wait = self._drain_s(queued, self.config.prefill_budget_tokens, self.remote)
         return (
             wait
             + self._transfer_s(from_decode)
-            + self.estimator.prefill_time_s(prompt - have, have)
+            + self.remote.prefill_time_s(prompt - have, have)
             + self._transfer_s(prompt - on_decode)
         )
 

@@ -14,13 +14,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenomy.core import Request, Role
+from tokenomy.core import Request, RequestRecord, Role
 from tokenomy.engine import FinishedRequest
 from tokenomy.policy.ampd import AdmissionTask, PlacementDecision, PrefillTask
 from tokenomy.policy.router import make_router
-from tokenomy.sim.base import Deployment, SimContext, register_deployment, single_record, split_record
+from tokenomy.sim.base import (
+    Deployment,
+    SimContext,
+    incomplete_record,
+    register_deployment,
+    single_record,
+    split_record,
+)
 from tokenomy.sim.deployments.decode_queue import DecodeAdmissionQueue
-from tokenomy.sim.deployments.disagg import inbound_links
+from tokenomy.sim.deployments.disagg import kv_fabric
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.deployments.prefill_queue import PrefillQueue
@@ -63,13 +70,14 @@ class AMPD(Deployment):
         self._decode_router = make_router(cfg.decode_router)
         self._router = make_router(cfg.router)
         self._queues = {p.instance_id: PrefillQueue(p, self.policies.dispatch) for p in self.prefills}
-        self._links = inbound_links(ctx, self.instances)
+        self.fabric = kv_fabric(ctx, self.instances)
         admission = self.policies.admission
         self._admit = {} if admission is None else {
             d.instance_id: DecodeAdmissionQueue(d, admission, ctx.slo) for d in self.decodes
         }
-        self._keeper = KVKeeper(ctx, self.decodes, self.policies) if opts.retention else None
+        self._keeper = KVKeeper(ctx, self.decodes, self.policies, self.fabric) if opts.retention else None
         self._turns: dict[str, _Turn] = {}
+        self._kv_bytes = ctx.role_perf.get(Role.DECODE, ctx.perf).kv_bytes_per_token
         self.local_prefills = 0
         self.remote_prefills = 0
 
@@ -91,6 +99,7 @@ class AMPD(Deployment):
                 now=now,
                 history_cached_tokens_on_decode=on_decode,
                 prefill_backlog_tokens={pid: q.backlog_tokens() for pid, q in self._queues.items()},
+                link_wait_s=self._link_waits(decode.instance_id, now) if self.ctx.config.ampd.link_aware else None,
             )
             local, prefill_id = placement.local, placement.prefill_instance or ""
         turn = _Turn(request, decode.instance_id, local, prefill_id, placement=placement)
@@ -101,6 +110,17 @@ class AMPD(Deployment):
         else:
             self.remote_prefills += 1
             self._enqueue_remote(turn, now)
+
+    def _link_waits(self, decode_id: str, now: float) -> dict[str, float]:
+        """What placement reads of the KV network, per prefill instance: the queueing on the
+        ports a remote prefill there would use (the history pull into it from ``decode_id``, the
+        prompt KV's way back into ``decode_id``)."""
+        fabric = self.fabric
+        assert fabric is not None
+        return {
+            p.instance_id: fabric.wait_s(decode_id, p.instance_id, now) + fabric.wait_s(p.instance_id, decode_id, now)
+            for p in self.prefills
+        }
 
     def _history_on_decode(self, request: Request, decode: SimInstance) -> int:
         """Prompt-prefix tokens whose KV the decode instance holds, on GPU or in host memory."""
@@ -116,7 +136,7 @@ class AMPD(Deployment):
         decode = self._by_id[decision.instance_id]
         if decision.move_history and decision.from_instance in self._by_id and self._keeper is not None:
             old = self._by_id[decision.from_instance]
-            self._keeper.move_history(request, old, decode, self._links[decode.instance_id], now)
+            self._keeper.move_history(request, old, decode, now)
         return decode
 
     def _run_local(self, turn: _Turn, now: float) -> None:
@@ -187,13 +207,27 @@ class AMPD(Deployment):
             return
         queue.in_flight_tokens += todo
         sent = now if self._keeper is None else max(now, self._keeper.history_ready_s(req.session_id))
-        arrive = self._links[prefill.instance_id].transfer(sent, from_decode * self.ctx.perf.kv_bytes_per_token)
+        fabric = self.fabric
+        assert fabric is not None
 
         def start() -> None:
             queue.in_flight_tokens -= todo
             prefill.submit(req, self.ctx.loop.now, preloaded_tokens=preloaded, prefill_only=True)
 
-        self.ctx.loop.at(arrive, start)
+        def cut() -> None:
+            queue.in_flight_tokens -= todo
+            queue.pump(self.ctx.loop.now)
+            del self._turns[req.request_id]
+            self.ctx.done(req, self._unfinished_record(turn))
+
+        def send() -> None:
+            fabric.send(turn.decode_id, prefill.instance_id, from_decode * self._kv_bytes,
+                        self.ctx.loop.now, start, kind="history_pull", on_timeout=cut)
+
+        if sent > now:
+            self.ctx.loop.at(sent, send)
+        else:
+            send()
 
     # ---- completions -------------------------------------------------------------------------
     def on_finished(self, instance: SimInstance, fin: FinishedRequest) -> None:
@@ -216,8 +250,25 @@ class AMPD(Deployment):
         decode = self._by_id[turn.decode_id]
         on_decode = decode.engine.cached_prefix_tokens(req.content, req.prompt_tokens)
         send = req.prompt_tokens - on_decode
-        arrive = self._links[turn.decode_id].transfer(fin.finish_s, send * self.ctx.perf.kv_bytes_per_token)
-        self.ctx.loop.at(arrive, self._arrive_on_decode, turn)
+        assert self.fabric is not None
+
+        def cut() -> None:
+            del self._turns[req.request_id]
+            self.ctx.done(req, self._unfinished_record(turn))
+
+        self.fabric.send(instance.instance_id, turn.decode_id, send * self._kv_bytes, fin.finish_s,
+                         lambda: self._arrive_on_decode(turn), kind="prompt_kv", on_timeout=cut)
+
+    def _unfinished_record(self, turn: _Turn) -> RequestRecord:
+        """A turn whose KV transfer was cut by its timeout: incomplete, counted, its work kept."""
+        if turn.prefill is None:  # cut before its prefill ran (a history pull): nothing computed
+            return RequestRecord(
+                request_id=turn.request.request_id, arrival_s=turn.request.arrival_s, first_token_s=None,
+                finish_s=None, prompt_tokens=turn.request.prompt_tokens, output_tokens=0,
+                session_id=turn.request.session_id, turn=turn.request.turn, tenant=turn.request.tenant,
+                finished=False, prefill_instance=turn.prefill_id, decode_instance=turn.decode_id,
+            )
+        return incomplete_record(turn.request, turn.prefill, turn.prefill_id)
 
     def _arrive_on_decode(self, turn: _Turn) -> None:
         now = self.ctx.loop.now

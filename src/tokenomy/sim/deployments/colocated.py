@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from tokenomy.core import Request, Role
 from tokenomy.engine import FinishedRequest
+from tokenomy.perf import PerfModel
 from tokenomy.policy.router import make_router
 from tokenomy.sim.base import Deployment, SimContext, register_deployment, single_record
-from tokenomy.sim.deployments.disagg import inbound_links
+from tokenomy.sim.deployments.disagg import kv_fabric
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.instance import SimInstance
@@ -28,14 +29,24 @@ class Colocated(Deployment):
 
     def __init__(self, ctx: SimContext) -> None:
         super().__init__(ctx)
-        for i in range(ctx.config.instances):
-            self._make_instance(f"mixed-{i}", Role.MIXED)
+        cfg = ctx.config
+        if cfg.mixed_pools is None:
+            for i in range(cfg.instances):
+                self._make_instance(f"mixed-{i}", Role.MIXED)
+        else:  # a mixed inventory: every GPU type runs as mixed instances of its own shape
+            i = 0
+            for gpu, tp, count in cfg.mixed_pools:
+                perf = PerfModel.from_names(cfg.model, gpu, tp)
+                for _ in range(count):
+                    self._make_instance(f"mixed-{i}", Role.MIXED, perf=perf)
+                    i += 1
         self._by_id = {inst.instance_id: inst for inst in self.instances}
         self._views = [inst.engine for inst in self.instances]
         self._router = make_router(ctx.config.router)
         self._inflight: dict[str, Request] = {}
-        self._keeper = KVKeeper(ctx, self.instances, sim_policies(ctx)) if ctx.config.host_kv_tier else None
-        self._links = inbound_links(ctx, self.instances) if self._keeper is not None else {}
+        if ctx.config.host_kv_tier:
+            self.fabric = kv_fabric(ctx, self.instances)
+        self._keeper = KVKeeper(ctx, self.instances, sim_policies(ctx), self.fabric) if self.fabric else None
 
     def submit(self, request: Request, now: float) -> None:
         target = self._by_id[self._router.choose(request, self._views, now)]
@@ -44,7 +55,7 @@ class Colocated(Deployment):
             target.submit(request, now)
             return
         self._keeper.on_arrival(request, now)
-        self._keeper.follow(request, target, self._links[target.instance_id], now)
+        self._keeper.follow(request, target, now)
         ready, preloaded = self._keeper.reload(request, target, now)
         if ready > now:
             self.ctx.loop.at(ready, lambda: target.submit(request, ready, preloaded_tokens=preloaded))

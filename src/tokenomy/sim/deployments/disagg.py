@@ -6,7 +6,8 @@ over the decode instance's inbound link (FIFO), then it decodes there. As in vLL
 disaggregation proxy, the client streams from the decode side, so the first token reaches
 the client when the KV has arrived there: TTFT = queue + prefill + transfer. The prefill
 instance's blocks become free-cached as soon as its part finishes (the transfer is modelled
-on the link, not as memory held on the prefill side).
+on the KV fabric's shared ports, not as memory held on the prefill side). A transfer cut by
+``kv_transfer_timeout_s`` leaves its request incomplete.
 
 With ``SimConfig.host_kv_tier`` the prefill instances get AMPD's host KV tier (Dynamo
 KVBM-style): when a prefill finishes, the retention policy keeps, offloads or drops the
@@ -21,12 +22,13 @@ from dataclasses import dataclass
 
 from tokenomy.core import Request, Role
 from tokenomy.engine import FinishedRequest
+from tokenomy.perf import PerfModel
 from tokenomy.policy.router import make_router
-from tokenomy.sim.base import Deployment, SimContext, register_deployment, split_record
+from tokenomy.sim.base import Deployment, SimContext, incomplete_record, register_deployment, split_record
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.instance import SimInstance
-from tokenomy.sim.link import KVLink
+from tokenomy.sim.link import KVFabric
 
 
 @dataclass(slots=True)
@@ -37,18 +39,29 @@ class _Prefilled:
     kv_arrived_s: float | None = None
 
 
-def inbound_links(ctx: SimContext, instances: list[SimInstance]) -> dict[str, KVLink]:
-    """One inbound KV link per instance: every TP rank has its own NIC, so the instance's
-    bandwidth is the config's or the GPU's inter-node link times TP; each transfer pays the
-    perf model's setup latency (so a lone transfer takes exactly ``perf.kv_transfer_time_s``)."""
+def kv_fabric(ctx: SimContext, instances: list[SimInstance]) -> KVFabric:
+    """The inbound KV ports of ``instances`` (:class:`~tokenomy.sim.link.KVFabric`): every TP rank
+    has its own NIC and NVLink port, so an instance's RDMA port carries the config's or the
+    GPU's inter-node bandwidth times TP, its NVLink port the intra-node bandwidth times TP; each
+    transfer pays the perf model's setup latency (so a lone transfer over RDMA takes exactly
+    ``perf.kv_transfer_time_s``). Instances fill nodes of ``gpus_per_node`` GPUs in the order
+    given; a GPU of another type starts a new node."""
     cfg = ctx.config
-    setup = ctx.perf.coeffs.kv_transfer_setup_s
-    links = {}
+    ports: dict[str, tuple[float, float]] = {}
+    node_of: dict[str, int] = {}
+    node, used, node_gpu = 0, 0, None
     for inst in instances:
-        perf = ctx.role_perf.get(inst.engine.role, ctx.perf)
-        bw = cfg.link_bytes_per_s or perf.gpu.inter_node_bytes_per_s * perf.tp
-        links[inst.instance_id] = KVLink(bytes_per_s=bw, latency_s=setup)
-    return links
+        perf = inst.engine.perf if isinstance(inst.engine.perf, PerfModel) else ctx.perf
+        rdma = cfg.link_bytes_per_s or perf.gpu.inter_node_bytes_per_s * perf.tp
+        ports[inst.instance_id] = (perf.gpu.intra_node_bytes_per_s * perf.tp, rdma)
+        if cfg.gpus_per_node is None:
+            node += 1
+        elif node_gpu != perf.gpu.name or used + perf.tp > cfg.gpus_per_node:
+            node, used, node_gpu = node + 1, 0, perf.gpu.name
+        node_of[inst.instance_id] = node
+        used += perf.tp
+    return KVFabric(ctx.loop, ports, node_of, latency_s=ctx.perf.coeffs.kv_transfer_setup_s,
+                    timeout_s=cfg.kv_transfer_timeout_s)
 
 
 @register_deployment
@@ -69,11 +82,11 @@ class Disaggregated(Deployment):
         self._decode_views = [inst.engine for inst in self.decodes]
         self._router = make_router(ctx.config.router)
         self._decode_router = make_router(ctx.config.decode_router)
-        self._links = inbound_links(ctx, self.decodes)
+        self.fabric = kv_fabric(ctx, self.instances)
         self._prefilling: dict[str, Request] = {}
         self._decoding: dict[str, _Prefilled] = {}
         self._in_transfer: dict[str, _Prefilled] = {}
-        self._keeper = KVKeeper(ctx, self.prefills, sim_policies(ctx)) if ctx.config.host_kv_tier else None
+        self._keeper = KVKeeper(ctx, self.prefills, sim_policies(ctx), self.fabric) if ctx.config.host_kv_tier else None
 
     def submit(self, request: Request, now: float) -> None:
         target = self._by_id[self._router.choose(request, self._prefill_views, now)]
@@ -107,10 +120,16 @@ class Disaggregated(Deployment):
             return
         target = self._decode_router.choose(request, self._decode_views, now)
         kv_bytes = request.prompt_tokens * self.ctx.role_perf.get(Role.DECODE, self.ctx.perf).kv_bytes_per_token
-        arrive = self._links[target].transfer(now, kv_bytes)
         state = _Prefilled(request, fin, instance.instance_id)
         self._in_transfer[request.request_id] = state
-        self.ctx.loop.at(arrive, self._arrive_on_decode, target, state)
+        assert self.fabric is not None
+        self.fabric.send(instance.instance_id, target, kv_bytes, now, lambda: self._arrive_on_decode(target, state),
+                         kind="prompt_kv", on_timeout=lambda: self._timed_out(state))
+
+    def _timed_out(self, state: _Prefilled) -> None:
+        """The KV transfer was cut: the request is incomplete (recorded, never dropped)."""
+        del self._in_transfer[state.request.request_id]
+        self.ctx.done(state.request, incomplete_record(state.request, state.prefill, state.prefill_instance))
 
     def _arrive_on_decode(self, target: str, state: _Prefilled) -> None:
         del self._in_transfer[state.request.request_id]

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from tokenomy.core import Request
+from tokenomy.perf import PerfModel
 from tokenomy.policy.ampd import (
     AmpdPolicies,
     HostCopyView,
@@ -39,9 +40,8 @@ from tokenomy.policy.ampd import (
     history_follows,
 )
 from tokenomy.sim.base import SimContext
-from tokenomy.sim.deployments.policies import pcie_bytes_per_s
 from tokenomy.sim.instance import SimInstance
-from tokenomy.sim.link import KVLink
+from tokenomy.sim.link import KVFabric, KVLink
 
 
 @dataclass(slots=True)
@@ -63,9 +63,12 @@ class _HostCopy:
 class KVKeeper:
     """Retention and the host KV tier of ``decodes`` (the instances that hold sessions' KV)."""
 
-    def __init__(self, ctx: SimContext, decodes: list[SimInstance], policies: AmpdPolicies) -> None:
+    def __init__(
+        self, ctx: SimContext, decodes: list[SimInstance], policies: AmpdPolicies, fabric: KVFabric | None = None
+    ) -> None:
         cfg = ctx.config
         self.ctx = ctx
+        self._fabric = fabric
         if policies.retention is None:
             raise ValueError("KVKeeper needs a retention policy")
         self.policy = policies.retention
@@ -73,7 +76,10 @@ class KVKeeper:
         self._eviction = policies.host_eviction
         self._binding = policies.config.binding
         self._home: dict[str, str] = {}  # session -> instance that ended its last turn
-        pcie = pcie_bytes_per_s(ctx)
+        # Instances of one pool share a shape; on a mixed inventory the first one's stands for all.
+        perf = decodes[0].engine.perf if decodes and isinstance(decodes[0].engine.perf, PerfModel) else ctx.perf
+        self._kv_bytes = perf.kv_bytes_per_token
+        pcie = perf.gpu.pcie_bytes_per_s * perf.tp  # every TP rank has its own PCIe link
         self._by_id = {d.instance_id: d for d in decodes}
         # PCIe is full duplex: copies to host and reloads from host do not queue behind each other.
         self._to_host = {d.instance_id: KVLink(bytes_per_s=pcie) for d in decodes}
@@ -81,11 +87,17 @@ class KVKeeper:
         self._pins: dict[str, _Pin] = {}
         self._host: OrderedDict[str, _HostCopy] = OrderedDict()
         self._host_bytes = {d.instance_id: 0 for d in decodes}
-        self._host_capacity_bytes = int(cfg.ampd.host_kv_bytes_per_gpu * cfg.tp)
+        self._host_capacity_bytes = int(cfg.ampd.host_kv_bytes_per_gpu * perf.tp)
         self.decisions: dict[Retention, int] = {r: 0 for r in Retention}
         self.reloaded_tokens = 0
         self.moved_tokens = 0
         self.host_evictions = 0
+
+    @property
+    def fabric(self) -> KVFabric:
+        if self._fabric is None:
+            raise RuntimeError("this KVKeeper was built without a KV fabric: it cannot move history")
+        return self._fabric
 
     def on_arrival(self, request: Request, now: float) -> None:
         """The session's next turn arrived: its tool call is over (an observation for the estimate)."""
@@ -108,26 +120,28 @@ class KVKeeper:
         missing = host - on_gpu
         self.reloaded_tokens += missing
         start = max(now, self.history_ready_s(request.session_id))
-        ready = self._from_host[decode.instance_id].transfer(start, missing * self.ctx.perf.kv_bytes_per_token)
+        ready = self._from_host[decode.instance_id].transfer(start, missing * self._kv_bytes)
         return ready, host
 
-    def follow(self, request: Request, target: SimInstance, link: KVLink, now: float) -> int:
+    def follow(self, request: Request, target: SimInstance, now: float) -> int:
         """A router sent the session's turn to ``target``: if its history is on another instance
         and ``history_follows`` says so, move it there (:meth:`move_history`); tokens sent."""
         home = self._home.get(request.session_id)
         if not history_follows(self._binding, home, target.instance_id) or home not in self._by_id:
             return 0
         self._home[request.session_id] = target.instance_id
-        return self.move_history(request, self._by_id[home], target, link, now)
+        return self.move_history(request, self._by_id[home], target, now)
 
     def history_ready_s(self, session_id: str) -> float:
         """When the session's host copy can be read (0 without one; later while a moved copy travels)."""
         copy = self._host.get(session_id)
         return 0.0 if copy is None else copy.ready_s
 
-    def move_history(self, request: Request, old: SimInstance, new: SimInstance, link: KVLink, now: float) -> int:
+    def move_history(self, request: Request, old: SimInstance, new: SimInstance, now: float) -> int:
         """Send the session's history that ``old`` holds (GPU prefix cache or host copy) to ``new``'s
-        host tier over ``link`` (``new``'s inbound KV link); returns the tokens sent.
+        host tier over the KV fabric (``new``'s inbound port); returns the tokens sent. The copy
+        is usable when the transfer is through (estimated at the start, set when it arrives); a
+        transfer cut by its timeout leaves no copy.
 
         Applies a binding decision with ``move_history``; the old instance's pin and copy are released.
         """
@@ -140,22 +154,32 @@ class KVKeeper:
         self._unpin(sid)
         if tokens <= 0:
             return 0
-        kv_bytes = self.ctx.perf.kv_bytes_per_token
+        kv_bytes = self._kv_bytes
         nbytes = tokens * kv_bytes
         if nbytes > self._host_capacity_bytes:
             return 0
         expire = copy.expire_s if copy is not None else now
         self._drop_host(sid)
         self._make_room(sid, new.instance_id, nbytes, now)
-        arrived = link.transfer(now, nbytes)
-        self._host[sid] = _HostCopy(new.instance_id, tokens, expire, ready_s=arrived)
+        fabric = self.fabric
+        copy = _HostCopy(new.instance_id, tokens, expire, ready_s=now + fabric.eta_s(old.instance_id, new.instance_id, nbytes, now))
+        self._host[sid] = copy
+
+        def arrived() -> None:
+            copy.ready_s = self.ctx.loop.now
+
+        def cut() -> None:
+            if self._host.get(sid) is copy:
+                self._drop_host(sid)
+
+        fabric.send(old.instance_id, new.instance_id, nbytes, now, arrived, kind="history_move", on_timeout=cut)
         self._host_bytes[new.instance_id] += nbytes
         self.moved_tokens += tokens
         return tokens
 
     def _make_room(self, session_id: str, instance_id: str, nbytes: int, now: float) -> None:
         """Evict host copies on ``instance_id`` as the host-eviction policy decides, for ``nbytes`` more."""
-        kv_bytes = self.ctx.perf.kv_bytes_per_token
+        kv_bytes = self._kv_bytes
         copies = [
             HostCopyView(sid, c.kv_tokens * kv_bytes, c.expire_s)
             for sid, c in self._host.items()
@@ -200,7 +224,7 @@ class KVKeeper:
         self.decisions[decision.action] += 1
         if decision.action is not Retention.OFFLOAD:
             return
-        kv_bytes = self.ctx.perf.kv_bytes_per_token
+        kv_bytes = self._kv_bytes
         nbytes = kv_tokens * kv_bytes
         iid = instance.instance_id
         # Blocks already on host from the session's previous offload are not copied again.
@@ -218,7 +242,7 @@ class KVKeeper:
     def _drop_host(self, session_id: str) -> None:
         copy = self._host.pop(session_id, None)
         if copy is not None:
-            self._host_bytes[copy.instance_id] -= copy.kv_tokens * self.ctx.perf.kv_bytes_per_token
+            self._host_bytes[copy.instance_id] -= copy.kv_tokens * self._kv_bytes
 
     def _relieve(self, instance: SimInstance, now: float) -> None:
         """Under memory pressure, un-pin sessions on this instance as the policy orders."""

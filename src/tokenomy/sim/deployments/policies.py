@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tokenomy.core import Role
 from tokenomy.policy.ampd import (
     AmpdPolicies,
     AmpdPolicyConfig,
@@ -50,5 +51,9 @@ def pcie_bytes_per_s(ctx: SimContext) -> float:
 def sim_policies(ctx: SimContext) -> AmpdPolicies:
     """AMPD's policies for the simulated cluster ``ctx``, tracing to ``ctx.decision_trace``."""
     return build_ampd_policies(
-        ampd_policy_config(ctx.config), ctx.perf, pcie_bytes_per_s=pcie_bytes_per_s(ctx), trace=ctx.decision_trace
+        ampd_policy_config(ctx.config),
+        ctx.role_perf.get(Role.DECODE, ctx.perf),
+        pcie_bytes_per_s=pcie_bytes_per_s(ctx),
+        trace=ctx.decision_trace,
+        prefill_estimator=ctx.role_perf.get(Role.PREFILL),
     )

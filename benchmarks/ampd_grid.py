@@ -1,0 +1,270 @@
+"""AMPD where its mechanism binds: a grid of operating points (issue 19).
+
+Each point compares AMPD (best of its splits), ``disagg-offload`` (best of its splits),
+``colocated-offload`` and ``colocated`` over 4-6 session rates, all on the same GPUs, and
+reports AMPD against the best of the other three:
+
+* ``band_ratio``: AMPD's attainment over the best other's, averaged over the rates where the
+  best other attains 30-70% (None when no rate falls in that band);
+* ``goodput_ratio``: DistServe goodput (highest rate with >= 90% attainment, interpolated);
+* ``p99_ttft_no_worse``: at every rate where AMPD attains >= 90%, its P99 TTFT <= the best other's
+  (the best other at that rate, by attainment);
+* the planner's choice (``tokenomy.experiment.choose``: every candidate simulated at the point's
+  planning rate on an independent sample, seed + 1), its predicted goodput there, and
+  ``planner_goodput_ratio``: the chosen deployment's grid goodput over the best found.
+
+Points (SLO TTFT / TPOT; TTFT bounds and rates are ours, docs/ampd-results.md):
+
+  a  GAIA-like, Llama-3.1-8B, 8 x H100 (one node), 2 s / 100 ms: the memory-bound point
+  b  coding-agent, Llama-3.1-70B, 4 x H100 (TP4) prefill + 8 x H20 (TP4) decode; colocated on the
+     same 12 GPUs runs each type as mixed instances; 10 s / 100 ms
+  c  coding-agent, Llama-3.1-70B, 16 x H100 at TP4 (two nodes), 10 s / 50 ms
+  d  ToolBench-like, Llama-3.1-8B, 4 x H100 + 4 x H20, 2 s / 100 ms
+
+    python benchmarks/ampd_grid.py --json out/ampd_grid.json --workers 2      # full grid, < 30 min on 2 cores
+    python benchmarks/ampd_grid.py --points b --quick --json out/grid_b.json  # development: 3 rates, shorter
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pickle
+import resource
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenomy.core import SLO
+from tokenomy.experiment.choose import choose_deployment
+from tokenomy.experiment.results import Curve, RunResult
+from tokenomy.experiment.spec import ClusterSpec, DeploymentSpec, ExperimentSpec, WorkloadSpec
+from tokenomy.experiment.sweep import Job, run_job
+
+OTHERS = ("disagg-offload", "colocated-offload", "colocated")
+CPU_S = [0.0]  # CPU seconds of the simulations run by this invocation (cached ones not counted)
+
+
+@dataclass(frozen=True)
+class Point:
+    workload: str
+    model: str
+    gpus: str
+    slo: SLO
+    rates: tuple[float, ...]
+    duration_s: float
+    ampd_splits: tuple[str, ...] = ()  # "P:D" (empty: the inventory's split, or the spec's default)
+    disagg_splits: tuple[str, ...] = ()
+    planning_rate: float = 0.0  # 0: the middle rate
+
+    def spec(self, rates: tuple[float, ...] | None = None, duration_s: float | None = None,
+             first_split_only: bool = False) -> ExperimentSpec:
+        ampd = self.ampd_splits[:1] if first_split_only else self.ampd_splits
+        disagg = self.disagg_splits[:1] if first_split_only else self.disagg_splits
+        deps = [DeploymentSpec.parse(f"ampd@{s}") for s in ampd] or [DeploymentSpec("ampd")]
+        deps += [DeploymentSpec.parse(f"disagg-offload@{s}") for s in disagg] or [DeploymentSpec("disagg-offload")]
+        deps += [DeploymentSpec("colocated-offload"), DeploymentSpec("colocated")]
+        return ExperimentSpec(
+            workload=WorkloadSpec(self.workload, duration_s=duration_s or self.duration_s),
+            cluster=ClusterSpec(model=self.model, gpus=self.gpus, gpus_per_node=8),
+            deployments=tuple(deps), slo=self.slo, rates=rates or self.rates)
+
+
+POINTS: dict[str, Point] = {
+    "a": Point("gaia", "llama-3.1-8b", "h100:8", SLO(2.0, 0.1), (2.0, 2.5, 3.0, 3.5, 4.0), 120.0,
+               ampd_splits=("1:7", "2:6"), disagg_splits=("5:3", "3:5")),
+    "b": Point("coding-agent", "llama-3.1-70b", "h100:4@tp4,h20:8@tp4", SLO(10.0, 0.1),
+               (0.03, 0.045, 0.06, 0.08, 0.1), 1200.0),
+    "c": Point("coding-agent", "llama-3.1-70b", "h100:16@tp4", SLO(10.0, 0.05), (0.03, 0.05, 0.07, 0.09),
+               600.0, ampd_splits=("2:2", "1:3"), disagg_splits=("1:3",)),
+    "d": Point("toolbench", "llama-3.1-8b", "h100:4,h20:4", SLO(2.0, 0.1), (10.0, 20.0, 30.0, 40.0, 50.0), 40.0),
+}
+
+
+def _run(args: tuple[str, ExperimentSpec, Job]) -> tuple[str, Job, RunResult, float]:
+    """One simulation, and the CPU seconds it took (the machine may be shared: wall time is not cost)."""
+    key, spec, job = args
+    cpu0 = time.process_time()
+    res = run_job(spec, job)
+    return key, job, res, time.process_time() - cpu0
+
+
+def compare(spec: ExperimentSpec, results: dict[Job, RunResult]) -> dict[str, Any]:
+    """Best split per kind (ampd, each other deployment), then AMPD against the best other."""
+    assert spec.rates is not None
+    rates = spec.rates
+    curves: dict[str, Curve] = {}
+    for dep in spec.deployments:
+        for split in spec.splits_of(dep):
+            curve = Curve(dep.label, split, rates, tuple(results[Job(dep, split, r)] for r in rates),
+                          spec.attainment_target)
+            kind = dep.name
+            if kind not in curves or curve.score() > curves[kind].score():
+                curves[kind] = curve
+    split_goodput = {
+        dep.label if dep.split or not split else f"{dep.label}@{split[0]}:{split[1]}":
+            Curve(dep.label, split, rates, tuple(results[Job(dep, split, r)] for r in rates),
+                  spec.attainment_target).max_rate_at_target
+        for dep in spec.deployments for split in spec.splits_of(dep)}
+    ampd = curves["ampd"]
+    others = {k: c for k, c in curves.items() if k != "ampd"}
+    per_rate, band = [], []
+    ttft_ok = True
+    for i, rate in enumerate(rates):
+        best_kind = max(others, key=lambda k: others[k].attainment[i])
+        theirs, mine = others[best_kind].attainment[i], ampd.attainment[i]
+        a_ttft = ampd.runs[i].summary.ttft_p99_s
+        o_ttft = others[best_kind].runs[i].summary.ttft_p99_s
+        row = {"rate": rate, "best_other": best_kind, "other_attainment": theirs, "ampd_attainment": mine,
+               "ampd_ttft_p99_s": a_ttft, "other_ttft_p99_s": o_ttft}
+        per_rate.append(row)
+        if 0.3 <= theirs <= 0.7 and theirs > 0:
+            band.append(mine / theirs)
+        if mine >= 0.9 and a_ttft is not None and o_ttft is not None and a_ttft > o_ttft:
+            ttft_ok = False
+    goodput = {k: c.max_rate_at_target for k, c in curves.items()}
+    best_other = max(others, key=lambda k: goodput[k])
+    return {
+        "curves": {k: {"split": list(c.split) if c.split else None, "attainment": c.attainment,
+                       "goodput_rps": goodput[k],
+                       "ttft_p99_s": [r.summary.ttft_p99_s for r in c.runs],
+                       "tpot_p99_s": [r.summary.tpot_p99_s for r in c.runs],
+                       "kv_transfers": [r.kv_transfers for r in c.runs]} for k, c in curves.items()},
+        "per_rate": per_rate,
+        "band_ratio": sum(band) / len(band) if band else None,
+        "band_rates": [r["rate"] for r in per_rate if 0.3 <= r["other_attainment"] <= 0.7],
+        "goodput_ratio": goodput["ampd"] / goodput[best_other] if goodput[best_other] > 0 else None,
+        "best_other_goodput": {"deployment": best_other, "goodput_rps": goodput[best_other]},
+        "p99_ttft_no_worse": ttft_ok,
+        "goodput": goodput,
+        "split_goodput": split_goodput,
+    }
+
+
+def _cached(cache: Path | None, spec: ExperimentSpec, job: Job) -> Path | None:
+    if cache is None:
+        return None
+    key = json.dumps([spec.to_dict(), job.deployment.label, job.split, job.rate_per_s], sort_keys=True)
+    return cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.pkl"
+
+
+def run_point(key: str, spec: ExperimentSpec, workers: int, cache: Path | None, t0: float) -> dict[Job, RunResult]:
+    """Every (deployment, split, rate) of one point; finished jobs are kept in ``cache`` (a rerun
+    skips them: the simulator is deterministic)."""
+    jobs = [Job(d, split, r) for d in spec.deployments for split in spec.splits_of(d) for r in spec.rates or ()]
+    jobs.sort(key=lambda j: -(j.rate_per_s or 0))  # heavy (high rate) first
+    results: dict[Job, RunResult] = {}
+    todo = []
+    for job in jobs:
+        path = _cached(cache, spec, job)
+        if path is not None and path.exists():
+            results[job] = pickle.loads(path.read_bytes())
+        else:
+            todo.append(job)
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [pool.submit(_run, (key, spec, j)) for j in todo]
+        for fut in as_completed(futures):
+            _, job, res, cpu = fut.result()
+            results[job] = res
+            CPU_S[0] += cpu
+            path = _cached(cache, spec, job)
+            if path is not None:
+                path.write_bytes(pickle.dumps(res))
+            print(f"[{len(results)}/{len(jobs)} {time.perf_counter() - t0:6.0f}s] {key} {job.deployment.label} "
+                  f"{job.split} @ {job.rate_per_s:g}/s: {res.summary.slo_attainment:.1%} ({res.wall_s:.0f} s)",
+                  flush=True)
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--points", default="a,b,c,d")
+    ap.add_argument("--quick", action="store_true",
+                    help="development: first, middle and last rate, half duration, each kind's first split only")
+    ap.add_argument("--no-planner", action="store_true", help="skip the planner's choice")
+    ap.add_argument("--cache", type=Path, default=None, help="keep each finished simulation here (reruns skip it)")
+    args = ap.parse_args()
+    keys = [k.strip() for k in args.points.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in POINTS]
+    if unknown:
+        print(f"ampd_grid: error: unknown point(s) {unknown}; known: {', '.join(POINTS)}", file=sys.stderr)
+        return 2
+    if args.cache is not None:
+        args.cache.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    points: dict[str, Any] = {}
+    sim_s = 0.0
+    for k in keys:
+        p = POINTS[k]
+        rates = (p.rates[0], p.rates[len(p.rates) // 2], p.rates[-1]) if args.quick else p.rates
+        spec = p.spec(rates, p.duration_s / 2 if args.quick else None, first_split_only=args.quick)
+        results = run_point(k, spec, args.workers, args.cache, t0)
+        sim_s += sum(r.wall_s for r in results.values())
+        out = compare(spec, results)
+        if not args.no_planner:
+            assert spec.rates is not None
+            rate = p.planning_rate or spec.rates[len(spec.rates) // 2]
+            path = _cached(args.cache, spec, Job(DeploymentSpec("ampd"), None, -rate))  # the choice's own key
+            if path is not None and path.exists():
+                choice = pickle.loads(path.read_bytes())
+            else:
+                cpu0 = time.process_time()
+                # The grid's own candidates, at their splits (the chooser sees no grid result).
+                choice = choose_deployment(spec, rate, candidates=spec.deployments, workers=args.workers,
+                                           duration_s=spec.workload.duration_s)
+                CPU_S[0] += time.process_time() - cpu0  # (its pool's children count in process_cpu_s)
+                if path is not None:
+                    path.write_bytes(pickle.dumps(choice))
+            sim_s += sum(r.wall_s for r in choice.results)
+            chosen = out["split_goodput"][choice.label]
+            best = max(out["goodput"].values())
+            out["planner"] = choice.to_dict()
+            out["planner_choice"] = choice.label
+            out["planner_predicted_goodput_rps"] = choice.predicted_goodput_rps
+            out["planner_simulated_goodput_rate"] = chosen
+            out["planner_goodput_ratio"] = chosen / best if best > 0 else None
+        out["spec"] = spec.to_dict()
+        points[k] = out
+        _print(k, out)
+        _write(args, points, t0, sim_s)
+    return 0
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (every pool is shut down per point)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _write(args: argparse.Namespace, points: dict[str, Any], t0: float, sim_s: float) -> None:
+    summary = {k: {key: v.get(key) for key in ("band_ratio", "goodput_ratio", "p99_ttft_no_worse", "planner_choice",
+                                               "planner_goodput_ratio")} for k, v in points.items()}
+    payload = {"points": {k: {**summary[k], "detail": points[k]} for k in points},
+               "wall_s": round(time.perf_counter() - t0, 1), "simulation_s": round(sim_s, 1),
+               "grid_cpu_s": round(CPU_S[0], 1), "process_cpu_s": round(_cpu_s(), 1),
+               "workers": args.workers, "quick": args.quick}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    print(json.dumps({"points": summary, "wall_s": payload["wall_s"], "simulation_s": payload["simulation_s"]},
+                     indent=2), flush=True)
+
+
+def _print(key: str, out: dict[str, Any]) -> None:
+    print(f"== point {key} ==")
+    for kind, c in out["curves"].items():
+        att = " ".join(f"{a:6.1%}" for a in c["attainment"])
+        split = f"@{c['split'][0]}:{c['split'][1]}" if c["split"] else ""
+        print(f"  {kind + split:28s} {att}   goodput {c['goodput_rps']:.3g}/s")
+    print(f"  band ratio {out['band_ratio']}, goodput ratio {out['goodput_ratio']}, "
+          f"P99 TTFT no worse {out['p99_ttft_no_worse']}, planner {out.get('planner_choice')} "
+          f"({out.get('planner_goodput_ratio')})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
