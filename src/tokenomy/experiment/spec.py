@@ -22,9 +22,9 @@ from typing import Any
 
 from tokenomy.core import SLO
 from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
+from tokenomy.perf.inventory import GpuPool, format_gpus, parse_gpus, role_pools
 from tokenomy.policy.closedloop import ADMISSION_POLICIES
 from tokenomy.sim.admission_options import AdmissionOptions
-from tokenomy.perf.inventory import GpuPool, format_gpus, parse_gpus, role_pools
 from tokenomy.sim.config import SimConfig
 from tokenomy.sim.variants import VARIANTS, is_disaggregated, make_variant
 from tokenomy.workload.tenants import TenantMix
