@@ -169,6 +169,10 @@ class Completion:
     async def settle(self, flight: Flight, ev: UsageEvent, settled: SettledUsage) -> None:
         """Replace the admission's holds by the recorded usage; count the request in the metrics."""
         await self.guard.settle(flight.admission, settled)
+        await self.observe(ev)
+
+    async def observe(self, ev: UsageEvent) -> None:
+        """Count a finished request in the gateway's metrics."""
         self.metrics.count_request(ev.model, ev.status)
         self.metrics.observe_event(ev)
 

@@ -62,7 +62,7 @@ from tokenomy.gateway.routing.backends import Backend, BackendPool
 from tokenomy.gateway.routing.config import RoutingConfig
 from tokenomy.gateway.routing.prefill import PrefillHop
 from tokenomy.gateway.routing.route import DecodeRoute, core_request, decode_candidates, role_candidates
-from tokenomy.gateway.routing.upstream import UpstreamPool
+from tokenomy.gateway.routing.upstream import Upstream
 from tokenomy.policy.ampd import (
     AdmissionTask,
     AmpdPolicies,
@@ -303,7 +303,7 @@ class AmpdLive:
 class AmpdRouting:
     """The route step of ``routing.mode: ampd`` (module docstring); ``live`` holds AMPD's state."""
 
-    def __init__(self, live: AmpdLive, upstream: UpstreamPool, router: Router) -> None:
+    def __init__(self, live: AmpdLive, upstream: Upstream, router: Router) -> None:
         self.live = live
         self.pool = live.pool
         self.router = router  # picks another decode backend when the bound one cannot be reached
