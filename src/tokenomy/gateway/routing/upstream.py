@@ -229,7 +229,6 @@ class Upstream(Protocol):
     """What the request path needs of an upstream client (this pool, or the aiohttp one)."""
 
     async def request(self, method: str, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponseLike: ...
-
     async def aclose(self) -> None: ...
 
 
@@ -238,14 +237,10 @@ class UpstreamResponseLike(Protocol):
 
     @property
     def status_code(self) -> int: ...
-
     @property
     def headers(self) -> Mapping[str, str]: ...  # lower-case names
-
     async def read(self) -> bytes: ...
-
     def aiter_bytes(self) -> AsyncIterator[bytes]: ...
-
     async def aclose(self) -> None: ...
 
 
@@ -286,7 +281,9 @@ class UpstreamPool:
                     ssl_handshake_timeout=t), t)
         except ssl.SSLError as exc:
             self._gone_key(key)
-            raise UpstreamTLSError(f"TLS handshake with {key[0]}:{key[1]} failed: {_tls_reason(exc)}") from None
+            why = f"certificate verify failed: {exc.verify_message}" if isinstance(
+                exc, ssl.SSLCertVerificationError) else exc.reason or str(exc)
+            raise UpstreamTLSError(f"TLS handshake with {key[0]}:{key[1]} failed: {why}") from None
         except (OSError, TimeoutError) as exc:
             self._gone_key(key)
             raise UpstreamConnectError(f"cannot connect to {key[0]}:{key[1]}: {exc or type(exc).__name__}") from None
@@ -400,9 +397,3 @@ class UpstreamPool:
                 c.close()
         self._idle.clear()
 
-
-def _tls_reason(exc: ssl.SSLError) -> str:
-    """The one line that says why a handshake failed (a verification error names the certificate)."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"certificate verify failed: {exc.verify_message}"
-    return exc.reason or str(exc)
