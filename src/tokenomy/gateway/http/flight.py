@@ -33,8 +33,8 @@ from tokenomy.gateway.routing.route import Route
 class JsonBytes(Response):
     """A JSON body already encoded, with headers given as ``str`` pairs (encoded here once).
 
-    ``after`` runs once the response is written, also when writing it fails (settling a request
-    off the client's critical path)."""
+    ``after`` runs once the response is written, also when writing it fails (work the client need
+    not wait for: the request's metrics)."""
 
     def __init__(self, body: bytes, status: int, headers: dict[str, str],
                  after: Callable[[], Awaitable[None]] | None = None) -> None:

@@ -1,7 +1,8 @@
-"""The request path: parse -> admit -> route -> forward -> meter -> record -> settle.
+"""The request path: authenticate -> parse -> admit -> route -> forward -> meter -> record -> settle.
 
 :meth:`Proxy.handle` runs the steps in this order, each once, each in its own module::
 
+    authenticate tokenomy.gateway.ops.guard     Guard.authenticate: 401 before the body is read
     parse    tokenomy.gateway.http.parse        body and headers -> ParsedRequest (400 on bad input)
     admit    tokenomy.gateway.ops.guard         Guard.admit: key, limits, budget holds, breakers
     route    tokenomy.gateway.routing.route     Routing.route: backend (P/D: remote prefill, AMPD gates)
@@ -10,8 +11,8 @@
                                                 tokenomy.gateway.http.streaming
     meter    tokenomy.gateway.http.flight       Completion.meter: token classes and cost
     record   tokenomy.gateway.metering.ledger   Completion.record: the usage event, durable
-    (the client sees completion)
     settle   tokenomy.gateway.ops.guard         Completion.settle: holds -> what was used
+    (the client sees completion)
 
 (settle comes before the client sees completion: a stream settles before its final chunk, a
 plain response before it is written, so a budget read after a response shows the spend.)
