@@ -274,9 +274,10 @@ class AmpdLive:
 
     async def _post_retain(self, backend: Backend, request_id: str, ttl_s: float) -> bool:
         """Send a retention hint (``ttl_s`` 0: release); False when it did not get through."""
+        client = self.pool.tls_clients.get(backend.instance_id, self.http)  # an https backend's own trust
         try:
-            r = await self.http.post(backend.url + RETAIN_PATH, json={"request_id": request_id, "ttl_s": ttl_s},
-                                     timeout=1.0)
+            r = await client.post(backend.url + RETAIN_PATH, json={"request_id": request_id, "ttl_s": ttl_s},
+                                  timeout=1.0)
         except httpx.HTTPError as exc:
             log.debug("retention hint to %s failed: %s", backend.instance_id, exc)
             return False
