@@ -59,6 +59,16 @@ def test_think_time_separates_a_turn_from_the_previous_answer() -> None:
     assert second.arrival_s - first.finish_s == pytest.approx(3.0)
 
 
+def test_window_is_the_busy_time_and_span_is_first_send_to_last_finish() -> None:
+    """One session, 2 turns of 0.1 + 4 x 0.01 s each, 3 s of think time between them: the span
+    holds the think time, the busy window does not (a span of 0 was printed before)."""
+    engine = FakeEngine(ttft_s=0.1, itl_s=0.01)
+    rep, _ = _run(agent_sessions(1, turns=2, think_s=3.0, out=5), engine)
+    assert rep.summary.span_s == pytest.approx(2 * 0.14 + 3.0)
+    assert rep.summary.duration_s == pytest.approx(2 * 0.14)
+    assert rep.summary.rpm == pytest.approx(2 / 0.28 * 60)
+
+
 def test_rate_mode_starts_sessions_at_their_start_times() -> None:
     engine = FakeEngine(ttft_s=0.0, itl_s=0.0)
     rep, _ = _run(agent_sessions(3, turns=1, gap_s=5.0), engine)

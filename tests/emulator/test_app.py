@@ -93,7 +93,7 @@ BAD = [
     ("negative max_tokens", {"prompt": "x", "max_tokens": -3}, 400, "max_tokens"),
     ("zero max_tokens", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ("max_tokens not an int", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
-    ("over the context window", {"prompt": "x", "max_tokens": 40000}, 400, "max_tokens"),
+    ("over the context window", {"prompt": "x", "max_tokens": 140000}, 400, "max_tokens"),
     ("missing prompt", {"max_tokens": 3}, 400, "prompt"),
     ("empty prompt", {"prompt": "", "max_tokens": 3}, 400, "prompt"),
     ("n > 1", {"prompt": "x", "n": 2}, 400, "n"),
@@ -120,6 +120,19 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(
     assert err["param"] == param
     ok = client.post("/v1/completions", json={"prompt": "still there?", "max_tokens": 2})
     assert ok.status_code == 200
+
+
+def test_default_window_is_the_models_own_so_a_long_agent_turn_runs(client: TestClient) -> None:
+    """Llama-3.1-8B's window is 131,072 tokens (its config.json), as vLLM serves it by default;
+    a 40,000-token GAIA-like turn (over the old 32,768 default) is served, not refused."""
+    models = client.get("/v1/models").json()["data"]
+    assert models[0]["max_model_len"] == 131_072
+    prompt = " ".join(["word"] * 40_000)
+    r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 40_000
+    over = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 131_072 - 40_000 + 1})
+    assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
 
 
 def test_bad_chat_messages_and_unknown_fields(client: TestClient) -> None:

@@ -36,6 +36,30 @@ def test_render_table_shows_the_numbers() -> None:
         assert needle in text, needle
 
 
+def _row(text: str, label: str) -> list[str]:
+    line = next(ln for ln in text.splitlines() if label in ln)
+    return [c.strip() for c in line.split("│")[2:-1]]
+
+
+def test_cost_and_mfu_say_n_a_when_no_price_or_peak_was_given() -> None:
+    """``tokenomy bench`` without --usd-per-gpu-hour printed cost 0.0000 and MFU 0.0%: free and idle.
+    Unknown is "n/a"; given a price and a peak, the numbers come back."""
+    recs = [make_record(f"r{i}", ttft_s=0.25, tpot_s=0.02, prompt_tokens=1000) for i in range(4)]
+    slo = SLO(ttft_s=1.0, tpot_s=0.1)
+    unknown = summarize(recs, slo=slo, duration_s=10.0, num_gpus=1, usd_per_gpu_hour=0.0)
+    known = summarize(recs, slo=slo, duration_s=10.0, num_gpus=1, usd_per_gpu_hour=3.6,
+                      total_flops=1e15, peak_flops_per_s=1e15)
+    assert unknown.cost_per_mtok_usd is None and unknown.mfu is None
+    out = StringIO()
+    render_table({"bench": unknown, "priced": known}, console=Console(file=out, width=200, color_system=None))
+    text = out.getvalue()
+    assert _row(text, "cost per M tokens ($)")[0] == "n/a"
+    assert _row(text, "cost per M output tokens ($)")[0] == "n/a"
+    assert _row(text, "MFU")[0] == "n/a"
+    assert _row(text, "MFU")[1] == "10.0%"
+    assert float(_row(text, "cost per M tokens ($)")[1]) == pytest.approx(0.01 / known.tpm * 60 * 1e6 / 10, rel=1e-3)
+
+
 def test_render_table_of_empty_summary_shows_dashes() -> None:
     out = StringIO()
     render_table({"idle": Summary()}, console=Console(file=out, width=120, color_system=None))

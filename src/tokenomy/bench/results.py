@@ -13,6 +13,7 @@ from tokenomy.bench.config import BenchConfig
 from tokenomy.bench.runner import TurnResult
 from tokenomy.core import RequestRecord, TokenUsage
 from tokenomy.metrics import Summary, summarize
+from tokenomy.metrics.window import busy_window_s, span_s
 
 
 def _usage(result: TurnResult, prompt: int, output: int, cached: int) -> TokenUsage:
@@ -95,8 +96,10 @@ def _prompt_size_error(results: Sequence[TurnResult]) -> dict[str, Any]:
 def report(results: Sequence[TurnResult], t0: float, config: BenchConfig, wall_s: float) -> BenchReport:
     """Summarise ``results`` of a run that started at ``t0`` on the bench clock.
 
-    The window runs from the start to the last finish (as the simulator's does); ITL pools
-    every gap between consecutive streamed chunks of every request (vLLM bench's definition).
+    The window is the busy window (time with a request in flight, as the simulator's:
+    closed-loop think time does not dilute rates and costs), ``span_s`` first send to last
+    finish; ITL pools every gap between consecutive streamed chunks of every request (vLLM
+    bench's definition).
     """
     records = [to_record(r, t0) for r in results]
     itl = [b - a for r in results if r.outcome.ok
@@ -106,7 +109,8 @@ def report(results: Sequence[TurnResult], t0: float, config: BenchConfig, wall_s
     summary = summarize(
         records,
         slo=config.slo,
-        duration_s=end,
+        duration_s=max(busy_window_s(records, end), 1e-9) if records else end,
+        span_s=span_s(records, end),
         num_gpus=config.gpus,
         usd_per_gpu_hour=config.usd_per_gpu_hour,
         itl_values=itl or None,

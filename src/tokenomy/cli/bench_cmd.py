@@ -60,6 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--name", default="bench", help="deployment name in the table and JSON")
     o.add_argument("--json", type=Path, default=None, help="write results as JSON here (sim --json's shape)")
     o.add_argument("--plot", type=Path, default=None, help="write a TTFT/TPOT timeline (PNG) here")
+    o.add_argument("--html", type=Path, default=None,
+                   help="write a self-contained HTML report (table, latency, token-class and per-session cost plots)")
     o.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_bench_cmd, api="chat")
 
@@ -158,7 +160,8 @@ def _run_with_progress(sessions: list[Session], config: BenchConfig, n_turns: in
 def _print_and_write(
     result: BenchReport, config: BenchConfig, args: argparse.Namespace, console: Console, workload: dict[str, Any]
 ) -> None:
-    render_table({args.name: result.summary}, console=console, title=f"{args.workload} -> {', '.join(config.targets)}")
+    title = f"{args.workload} -> {', '.join(config.targets)}"
+    table = render_table({args.name: result.summary}, console=console, title=title)
     ex = result.extras
     frac = ex["cached_fraction"]
     err = ex["prompt_tokens_mean_abs_rel_error"]
@@ -185,6 +188,15 @@ def _print_and_write(
     if args.plot:
         plot_timeline(result.records, config.slo, args.plot)
         console.print(f"wrote {args.plot}")
+    if args.html:
+        from tokenomy.cli.html_out import write_bench_html
+        from tokenomy.gateway.config import DEFAULT_PRICE
+        from tokenomy.metrics.html_figures import TokenPrices
+
+        prices = TokenPrices(DEFAULT_PRICE.input_per_mtok, DEFAULT_PRICE.cached_input_per_mtok,
+                             DEFAULT_PRICE.output_per_mtok)
+        write_bench_html(args.html, title, table, args.name, result.summary, result.records, config.slo, prices)
+        console.print(f"wrote {args.html}")
 
 
 __all__ = ["config_from_args", "load_sessions", "register", "run_bench_cmd"]

@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "starts a private one, else a cluster address (needs tokenomy[ray])")
     p.add_argument("--json", type=Path, default=None, help="write results as JSON (schema: docs/json-schemas.md)")
     p.add_argument("--plot", type=Path, default=None, help="write an attainment-vs-rate chart (PNG)")
+    p.add_argument("--html", type=Path, default=None,
+                   help="write a self-contained HTML report (table, interactive attainment and P99 plots) here")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run_compare)
 
@@ -73,7 +75,14 @@ def run_compare(args: argparse.Namespace) -> int:
 
             result = run_sweep(spec, executor=executor, workers=args.workers, address=args.ray,
                                on_progress=advance)
-    _print(console, result)
+    table = _print(console, result)
+    if args.html:
+        from tokenomy.cli.html_out import write_compare_html
+
+        curves = {_label(n, cv.split): [r.summary for r in cv.runs] for n, cv in result.best.items()}
+        write_compare_html(args.html, Path(spec.workload.source).name, table, list(spec.rates), curves,
+                           spec.attainment_target, spec.slo)
+        console.print(f"wrote {args.html}")
     if args.json:
         write_json(args.json, result.to_dict())
         console.print(f"wrote {args.json}")
@@ -98,7 +107,7 @@ def _label(name: str, split: tuple[int, int] | None) -> str:
     return f"{name} ({split[0]}P:{split[1]}D)" if split and "@" not in name else name
 
 
-def _print(console: Console, result: SweepResult) -> None:
+def _print(console: Console, result: SweepResult) -> Table:
     spec = result.spec
     table = Table(title=f"SLO attainment vs session rate — {Path(spec.workload.source).name}")
     table.add_column("deployment")
@@ -113,3 +122,4 @@ def _print(console: Console, result: SweepResult) -> None:
         tail = f"{ttft:.2f}s / {tpot * 1000:.0f}ms" if ttft is not None and tpot is not None else "-"
         table.add_row(_label(name, curve.split), *cells, f"{curve.max_rate_at_target:.2f}/s", tail)
     console.print(table)
+    return table

@@ -36,7 +36,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument("--num-gpu-blocks", type=int, default=None, help="override the KV blocks the model gives")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    g.add_argument("--max-model-len", type=int, default=None, help="context window (default 32768, capped by KV)")
+    g.add_argument("--max-model-len", type=int, default=None, help="context window (default: the model's own, as vLLM; capped by KV)")
     g.add_argument("--link-gbps", type=float, default=None,
                    help="PD: KV-transfer bandwidth into this instance, GB/s (default: the GPU's NIC)")
 

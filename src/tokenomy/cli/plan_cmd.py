@@ -48,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="calibration cache file (default: ~/.cache/tokenomy/plan-calibration.json)")
     p.add_argument("--out", type=Path, default=None, help="write the plan here (YAML)")
     p.add_argument("--json", type=Path, default=None, help="write the plan here as JSON")
+    p.add_argument("--html", type=Path, default=None, help="write a self-contained HTML report (tables, plots) here")
     p.set_defaults(func=run_plan)
 
 
@@ -94,7 +95,13 @@ def run_plan(args: argparse.Namespace) -> int:
         cache = CalibrationCache(args.calibration_cache)
         calibration = calibrate_plan_inputs(request, stats, sessions, cache, on_progress=console.print)
     result = plan(stats, request, calibration)
-    print_plan(console, result)
+    table, lines = print_plan(console, result)
+    if args.html:
+        from tokenomy.cli.html_out import write_plan_html
+
+        write_plan_html(args.html, f"{request.model}, {args.workload} at {args.rate:g} sessions/s", table, lines,
+                        _bars(result))
+        console.print(f"wrote {args.html}")
     if args.out:
         write_plan(result, args.out)
         console.print(f"wrote {args.out}")
@@ -108,12 +115,27 @@ def _topology(options: tuple) -> str:
     return " + ".join(f"{o.count} x {o.candidate.role} ({o.candidate.tp} x {o.candidate.gpu})" for o in options)
 
 
-def print_plan(console: Console, result: Plan) -> None:
+def _bars(result: Plan) -> dict[str, tuple[float | None, float | None, float]]:
+    """Per chosen instance kind: (TTFT P95 / SLO, TPOT P95 / SLO, utilisation)."""
+    slo = result.request.slo
+    out: dict[str, tuple[float | None, float | None, float]] = {}
+    for o in result.solution.chosen:
+        p, c = o.prediction, o.candidate
+        out[f"{o.count} x {c.role} tp{c.tp} {c.gpu}"] = (
+            None if p.ttft_p95_s is None else p.ttft_p95_s / slo.ttft_s,
+            None if p.tpot_p95_s is None else p.tpot_p95_s / slo.tpot_s, p.utilization)
+    return out
+
+
+def print_plan(console: Console, result: Plan) -> tuple[Table, list[str]]:
+    """Print the plan; return its per-node table and the lines around it (for --html)."""
     req, st, sol = result.request, result.stats, result.solution
-    console.print(f"[bold]{req.model}[/] for {st.name} at {st.session_rate_per_s:g} sessions/s "
-                  f"({st.request_rate_per_s:.3g} requests/s), SLO TTFT {req.slo.ttft_s:g} s / TPOT {req.slo.tpot_s:g} s, "
-                  f"objective {req.objective}")
-    console.print(f"topology: [bold]{_topology(sol.chosen)}[/]  (${sol.usd_per_hour:.2f}/hour)")
+    lines = [f"{req.model} for {st.name} at {st.session_rate_per_s:g} sessions/s "
+             f"({st.request_rate_per_s:.3g} requests/s), SLO TTFT {req.slo.ttft_s:g} s / TPOT {req.slo.tpot_s:g} s, "
+             f"objective {req.objective}",
+             f"topology: {_topology(sol.chosen)}  (${sol.usd_per_hour:.2f}/hour)"]
+    for line in lines:
+        console.print(line, highlight=False)
     table = Table(title="predicted per node")
     for col in ("node", "instances", "GPUs", "util", "KV", "TTFT P95", "TPOT P95"):
         table.add_column(col, justify="left" if col in ("node", "instances") else "right")
@@ -132,12 +154,14 @@ def print_plan(console: Console, result: Plan) -> None:
                           f"{p.tpot_p95_s * 1000:.1f} ms" if p.tpot_p95_s is not None else "-")
     console.print(table)
     _, metric, p95 = result.bottleneck()
-    console.print(f"bottleneck P95: {metric.upper()} {p95:.3f} s = {sol.z:.2f} x SLO")
-    console.print(f"binding: {result.binding}")
+    after = [f"bottleneck P95: {metric.upper()} {p95:.3f} s = {sol.z:.2f} x SLO", f"binding: {result.binding}"]
     if result.runner_up is not None:
-        console.print(f"runner-up: {_topology(result.runner_up.chosen)} at {result.runner_up.z:.2f} x SLO")
+        after.append(f"runner-up: {_topology(result.runner_up.chosen)} at {result.runner_up.z:.2f} x SLO")
     if result.other_mode is not None:
         kind = "colocated" if sol.disaggregated else "disaggregated"
-        console.print(f"best {kind}: {_topology(result.other_mode.chosen)} at {result.other_mode.z:.2f} x SLO")
-    console.print(f"{result.candidates} candidate shapes, {result.options_considered} (shape, count) options, "
-                  f"MILP solved in {sol.solve_s * 1000:.0f} ms")
+        after.append(f"best {kind}: {_topology(result.other_mode.chosen)} at {result.other_mode.z:.2f} x SLO")
+    after.append(f"{result.candidates} candidate shapes, {result.options_considered} (shape, count) options, "
+                 f"MILP solved in {sol.solve_s * 1000:.0f} ms")
+    for line in after:
+        console.print(line, highlight=False)
+    return table, lines + after

@@ -42,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_experiment_args(p, default_deployments=DEFAULT_DEPLOYMENTS)
     p.add_argument("--json", type=Path, default=None, help="write results as JSON here (schema: docs/json-schemas.md)")
     p.add_argument("--plot", type=Path, default=None, help="write a comparison chart (PNG) here")
+    p.add_argument("--html", type=Path, default=None,
+                   help="write a self-contained HTML report (table, interactive plots) here")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument(
         "--trace-events", type=Path, default=None, metavar="FILE",
@@ -147,7 +149,12 @@ def run_sim(args: argparse.Namespace) -> int:
     summaries: dict[str, Summary] = {r.deployment: r.summary for r in runs}
     c = spec.cluster
     title = f"{Path(spec.workload.source).name} on {c.instances} x {c.tp} {Path(c.gpu).name} / {Path(c.model).name}"
-    render_table(summaries, console=console, title=title)
+    table = render_table(summaries, console=console, title=title)
+    if args.html:
+        from tokenomy.cli.html_out import write_sim_html
+
+        write_sim_html(args.html, title, table, summaries, spec.slo)
+        console.print(f"wrote {args.html}")
     if args.json:
         write_json(args.json, sim_payload(spec, runs, workload))
         console.print(f"wrote {args.json}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 
@@ -35,13 +36,23 @@ def _url(args: argparse.Namespace) -> str:
     return f"sqlite:///{path}"
 
 
+def _tenants_url(args: argparse.Namespace, ledger_url: str) -> str:
+    """Where the tenant tree's names live: ``ops.db_url`` of the config, else the ledger's database."""
+    if args.db is not None:
+        return ledger_url
+    from tokenomy.gateway.config import load_config
+    from tokenomy.gateway.ops.config import ops_config
+
+    return ops_config(load_config(args.config)).db_url or ledger_url
+
+
 def run_usage(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from tokenomy.gateway.errors import GatewayError
     from tokenomy.gateway.metering.ledger import UsageFilter
     from tokenomy.gateway.metering.usage_api import group_usage, parse_time
+    from tokenomy.gateway.metering.usage_view import grouped_rows, node_names, usage_table
     from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
     try:
@@ -58,17 +69,13 @@ def run_usage(args: argparse.Namespace) -> int:
     finally:
         ledger.close()
     groups = group_usage(events, args.by)
-    table = Table(title=f"usage by {args.by} ({len(events)} requests)")
-    cols = ("requests", "input_tokens", "incremental_prefill_tokens", "history_tokens", "output_tokens",
-            "cached_tokens", "recomputed_tokens", "cost_usd", "cache_savings_usd")
-    heads = ("requests", "input", "incr. prefill", "history", "output", "cached", "recomputed", "cost $", "saved $")
-    table.add_column(args.by, no_wrap=True, min_width=max([len(n) for n in groups] + [6]))
-    for h in heads:
-        table.add_column(h, justify="right", no_wrap=True)
-    for name, row in groups.items():
-        table.add_row(name or "(none)", *(f"{row[c]:.6f}" if c.endswith("usd") else str(row[c]) for c in cols))
-    Console(width=max(Console().width, 140)).print(table)
+    names = node_names(_tenants_url(args, url)) if args.by in ("tenant", "key") else {}
+    rows = grouped_rows(events, args.by, names)
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=120)  # piped: the table's width, not rich's 80
+    console.print(usage_table(rows, args.by, title=f"usage by {args.by} ({len(events)} requests)"))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"by": args.by, "groups": groups}, indent=2))
+        Path(args.json).write_text(json.dumps({"by": args.by, "groups": groups, "names": names}, indent=2))
     return 0

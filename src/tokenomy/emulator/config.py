@@ -10,8 +10,8 @@ from tokenomy.engine import EngineConfig
 from tokenomy.perf import PerfModel
 
 DEFAULT_MAX_MODEL_LEN = 32768
-"""Context window when ``--max-model-len`` is not given (labelled default; Llama-3.1 allows 128k,
-vLLM deployments commonly cap it; capped further by the instance's KV capacity)."""
+"""Context window when ``--max-model-len`` is not given and the model's own window
+(``max_position_embeddings``) is not known (labelled default); capped by the instance's KV capacity."""
 
 DEFAULT_EOS_MEAN_TOKENS = 256.0
 """Mean output length of the EOS rule when a request neither sets ``ignore_eos`` nor hits
@@ -120,7 +120,9 @@ class EmulatorConfig:
             enable_prefix_caching=self.enable_prefix_caching,
         )
 
-    def context_window(self, engine: EngineConfig) -> int:
-        """Most prompt + output tokens one request may have (``max_model_len``, capped by the KV)."""
-        want = self.max_model_len or DEFAULT_MAX_MODEL_LEN
+    def context_window(self, engine: EngineConfig, model_window: int | None = None) -> int:
+        """Most prompt + output tokens one request may have: ``max_model_len``, else the model's
+        own window ``model_window`` (as vLLM defaults it), else :data:`DEFAULT_MAX_MODEL_LEN`;
+        capped by the KV capacity."""
+        want = self.max_model_len or model_window or DEFAULT_MAX_MODEL_LEN
         return min(want, engine.total_kv_tokens)

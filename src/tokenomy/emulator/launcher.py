@@ -40,7 +40,7 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
+def parent_death_signal() -> Callable[[], None] | None:
     """A pre-exec hook that makes the child get SIGTERM when its parent dies (Linux only)."""
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -57,10 +57,11 @@ class LocalCluster:
     """The instance processes of a cluster; a context manager that starts, waits and stops them."""
 
     def __init__(self, instances: list[Instance], *, ready_timeout_s: float = 60.0,
-                 stderr: int | None = None) -> None:
+                 stderr: int | None = None, stdout: int | None = None) -> None:
         self.instances = instances
         self.ready_timeout_s = ready_timeout_s
         self._stderr = stderr
+        self._stdout = stdout
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> LocalCluster:
@@ -81,10 +82,10 @@ class LocalCluster:
         for inst in self.instances:
             if not port_free(inst.host, inst.port):
                 raise ValueError(f"port {inst.port} on {inst.host} is in use (choose another --port-base)")
-        hook = _parent_death_signal()
+        hook = parent_death_signal()
         for inst in self.instances:
             cmd = [sys.executable, "-m", "tokenomy.emulator", *inst.argv()]
-            self.procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=self._stderr,
+            self.procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._stdout, stderr=self._stderr,
                                                preexec_fn=hook))
 
     def dead(self) -> list[tuple[Instance, int]]:

@@ -79,7 +79,7 @@ class Emulator:
         self.engine_config = config.engine_config(self.perf)
         self._trace = JsonlTrace(config.trace_events) if config.trace_events is not None else None
         self.engine = Engine(config.instance_id, self.engine_config, self.perf, config.role, trace=self._trace)
-        self.context_window = config.context_window(self.engine_config)
+        self.context_window = config.context_window(self.engine_config, self.perf.model.max_context_tokens)
         self.model_name = config.model_name
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0

@@ -18,6 +18,7 @@ from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
 from tokenomy.metrics.summary import Summary
 
 _DASH = "-"
+_NA = "n/a"  # not measurable with what was given (no GPU price, no FLOP peak), rather than zero
 
 
 def _ms(v: float | None) -> str:
@@ -48,9 +49,10 @@ _ROWS: list[tuple[str, Callable[[Summary], str]]] = [
     ("goodput per GPU (req/s)", lambda s: _num(s.goodput_per_gpu_rps, ".3f")),
     ("RPM", lambda s: _num(s.rpm, ",.1f")),
     ("TPM", lambda s: _num(s.tpm, ",.0f")),
-    ("cost per M tokens ($)", lambda s: _num(s.cost_per_mtok_usd, ".4f")),
-    ("cost per M output tokens ($)", lambda s: _num(s.cost_per_mtok_output_usd, ".4f")),
-    ("MFU", lambda s: _pct(s.mfu)),
+    ("cost per M tokens ($)", lambda s: _NA if s.cost_per_mtok_usd is None else f"{s.cost_per_mtok_usd:.4f}"),
+    ("cost per M output tokens ($)",
+     lambda s: _NA if s.cost_per_mtok_output_usd is None else f"{s.cost_per_mtok_output_usd:.4f}"),
+    ("MFU", lambda s: _NA if s.mfu is None else _pct(s.mfu)),
 ]
 
 

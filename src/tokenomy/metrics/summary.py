@@ -21,8 +21,9 @@ Definitions (the same ones ``vllm bench serve`` uses, so numbers compare):
 * RPM: finished requests per minute; TPM: prompt + output tokens per minute (all requests,
   since a cut-off request still consumed its tokens).
 * cost: GPUs x $/GPU-hour over the window, per million prompt+output tokens and per million
-  output tokens.
-* MFU: useful FLOPs / (window x peak FLOP/s of all the GPUs together).
+  output tokens; None ("n/a") when no price was given (``usd_per_gpu_hour`` 0).
+* MFU: useful FLOPs / (window x peak FLOP/s of all the GPUs together); None ("n/a") when the
+  peak is not known (``peak_flops_per_s`` 0, e.g. ``tokenomy bench``, which sees no hardware).
 
 Undefined values (a percentile of no samples, a cost per token with no tokens) are None, so
 the JSON form never holds NaN.
@@ -79,7 +80,7 @@ class Summary:
     cost_usd: float = 0.0
     cost_per_mtok_usd: float | None = None
     cost_per_mtok_output_usd: float | None = None
-    mfu: float = 0.0
+    mfu: float | None = None
     tokens: dict[str, int] = field(default_factory=lambda: TokenUsage().to_dict())
 
     def to_dict(self) -> dict[str, Any]:
@@ -151,7 +152,8 @@ def summarize(
     """Reduce ``records`` of a window of ``duration_s`` seconds on ``num_gpus`` GPUs to a Summary.
 
     ``peak_flops_per_s`` is the peak of ALL ``num_gpus`` GPUs together (per-GPU peak x GPUs);
-    MFU is 0 when it is 0. ``rejected`` counts requests refused before running, by reason
+    MFU is None when it is 0 (not known), and costs per token are None when ``usd_per_gpu_hour``
+    is 0 (no price given). ``rejected`` counts requests refused before running, by reason
     (not in ``records``): they count in ``requests`` and as SLO misses, nowhere else. Empty
     ``records`` give a Summary of zeros and None percentiles; a zero window gives zero rates
     and costs. Raises ValueError on negative or non-finite arguments, ``num_gpus < 1``, or a
@@ -182,6 +184,7 @@ def summarize(
         return x / duration_s if duration_s > 0 else 0.0
 
     cost_usd = num_gpus * usd_per_gpu_hour * duration_s / _SECONDS_PER_HOUR
+    priced = usd_per_gpu_hour > 0  # no price given: cost per token is unknown, not free
     peak_work = duration_s * peak_flops_per_s
     ttft = _pcts(ttfts)
     tpot = _pcts(tpots)
@@ -207,8 +210,8 @@ def summarize(
         tpm=per_s(total_tokens) * 60.0,
         output_tps=per_s(output_tokens),
         cost_usd=cost_usd,
-        cost_per_mtok_usd=cost_usd / total_tokens * _PER_MILLION if total_tokens else None,
-        cost_per_mtok_output_usd=cost_usd / output_tokens * _PER_MILLION if output_tokens else None,
-        mfu=total_flops / peak_work if peak_work > 0 else 0.0,
+        cost_per_mtok_usd=cost_usd / total_tokens * _PER_MILLION if total_tokens and priced else None,
+        cost_per_mtok_output_usd=cost_usd / output_tokens * _PER_MILLION if output_tokens and priced else None,
+        mfu=(total_flops / peak_work if peak_work > 0 else 0.0) if peak_flops_per_s > 0 else None,
         tokens=usage.to_dict(),
     )

@@ -88,6 +88,7 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         q_lora_rank=_int(cfg, path, "q_lora_rank", default=0) if kv_lora_rank else 0,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         weight_bytes_per_param=weight_bytes,
+        max_context_tokens=_int(cfg, path, "max_position_embeddings", "n_positions", default=0) or None,
     )
 
 

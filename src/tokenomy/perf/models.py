@@ -23,6 +23,8 @@ class ModelSpec:
     stored weights' (None: ``dtype_bytes``), e.g. 1 for DeepSeek-V3, which ships in FP8.
     MLA (DeepSeek): ``kv_lora_rank > 0``; the KV cache holds one compressed latent of
     ``kv_lora_rank + qk_rope_head_dim`` values per token and layer, shared by all heads.
+    ``max_context_tokens`` is the model's own context window (``max_position_embeddings``), what
+    vLLM uses as ``max_model_len`` unless told otherwise.
     """
 
     name: str
@@ -46,6 +48,7 @@ class ModelSpec:
     q_lora_rank: int = 0
     tie_word_embeddings: bool = False
     weight_bytes_per_param: float | None = None
+    max_context_tokens: int | None = None  # config.json's max_position_embeddings; None: not known
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dtype_bytes"):
@@ -161,34 +164,36 @@ class ModelSpec:
         return 4.0 * self.n_heads * self.head_dim
 
 
-def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int) -> ModelSpec:
-    return ModelSpec(name, layers, hidden, heads, kv, hidden // heads, inter, vocab)
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int,
+           context: int | None = None) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, kv, hidden // heads, inter, vocab, max_context_tokens=context)
 
 
 # Numbers from each model's public Hugging Face config.json.
 _CATALOG: dict[str, ModelSpec] = {
     m.name: m
     for m in (
-        _llama("Llama-3.1-8B", 32, 4096, 32, 8, 14336, 128256),
-        _llama("Llama-3.1-70B", 80, 8192, 64, 8, 28672, 128256),
-        _llama("Llama-3-8B", 32, 4096, 32, 8, 14336, 128256),
-        _llama("Llama-3-70B", 80, 8192, 64, 8, 28672, 128256),
-        _llama("Llama-2-7B", 32, 4096, 32, 32, 11008, 32000),
-        _llama("Llama-2-70B", 80, 8192, 64, 8, 28672, 32000),
-        _llama("CodeLlama-34B", 48, 8192, 64, 8, 22016, 32000),
+        _llama("Llama-3.1-8B", 32, 4096, 32, 8, 14336, 128256, 131072),
+        _llama("Llama-3.1-70B", 80, 8192, 64, 8, 28672, 128256, 131072),
+        _llama("Llama-3-8B", 32, 4096, 32, 8, 14336, 128256, 8192),
+        _llama("Llama-3-70B", 80, 8192, 64, 8, 28672, 128256, 8192),
+        _llama("Llama-2-7B", 32, 4096, 32, 32, 11008, 32000, 4096),
+        _llama("Llama-2-70B", 80, 8192, 64, 8, 28672, 32000, 4096),
+        _llama("CodeLlama-34B", 48, 8192, 64, 8, 22016, 32000, 16384),
         _llama("InternLM-20B", 60, 5120, 40, 40, 13824, 103168),
         # Qwen (v1) config.json gives intermediate_size 49152 = 2 x the gated width of 24576.
         _llama("Qwen-72B", 80, 8192, 64, 64, 24576, 152064),
-        ModelSpec("Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936),
+        ModelSpec("Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936, max_context_tokens=40960),
         ModelSpec(
             "Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 6144, 151936,
-            n_experts=128, n_active_experts=8, moe_intermediate_size=768,
+            n_experts=128, n_active_experts=8, moe_intermediate_size=768, max_context_tokens=40960,
         ),
         ModelSpec(
             "DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280,
             n_experts=256, n_active_experts=8, n_shared_experts=1, moe_intermediate_size=2048,
             first_k_dense_layers=3, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
             v_head_dim=128, q_lora_rank=1536, weight_bytes_per_param=1,  # released in FP8 (e4m3)
+            max_context_tokens=163840,
         ),
     )
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,9 @@ from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.http.app import build_app
 from tokenomy.gateway.metering.ledger import UsageEvent
 from tokenomy.gateway.ops.allow_all import AllowAllGuard
+from tokenomy.gateway.ops.tenancy import NodeKind
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
+from tokenomy.gateway.stores.tenancy_sql import TenantStore, sqlite_engine
 
 
 def _event(rid: str, tenant: str, session: str, ts: float, cost: float) -> UsageEvent:
@@ -95,7 +98,41 @@ def test_usage_cli_groups_and_writes_json(db: Path, tmp_path: Path, capsys: pyte
     groups = json.loads(out.read_text())["groups"]
     assert list(groups) == ["org/team1/k1", "org/team1/k2"]  # largest cost first
     assert groups["org/team1/k1"]["cached_tokens"] == 40 and groups["org/team1/k1"]["requests"] == 1
-    assert "org/team1/k2" in capsys.readouterr().out
+    assert "└─ k2" in capsys.readouterr().out  # no tenant table in this ledger: ids as names
     assert main(["usage", "--db", str(db), "--since", "not-a-time"]) == 2
     assert "--since" in capsys.readouterr().err
     assert main(["usage", "--db", str(tmp_path / "none.db")]) == 2
+
+
+def test_usage_by_tenant_is_a_tree_of_names_whose_headers_fit_120_columns(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newcomer saw ``org_…/team_…/key_…`` ids and headers cut to ``reques…``/``inp…`` at 120
+    columns: the tenant column now shows the names given, as a tree, and every header is whole."""
+    path = tmp_path / "ledger.db"
+    store = TenantStore(sqlite_engine(f"sqlite:///{path}"), server_secret=b"s" * 32)
+    acme = store.create_node(NodeKind.ORG, "acme-research-laboratories", None)
+    team = store.create_node(NodeKind.TEAM, "agents", acme.id)
+    ci, _ = store.create_key(team.id, "ci-pipeline")
+    bot, _ = store.create_key(team.id, "support-bot")
+    store.engine.dispose()
+    ledger = SqlLedger(f"sqlite:///{path}")
+    ledger.record_sync([
+        _event("a", f"{acme.id}/{team.id}/{ci.id}", "s1", 100.0, 0.5),
+        _event("b", f"{acme.id}/{team.id}/{bot.id}", "s2", 200.0, 1.25),
+        _event("c", f"{acme.id}/{team.id}/{bot.id}", "s3", 300.0, 0.25),
+    ])
+    ledger.close()
+    monkeypatch.setenv("COLUMNS", "120")
+    assert main(["usage", "--db", str(path), "--by", "tenant"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(ln) for ln in lines) <= 120
+    header = next(ln for ln in lines if ln.startswith("tenant"))
+    assert header.split() == ["tenant", "requests", "input", "incr.", "prefill", "output", "cached",
+                              "recomputed", "cost", "$", "saved", "$"]
+    body = "\n".join(lines)
+    assert not any(i in body for i in (acme.id, team.id, ci.id, bot.id))
+    labels = [m.group(1) for ln in lines if (m := re.match(r"^(\s*\S+(?: \S+)*)", ln))]
+    tree = [lb for lb in labels if any(n in lb for n in ("acme", "agents", "ci-pipeline", "support-bot"))]
+    assert tree == ["acme-research-laboratories", "└─ agents", "   ├─ support-bot", "   └─ ci-pipeline"]
+    org_row = next(ln for ln in lines if ln.startswith("acme-research-laboratories"))
+    assert org_row.split()[1:2] == ["3"] and "2.0000" in org_row  # the org sums its keys: 3 requests, $2
