@@ -12,6 +12,7 @@ gateway process's CPU time per request (user + system, from /proc), a far steadi
 latency on a shared machine.
 
     python benchmarks/gateway_overhead.py --json out/gateway_overhead.json
+    python benchmarks/gateway_overhead.py --clients fast,aiohttp   # the hot-path clients side by side
 
 Writes ``{"p50_added_ms_c1", "p99_added_ms_c1", "rps_c32", "rps_direct_c32", ...}``.
 Targets (issue 9): p50 added <= 1 ms at c=1; >= 1000 req/s at c=32.
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 MODEL = "llama-3.1-8b"  # the default config's model (what `tokenomy up` serves)
 API_KEY = "tk-" + "b" * 43  # a fixed benchmark key (tk- + 43 urlsafe characters, as `tokenomy keys` makes)
@@ -163,12 +165,13 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def _config(tmp: Path, up_ports: list[int], gw_port: int, reservations: str = "memory") -> Path:
+def _config(tmp: Path, up_ports: list[int], gw_port: int, reservations: str = "memory",
+            client: str = "fast") -> Path:
     cfg = {
-        "server": {"host": "127.0.0.1", "port": gw_port},
+        "server": {"host": "127.0.0.1", "port": gw_port, "upstream_client": client},
         "backends": [{"id": f"up{i}", "url": f"http://127.0.0.1:{p}"} for i, p in enumerate(up_ports)],
         "router": {"name": "session_affinity"},
-        "ledger": {"url": f"sqlite:///{tmp / 'ledger.db'}"},
+        "ledger": {"url": f"sqlite:///{tmp / f'ledger-{client}.db'}"},
         "ops": {
             "server_secret": "bench-secret-0123456789",
             "admin_key": "bench-admin-0123456789",
@@ -179,7 +182,7 @@ def _config(tmp: Path, up_ports: list[int], gw_port: int, reservations: str = "m
             }],
         },
     }
-    path = tmp / "gateway.yaml"
+    path = tmp / f"gateway-{client}.yaml"
     path.write_text(json.dumps(cfg))  # JSON is YAML
     return path
 
@@ -203,37 +206,45 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(direct: int, gateway: int, n_c1: int, rounds: int, duration_s: float,
-                  gateway_pid: int) -> dict[str, float]:
-    await _latencies(direct, False, 200)  # warm both paths
-    await _latencies(gateway, True, 500)
-    cpu0 = _cpu_s(gateway_pid)
-    n_cpu = await _latencies(gateway, True, 1000)
-    cpu_ms_per_request = (_cpu_s(gateway_pid) - cpu0) / len(n_cpu) * 1e3
+async def measure(direct: int, gateways: dict[str, tuple[int, int]], n_c1: int, rounds: int,
+                  duration_s: float) -> dict[str, dict[str, float]]:
+    """Per gateway (name -> (port, pid)): added latency at c=1, throughput at c=32, CPU per
+    request. Direct and every gateway alternate round by round, so all see the same machine."""
+    await _latencies(direct, False, 200)  # warm every path
+    cpu_ms: dict[str, float] = {}
+    for name, (port, pid) in gateways.items():
+        await _latencies(port, True, 500)
+        cpu0 = _cpu_s(pid)
+        n_cpu = await _latencies(port, True, 1000)
+        cpu_ms[name] = (_cpu_s(pid) - cpu0) / len(n_cpu) * 1e3
     d_lat: list[float] = []
-    g_lat: list[float] = []
-    for _ in range(rounds):  # alternate so both see the same machine state
+    g_lat: dict[str, list[float]] = {name: [] for name in gateways}
+    for _ in range(rounds):
         d_lat += await _latencies(direct, False, n_c1 // rounds)
-        g_lat += await _latencies(gateway, True, n_c1 // rounds)
-    rps_d, rps_g = [], []
-    cpu_c32_s = served_c32 = 0.0
+        for name, (port, _pid) in gateways.items():
+            g_lat[name] += await _latencies(port, True, n_c1 // rounds)
+    rps_d: list[float] = []
+    rps_g: dict[str, list[float]] = {name: [] for name in gateways}
+    cpu_c32_s = dict.fromkeys(gateways, 0.0)
+    served_c32 = dict.fromkeys(gateways, 0.0)
     for _ in range(2):
         rps_d.append(await _throughput(direct, False, 32, duration_s))
-        cpu0 = _cpu_s(gateway_pid)
-        rps_g.append(await _throughput(gateway, True, 32, duration_s))
-        cpu_c32_s += _cpu_s(gateway_pid) - cpu0
-        served_c32 += rps_g[-1] * duration_s
-    return {
-        "p50_added_ms_c1": (_pct(g_lat, 0.5) - _pct(d_lat, 0.5)) * 1e3,
-        "p99_added_ms_c1": (_pct(g_lat, 0.99) - _pct(d_lat, 0.99)) * 1e3,
-        "p50_gateway_ms_c1": _pct(g_lat, 0.5) * 1e3,
+        for name, (port, pid) in gateways.items():
+            cpu0 = _cpu_s(pid)
+            rps_g[name].append(await _throughput(port, True, 32, duration_s))
+            cpu_c32_s[name] += _cpu_s(pid) - cpu0
+            served_c32[name] += rps_g[name][-1] * duration_s
+    return {name: {
+        "p50_added_ms_c1": (_pct(g_lat[name], 0.5) - _pct(d_lat, 0.5)) * 1e3,
+        "p99_added_ms_c1": (_pct(g_lat[name], 0.99) - _pct(d_lat, 0.99)) * 1e3,
+        "p50_gateway_ms_c1": _pct(g_lat[name], 0.5) * 1e3,
         "p50_direct_ms_c1": _pct(d_lat, 0.5) * 1e3,
-        "rps_c32": max(rps_g),
+        "rps_c32": max(rps_g[name]),
         "rps_direct_c32": max(rps_d),
-        "requests_c1": len(g_lat),
-        "gateway_cpu_ms_per_request": cpu_ms_per_request,  # at c=1: the steadiest figure on a busy machine
-        "gateway_cpu_ms_per_request_c32": cpu_c32_s / served_c32 * 1e3,
-    }
+        "requests_c1": len(g_lat[name]),
+        "gateway_cpu_ms_per_request": cpu_ms[name],  # at c=1: the steadiest figure on a busy machine
+        "gateway_cpu_ms_per_request_c32": cpu_c32_s[name] / served_c32[name] * 1e3,
+    } for name in gateways}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,39 +255,56 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per throughput run at c=32")
     ap.add_argument("--reservations", default="memory", choices=["sql", "memory"],
                     help="where budget holds live (memory: the default, spend rebuilt from the ledger; sql: shared by processes)")
+    ap.add_argument("--clients", default="fast",
+                    help="hot-path upstream clients to run side by side, comma-separated (fast, aiohttp); "
+                         "the first one's numbers are the top-level keys")
     ap.add_argument("--upstream", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.upstream:
         run_upstream([int(p) for p in args.upstream.split(",")])
         return 0
+    clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    if not clients or any(c not in ("fast", "aiohttp") for c in clients) or len(set(clients)) < len(clients):
+        ap.error(f"--clients: distinct names among fast, aiohttp; got {args.clients!r}")
     up_ports = [_free_port(), _free_port()]
-    gw_port = _free_port()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        cfg = _config(tmp, up_ports, gw_port, args.reservations)
         upstream = subprocess.Popen([sys.executable, __file__, "--upstream", ",".join(map(str, up_ports))])
-        gateway = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg),
-                                    "--log-level", "warning"], cwd=tmp, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        procs: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
         try:
+            for client in clients:
+                port = _free_port()
+                cfg = _config(tmp, up_ports, port, args.reservations, client)
+                procs[client] = (port, subprocess.Popen(
+                    [sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg), "--log-level", "warning"],
+                    cwd=tmp, env={**os.environ, "PYTHONUNBUFFERED": "1"}))
             for p in up_ports:
                 _wait_port(p, upstream)
-            _wait_port(gw_port, gateway)
+            for port, proc in procs.values():
+                _wait_port(port, proc)
             import uvloop
 
-            result = uvloop.run(measure(up_ports[0], gw_port, args.requests, args.rounds, args.duration,
-                                         gateway.pid))
+            per_client = uvloop.run(measure(up_ports[0], {c: (port, proc.pid) for c, (port, proc) in procs.items()},
+                                            args.requests, args.rounds, args.duration))
         finally:
-            for proc in (gateway, upstream):
+            everything = [proc for _port, proc in procs.values()] + [upstream]
+            for proc in everything:
                 proc.send_signal(signal.SIGTERM)
-            for proc in (gateway, upstream):
+            for proc in everything:
                 try:
                     proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+    result: dict[str, Any] = dict(per_client[clients[0]])
+    result["upstream_client"] = clients[0]
     result["reservations"] = args.reservations
     result["load_avg_1m"] = os.getloadavg()[0]
     for k, v in result.items():
         print(f"{k:>20}: {v:.3f}" if isinstance(v, float) else f"{k:>20}: {v}")
+    if len(clients) > 1:
+        result["clients"] = per_client
+        for k in per_client[clients[0]]:
+            print(f"{k:>32}: " + "  ".join(f"{c} {per_client[c][k]:.3f}" for c in clients))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

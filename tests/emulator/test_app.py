@@ -286,3 +286,29 @@ def test_a_retention_hint_pins_a_turn_and_ttl_zero_releases_it(client: TestClien
     assert metric(text, "vllm:kv_cache_usage_perc") > 0  # pinned for the session's next turn
     client.post("/v1/tokenomy/retain", json={"request_id": "turn-1", "ttl_s": 0})
     assert metric(client.get("/metrics").text, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_a_decode_request_may_only_name_a_loopback_or_allowed_kv_peer(client: TestClient) -> None:
+    """kv_transfer_params.remote_host comes from the request body: the emulator POSTs there after
+    its KV pull, so any host would make it a proxy into the network it runs in (SSRF)."""
+    params = {"do_remote_prefill": True, "remote_request_id": "x", "remote_port": 80,
+              "remote_engine_id": "p", "remote_block_ids": []}
+    for host in ("169.254.169.254", "internal.example", ""):
+        r = client.post("/v1/completions", json={"prompt": "decode me", "max_tokens": 2,
+                                                 "kv_transfer_params": {**params, "remote_host": host}})
+        assert r.status_code in (400, 403) and r.json()["error"]["param"] == "kv_transfer_params", host
+    config = EmulatorConfig(time_scale=FAST, instance_id="unit-1", port=9, kv_peers=("prefill.internal",))
+    from tokenomy.emulator.service import allowed_peer
+
+    assert allowed_peer("127.0.0.1", ()) and allowed_peer("::1", ()) and allowed_peer("localhost", ())
+    assert allowed_peer("prefill.internal", config.kv_peers) and not allowed_peer("10.0.0.8", config.kv_peers)
+
+
+def test_a_body_over_the_limit_gets_413_and_the_server_keeps_serving() -> None:
+    config = EmulatorConfig(time_scale=FAST, instance_id="unit-2", port=9, max_body_bytes=4096)
+    with TestClient(build_app(config)) as c:
+        r = c.post("/v1/completions", json={"prompt": "x" * 10_000, "max_tokens": 1})
+        assert r.status_code == 413 and r.json()["error"]["message"].startswith("The request body is larger")
+        r = c.post("/tokenomy/kv_release", content=b"{" + b" " * 8000 + b"}")
+        assert r.status_code == 413
+        assert c.post("/v1/completions", json={"prompt": "small", "max_tokens": 1}).status_code == 200

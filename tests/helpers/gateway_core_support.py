@@ -136,11 +136,12 @@ class FakeUpstream:
 
 
 @contextlib.contextmanager
-def serve(app: Any, port: int | None = None, timeout_s: float = 10.0) -> Iterator[str]:
-    """Run ``app`` with uvicorn on 127.0.0.1 in a thread; yields its base URL; always stops it."""
+def serve(app: Any, port: int | None = None, timeout_s: float = 10.0, **options: Any) -> Iterator[str]:
+    """Run ``app`` with uvicorn on 127.0.0.1 in a thread; yields its base URL; always stops it.
+    ``options`` go to ``uvicorn.Config`` (``ssl_certfile``/``ssl_keyfile``: an https server)."""
     port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="on", loop="asyncio"))
+                                           lifespan="on", loop="asyncio", **options))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -149,7 +150,18 @@ def serve(app: Any, port: int | None = None, timeout_s: float = 10.0) -> Iterato
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"server on port {port} did not start")
             time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if options.get('ssl_certfile') else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout_s)
+
+
+def wait_for(pred: Any, timeout_s: float = 5.0) -> Any:
+    """``pred()``'s first truthy value, polled every 20 ms; AssertionError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")

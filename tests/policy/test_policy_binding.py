@@ -108,3 +108,24 @@ def test_config_bounds(bad: dict[str, float]) -> None:
 def test_no_decode_instance_fails() -> None:
     with pytest.raises(ValueError, match="no decode instances"):
         binder().bind(make_request(), [], now=0.0)
+
+
+def test_idle_bindings_are_forgotten_and_the_binder_stays_bounded() -> None:
+    """A long-running gateway binds sessions forever otherwise: a binding idle for idle_ttl_s is
+    dropped, at most max_sessions are kept (least recently used out first); a session in use stays."""
+    b = binder(idle_ttl_s=100.0, max_sessions=3)
+    views = [FakeView("a"), FakeView("b")]
+    for i, sid in enumerate(("s1", "s2", "s3")):
+        b.bind(make_request(session_id=sid), views, now=float(i))
+    b.bind(make_request(session_id="s1"), views, now=10.0)  # s1 used again: now the most recent
+    b.bind(make_request(session_id="s4"), views, now=11.0)  # over the cap: s2 (least recent) goes
+    assert [s for s in ("s1", "s2", "s3", "s4") if b.bound_instance(s)] == ["s1", "s3", "s4"]
+    b.bind(make_request(session_id="s4"), views, now=105.0)  # s3 idle since 2.0: past the TTL
+    assert b.bound_instance("s3") is None and b.bound_instance("s1") is not None
+    b.bind(make_request(session_id="s4"), views, now=300.0)
+    assert len(b) == 1 and b.bound_instance("s4") is not None
+    fresh = b.bind(make_request(session_id="s1"), views, now=301.0)
+    assert fresh.new_binding  # a forgotten session comes back as a new one
+    for i in range(1000):
+        b.bind(make_request(session_id=f"x{i}"), views, now=302.0)
+    assert len(b) == 3

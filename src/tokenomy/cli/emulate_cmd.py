@@ -13,6 +13,7 @@ from tokenomy.emulator.config import (
     DEFAULT_DECODE_MAX_NUM_SEQS,
     DEFAULT_EOS_MEAN_TOKENS,
     DEFAULT_KV_RELEASE_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_LAG_S,
     DEFAULT_MAX_NUM_SEQS,
     EmulatorConfig,
@@ -57,6 +58,11 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace-events", type=Path, default=None, metavar="FILE",
                    help="write the engine's events (admissions, preemptions, evictions, steps) as JSON lines")
     g.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    g.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="larger request bodies get 413 (default 16 MiB)")
+    g.add_argument("--kv-peer", action="append", default=None, metavar="HOST",
+                   help="a host (besides loopback) whose prefill instance this one may notify after a KV "
+                        "pull (kv_transfer_params.remote_host); repeat for more")
 
 
 def config_from_args(args: argparse.Namespace, *, port: int, instance_id: str) -> EmulatorConfig:
@@ -73,6 +79,7 @@ def config_from_args(args: argparse.Namespace, *, port: int, instance_id: str) -
         link_bytes_per_s=None if args.link_gbps is None else args.link_gbps * 1e9,
         kv_transfer_timeout_s=args.kv_transfer_timeout,
         time_scale=args.time_scale, max_lag_s=args.max_lag_ms / 1e3, host=args.host, port=port,
+        max_body_bytes=args.max_body_bytes, kv_peers=tuple(args.kv_peer or ()),
     )
 
 

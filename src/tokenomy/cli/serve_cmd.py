@@ -37,5 +37,6 @@ def run_serve(args: argparse.Namespace) -> int:
           flush=True)
     uvicorn.run(app, host=server.host, port=server.port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                limit_concurrency=server.limit_concurrency, timeout_keep_alive=server.timeouts.keep_alive_s,
                 proxy_headers=False, server_header=False)  # neither is read; each costs a request CPU
     return 0

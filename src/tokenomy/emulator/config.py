@@ -31,6 +31,10 @@ def default_max_num_seqs(role: Role) -> int:
 
 
 DEFAULT_MAX_LAG_S = 0.02
+
+# Labelled default: the largest request body the server reads (vLLM has no such limit; a 128k-token
+# prompt is ~0.5 MB of text, so 16 MiB leaves room for token-id prompts and images as data URLs).
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 """How far the wall clock may run behind the model before the model re-anchors to it (see
 docs/emulator.md, "Fidelity"): bounded catch-up after a hiccup, no unbounded drift when CPU-bound."""
 
@@ -70,6 +74,10 @@ class EmulatorConfig:
     max_lag_s: float = DEFAULT_MAX_LAG_S
     host: str = "127.0.0.1"
     port: int = 8000
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Hosts a decode instance may notify (kv_transfer_params.remote_host) besides loopback: the
+    # host comes from a request body, so any other host would let a client make it POST anywhere.
+    kv_peers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("tp", "max_num_batched_tokens", "max_num_seqs", "block_size_tokens"):
@@ -93,6 +101,8 @@ class EmulatorConfig:
             raise ValueError(f"--max-lag-ms must be >= 0, got {self.max_lag_s * 1e3}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be in [0, 65535], got {self.port}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
         object.__setattr__(self, "role", Role(self.role))
 
     @property

@@ -23,7 +23,7 @@ from tokenomy.emulator.config import EmulatorConfig
 from tokenomy.emulator.metrics import CONTENT_TYPE
 from tokenomy.emulator.protocol import APIError
 from tokenomy.emulator.service import KV_RELEASE_PATH, RETAIN_PATH, Emulator
-from tokenomy.emulator.streaming import generate_handler
+from tokenomy.emulator.streaming import generate_handler, read_body
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -72,8 +72,10 @@ def build_app(config: EmulatorConfig) -> ASGIApp:
 
     async def kv_release(request: Request) -> Response:
         try:
-            data = json.loads(await request.body())
+            data = json.loads(await read_body(request.receive, config.max_body_bytes))
             rid = data["remote_request_id"]
+        except APIError as err:
+            return error_response(err)
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
             return error_response(APIError(400, "expected a JSON object with remote_request_id",
                                            param="remote_request_id"))
@@ -82,10 +84,12 @@ def build_app(config: EmulatorConfig) -> ASGIApp:
 
     async def retain(request: Request) -> Response:
         try:
-            data = json.loads(await request.body())
+            data = json.loads(await read_body(request.receive, config.max_body_bytes))
             rid, ttl = str(data["request_id"]), float(data["ttl_s"])
             if not rid or not 0 <= ttl < float("inf"):
                 raise ValueError
+        except APIError as err:
+            return error_response(err)
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
             return error_response(APIError(400, "expected a JSON object with request_id and ttl_s >= 0",
                                            param="request_id"))

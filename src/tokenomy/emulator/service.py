@@ -7,6 +7,7 @@ content and timing depend on happens here, on the event loop that owns the engin
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import itertools
 import logging
 import os
@@ -199,7 +200,7 @@ class Emulator:
             raise APIError(400, f"max_tokens={body.max_tokens} cannot be greater than max_model_len={window}. "
                                 "Please request fewer output tokens.", param="max_tokens")
         max_tokens = window - n_prompt if body.max_tokens is None else min(body.max_tokens, window - n_prompt)
-        remote_decode, remote_prefill = self._pd_params(body.kv_transfer_params)
+        remote_decode, remote_prefill = self._pd_params(body.kv_transfer_params, self.config.kv_peers)
         history = self._history_tokens(body.kv_transfer_params) if remote_decode else 0
         if remote_decode:
             max_tokens = 1  # the prefill side samples one token (the proxy sends max_tokens=1 anyway)
@@ -226,7 +227,7 @@ class Emulator:
         return value
 
     @staticmethod
-    def _pd_params(params: dict[str, Any] | None) -> tuple[bool, dict[str, Any] | None]:
+    def _pd_params(params: dict[str, Any] | None, peers: tuple[str, ...] = ()) -> tuple[bool, dict[str, Any] | None]:
         if not params:
             return False, None
         if params.get("do_remote_decode") and params.get("do_remote_prefill"):
@@ -237,6 +238,13 @@ class Emulator:
             if missing:
                 raise APIError(400, f"kv_transfer_params.do_remote_prefill needs {', '.join(missing)}",
                                param="kv_transfer_params")
+            host, port = params["remote_host"], params["remote_port"]
+            if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+                raise APIError(400, "kv_transfer_params.remote_port must be a port number", param="kv_transfer_params")
+            if not allowed_peer(host, peers):
+                raise APIError(403, f"kv_transfer_params.remote_host {host!r} is not loopback nor an allowed "
+                               "KV peer (tokenomy emulate --kv-peer HOST)", param="kv_transfer_params",
+                               type_="PermissionDeniedError")
             return False, params
         return bool(params.get("do_remote_decode")), None
 
@@ -384,3 +392,17 @@ class Emulator:
         self.prompt_tokens_cached_total += fin.cache_hit_tokens + fin.transferred_tokens
         m.request_prefill_kv_computed_tokens.observe(fin.recomputed_tokens)
         m.success(h.finish_reason)
+
+
+def allowed_peer(host: Any, peers: tuple[str, ...]) -> bool:
+    """Whether a decode instance may POST its KV release to ``host``: a loopback address, or one
+    of the configured ``peers`` (exact host names or addresses)."""
+    if not isinstance(host, str) or not host:
+        return False
+    if host in peers or host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_unspecified  # 0.0.0.0 / :: reach this host too

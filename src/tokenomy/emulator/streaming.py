@@ -95,13 +95,19 @@ class _Formatter:
         }
 
 
-async def _read_body(receive: Receive) -> bytes:
+async def read_body(receive: Receive, max_bytes: int) -> bytes:
+    """The request body; APIError 413 past ``max_bytes`` (read no further)."""
     chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ConnectionResetError
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise APIError(413, f"The request body is larger than {max_bytes} bytes.", type_="RequestTooLargeError")
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
 
@@ -135,7 +141,7 @@ def generate_handler(get_emulator: Callable[[], Emulator], chat: bool
         emu = get_emulator()
         arrival = asyncio.get_running_loop().time()
         try:
-            body = _parse(await _read_body(receive), chat)
+            body = _parse(await read_body(receive, emu.config.max_body_bytes), chat)
             job = emu.prepare(body)
             job.client_request_id = _request_id(scope)
         except APIError as err:

@@ -28,6 +28,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class TlsConfig(_Strict):
+    """TLS to an https backend: verification on by default; a private CA; a client certificate."""
+
+    verify: bool = True
+    ca_bundle: str | None = None  # PEM file of the CAs to trust instead of the system's
+    client_cert: str | None = None  # PEM certificate (chain) presented to the backend
+    client_key: str | None = None  # its private key, when not in client_cert's file
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        if self.client_key is not None and self.client_cert is None:
+            raise ValueError("client_key needs client_cert")
+        return self
+
+
 class BackendConfig(_Strict):
     """One OpenAI-compatible server (our emulator, vLLM, SGLang)."""
 
@@ -38,11 +53,19 @@ class BackendConfig(_Strict):
     total_blocks: int = Field(default=10_000, ge=1)  # labelled default: only scales kv_usage into blocks for routers
     api_key: str | None = None  # sent to the backend as a bearer token, when it needs one
     role: Literal["mixed", "prefill", "decode"] = "mixed"  # P/D pools of routing.mode disagg/ampd
+    tls: TlsConfig | None = None  # https:// backends only
+    max_connections: int | None = Field(default=None, ge=1)  # default: server.max_connections_per_backend
 
     @field_validator("url")
     @classmethod
     def _strip_slash(cls, v: str) -> str:
         return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _tls_needs_https(self) -> BackendConfig:
+        if self.tls is not None and not self.url.startswith("https://"):
+            raise ValueError(f"backend {self.id}: tls is set but the url is not https://")
+        return self
 
 
 class HealthConfig(_Strict):
@@ -94,15 +117,35 @@ class LedgerConfig(_Strict):
     writer: str = Field(default="auto", pattern=r"^(auto|inline|thread)$")  # auto: inline for SQLite
 
 
+class TimeoutsConfig(_Strict):
+    """Seconds per phase. Client side: ``body_read_s`` bounds reading a request body (408 after);
+    uvicorn's ``keep_alive_s`` closes idle client connections. Backend side: ``connect_s`` (TCP
+    and TLS handshake, and the wait for a free connection when a backend's cap is reached),
+    ``headers_s`` (request sent -> status and headers: a long prefill counts here),
+    ``chunk_gap_s`` (between two pieces of a body: a stream may last long if it keeps moving)."""
+
+    body_read_s: float = Field(default=30.0, gt=0)
+    keep_alive_s: int = Field(default=5, ge=1)
+    connect_s: float = Field(default=5.0, gt=0)
+    headers_s: float = Field(default=600.0, gt=0)
+    chunk_gap_s: float = Field(default=600.0, gt=0)
+
+
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
-    upstream_timeout_s: float = Field(default=600.0, gt=0)
-    max_connections_per_backend: int = Field(default=256, ge=1)
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    # Labelled default: client connections served at once; past it uvicorn answers 503 at once.
+    limit_concurrency: int | None = Field(default=4096, ge=1)
+    max_connections_per_backend: int = Field(default=256, ge=1)  # open connections (idle or busy)
+    upstream_client: Literal["fast", "aiohttp"] = "fast"  # benchmarks/gateway_overhead.py --clients
     retries: int = Field(default=2, ge=0, le=10)  # other backends tried after a connection error
     # Labelled default: sent as max_tokens when a request has none, so reservations have a bound.
     default_max_tokens: int = Field(default=4096, ge=1)
+    # Labelled default (Llama-3.1's 128k): a model's context window when ``context_windows`` names
+    # none; a max_tokens above it is refused (400) before anything is reserved for it.
+    default_context_window_tokens: int = Field(default=131_072, ge=1)
 
 
 class GatewayConfig(_Strict):
@@ -117,6 +160,7 @@ class GatewayConfig(_Strict):
     health: HealthConfig = HealthConfig()
     ledger: LedgerConfig = LedgerConfig()
     prices: dict[str, Price] = Field(default_factory=dict)
+    context_windows: dict[str, int] = Field(default_factory=dict)  # model -> tokens (vLLM's max_model_len)
     default_price: Price = DEFAULT_PRICE
     ops: dict[str, Any] = Field(default_factory=dict)
 
@@ -137,6 +181,9 @@ class GatewayConfig(_Strict):
 
     def price(self, model: str) -> Price:
         return self.prices.get(model, self.default_price)
+
+    def context_window_tokens(self, model: str) -> int:
+        return self.context_windows.get(model, self.server.default_context_window_tokens)
 
     def models(self) -> tuple[str, ...]:
         seen: dict[str, None] = {}

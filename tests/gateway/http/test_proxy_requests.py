@@ -174,3 +174,21 @@ def test_a_failed_ledger_commit_answers_500_and_still_charges(rig: Rig, monkeypa
     assert {r.status_code for r in asyncio.run(many())} == {500}
     assert set(rig.guard.settled) == {"alone", *(f"g{i}" for i in range(8))} and not rig.guard.open
     assert rig.events() == []
+
+
+def test_a_plain_answer_is_settled_before_the_client_sees_it(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget read right after a response shows the spend, not the hold: the gateway settles
+    before it writes the answer (a settle that takes a while, as a remote store's would, delays
+    the answer rather than racing the client's next read)."""
+    settle = rig.guard.settle
+
+    async def slow_settle(admission: Any, usage: Any) -> None:
+        await asyncio.sleep(0.2)
+        await settle(admission, usage)
+
+    monkeypatch.setattr(rig.guard, "settle", slow_settle)
+    for rid in ("plain", "streamed"):
+        r = rig.http.post("/v1/chat/completions", json=chat(max_tokens=3, stream=rid == "streamed"),
+                          headers={"x-request-id": rid})
+        assert r.status_code == 200
+        assert rid in rig.guard.settled and not rig.guard.open  # settled when the client has the answer

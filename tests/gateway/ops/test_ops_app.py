@@ -148,3 +148,49 @@ def test_a_reused_request_id_is_refused_and_charges_nothing(rig: Rig) -> None:
     spent, held = budget()
     assert spent == pytest.approx(events["once"].cost_usd + events["twin"].cost_usd, abs=1e-12)
     assert held == pytest.approx(0.0, abs=1e-12)
+
+
+def test_an_unknown_caller_is_refused_before_its_body_or_request_id_is_looked_at(rig: Rig) -> None:
+    """Authentication comes first: a caller without a valid key gets 401 whatever it sends, and
+    cannot learn that a request id exists (409), that a model is unknown (404) or that its JSON
+    is broken (400); the key's holder gets those answers."""
+    good = {"authorization": f"Bearer {rig.keys['a']}"}
+    with httpx.Client(base_url=rig.url, timeout=10) as http:
+        assert http.post("/v1/chat/completions", json=chat_body(), headers={**good, "x-request-id": "known"}
+                         ).status_code == 200
+        probes = [
+            {"json": chat_body(), "headers": {"x-request-id": "known"}},
+            {"json": {**chat_body(), "model": "no-such-model"}, "headers": {}},
+            {"content": b"{not json", "headers": {"content-type": "application/json"}},
+        ]
+        for auth in ({}, {"authorization": "Bearer tk-" + "x" * 43}):
+            for probe in probes:
+                r = http.post("/v1/chat/completions", content=probe.get("content"), json=probe.get("json"),
+                              headers={**probe["headers"], **auth})
+                assert (r.status_code, r.json()["error"]["type"]) == (401, "authentication_error"), probe
+        codes = [http.post("/v1/chat/completions", content=p.get("content"), json=p.get("json"),
+                           headers={**p["headers"], **good}).status_code for p in probes]
+        assert codes == [409, 404, 400]
+
+
+def test_the_hold_covers_every_choice_and_an_absurd_max_tokens_is_refused(rig: Rig) -> None:
+    """n = 64 asks the backend for 64 answers: the hold is for 64 x max_tokens, so a budget that
+    pays for one answer refuses it rather than letting it spend 64 times what was held."""
+    headers = {"authorization": f"Bearer {rig.keys['a']}"}
+    guard = rig.app.state.guard
+    with httpx.Client(base_url=rig.url, timeout=10) as http:
+        one = http.post("/v1/chat/completions", json={**chat_body(), "max_tokens": 100}, headers=headers)
+        assert one.status_code == 200
+        many = http.post("/v1/chat/completions", json={**chat_body(), "max_tokens": 100, "n": 64}, headers=headers)
+        assert (many.status_code, many.json()["error"]["code"]) == (429, "budget_exceeded")
+        fits = http.post("/v1/chat/completions", json={**chat_body(), "max_tokens": 10, "n": 4}, headers=headers)
+        assert fits.status_code == 200
+        assert rig.upstream.bodies[-1]["max_tokens"] == 10 and rig.upstream.bodies[-1]["n"] == 4  # per choice
+        huge = http.post("/v1/chat/completions", json={**chat_body(), "max_tokens": 9 * 10**18}, headers=headers)
+        err = huge.json()["error"]
+        assert (huge.status_code, err["code"], err["param"]) == (400, "max_tokens_too_large", "max_tokens")
+        bad_n = http.post("/v1/chat/completions", json={**chat_body(), "n": 1000}, headers=headers)
+        assert (bad_n.status_code, bad_n.json()["error"]["param"]) == (400, "n")
+    key_id = guard.store.authenticate(rig.keys["a"]).id
+    spent, held = guard.budgets.store.usage((key_id, period_key("month", guard.clock())))
+    assert held == pytest.approx(0.0, abs=1e-12) and len(rig.upstream.usages) == 2

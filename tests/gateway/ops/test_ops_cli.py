@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import yaml
 
-from helpers.ops_factory import SECRET, FakeConfig, request
+from helpers.ops_factory import SECRET, FakeClock, FakeConfig, request
 from tokenomy.cli.main import main
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.ops_guard import build_guard
@@ -36,9 +36,11 @@ def test_create_org_team_key_use_it_then_revoke(capsys, config, tmp_path):
     key_id, raw = out.split("\t")
     rc, listing, _ = cli(capsys, "keys", "list", "--config", str(config))
     assert key_id in listing and raw not in listing
-    guard = build_guard(FakeConfig({"server_secret": SECRET}), db_url=f"sqlite:///{tmp_path / 'g.db'}")
+    clock = FakeClock()
+    guard = build_guard(FakeConfig({"server_secret": SECRET}), db_url=f"sqlite:///{tmp_path / 'g.db'}", clock=clock)
     asyncio.run(guard.admit(request(raw, "r1")))
     assert cli(capsys, "keys", "revoke", key_id, "--config", str(config))[0] == 0
+    clock.advance(1.0)  # ops.tenant_refresh_s, the default
     with pytest.raises(GatewayError) as err:  # the running guard sees the CLI's revocation
         asyncio.run(guard.admit(request(raw, "r2")))
     assert err.value.status == 401

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import sqlalchemy as sa
 
-from helpers.ops_factory import SECRET, add_key, make_guard, request
+from helpers.ops_factory import SECRET, FakeClock, add_key, make_guard, request
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.keys import KEY_LENGTH, hash_key
 from tokenomy.gateway.ops.tenancy import NodeKind, NodeLimits
@@ -44,15 +44,21 @@ def test_bad_keys_get_401_with_openai_error(tmp_path, key, code):
     assert err.value.body()["error"]["type"] == "authentication_error"
 
 
-def test_revocation_is_effective_on_the_next_request_even_from_another_process(tmp_path):
-    guard = make_guard(tmp_path)
+def test_revocation_from_another_process_is_effective_within_the_refresh_interval(tmp_path):
+    """The gateway looks for other processes' changes every ops.tenant_refresh_s, not on every
+    request (that was one database read per request); its own writes count at once."""
+    clock = FakeClock()
+    guard = make_guard(tmp_path, clock, tenant_refresh_s=2.0)
     raw, key_id = add_key(guard)
     asyncio.run(guard.admit(request(raw, "r1")))
     # another process (the CLI) opens the same database and revokes the key
     other = TenantStore(sqlite_engine(f"sqlite:///{tmp_path / 'ops.db'}"), SECRET.encode())
     other.revoke(key_id)
+    clock.advance(1.0)
+    admit(guard, request(raw, "r2"))  # within the interval: not looked up again
+    clock.advance(1.5)
     with pytest.raises(GatewayError) as err:
-        admit(guard, request(raw, "r2"))
+        admit(guard, request(raw, "r3"))
     assert err.value.status == 401
 
 

@@ -14,7 +14,7 @@ from tokenomy.gateway.config import BackendConfig, HealthConfig, config_from_dic
 from tokenomy.gateway.http.app import build_app
 from tokenomy.gateway.metering.ledger import UsageFilter
 from tokenomy.gateway.ops.allow_all import AllowAllGuard
-from tokenomy.gateway.routing.backends import Backend, BackendPool, parse_prometheus
+from tokenomy.gateway.routing.backends import Backend, BackendPool, parse_prometheus, parse_samples
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
 from tokenomy.policy.router import SessionAffinityRouter
 
@@ -30,10 +30,28 @@ def test_parse_prometheus_sums_label_sets_and_skips_comments() -> None:
     assert "broken" not in m
 
 
+def test_a_data_parallel_scrape_is_read_per_engine_not_summed() -> None:
+    """vLLM with data parallelism exports one series per engine: two engines at 60% KV are a
+    server at 60% (not 120%, which made it look full), with their requests added up."""
+    text = (
+        '# TYPE vllm:kv_cache_usage_perc gauge\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.6\n'
+        'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.6\n'
+        'vllm:num_requests_running{engine="0",model_name="m"} 3\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 4\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 1\n'
+        'vllm:num_requests_waiting{engine="1",model_name="m"} 0\n'
+    )
+    b = Backend(BackendConfig(id="dp", url="http://x", total_blocks=1000))
+    BackendPool.apply_metrics(b, parse_samples(text))
+    assert (b.kv_usage, b.free_blocks) == (pytest.approx(0.6), 400)
+    assert (b.scraped_running, b.num_waiting) == (7, 1)
+
+
 def test_backend_view_combines_scraped_and_own_counts() -> None:
     b = Backend(BackendConfig(id="b", url="http://x", total_blocks=100))
-    BackendPool.apply_metrics(b, {"vllm:num_requests_running": 1, "vllm:num_requests_waiting": 2,
-                                  "vllm:gpu_cache_usage_perc": 0.3})
+    BackendPool.apply_metrics(b, {"vllm:num_requests_running": [1], "vllm:num_requests_waiting": [2],
+                                  "vllm:gpu_cache_usage_perc": [0.3]})
     b.dispatched("r1", 500)
     b.dispatched("r2", 40)
     assert (b.num_waiting, b.num_waiting_tokens, b.free_blocks, b.kv_usage) == (2, 540, 70, 0.3)

@@ -36,7 +36,8 @@ from tokenomy.gateway.ops.guard import Guard
 from tokenomy.gateway.routing.ampd_live import AmpdRouting
 from tokenomy.gateway.routing.backends import BackendPool
 from tokenomy.gateway.routing.build import build_routing
-from tokenomy.gateway.routing.upstream import UpstreamPool
+from tokenomy.gateway.routing.tls import host_port, tls_contexts
+from tokenomy.gateway.routing.upstream import Upstream, UpstreamPool, UpstreamTimeouts
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
 from tokenomy.policy.router import make_router
 
@@ -73,6 +74,20 @@ def build_guard(config: GatewayConfig, metrics: GatewayMetrics, ledger: Ledger) 
     guard = ops_guard.build_guard(config, db_url=config.ledger.url, registry=metrics.registry,
                                   ledger_cost_usd=ledger.cost_usd)
     return guard, build_admin_router(guard)
+
+
+def build_upstream(config: GatewayConfig, tls: dict[tuple[str, int], Any]) -> Upstream:
+    """The hot-path client ``server.upstream_client`` names, with the per-phase timeouts and
+    connection caps of the config (see :mod:`tokenomy.gateway.routing.upstream` for the choice)."""
+    s = config.server
+    t = s.timeouts
+    timeouts = UpstreamTimeouts(connect_s=t.connect_s, headers_s=t.headers_s, chunk_gap_s=t.chunk_gap_s)
+    if s.upstream_client == "aiohttp":
+        from tokenomy.gateway.routing.upstream_aiohttp import AiohttpUpstream  # only when chosen
+
+        return AiohttpUpstream(timeouts, s.max_connections_per_backend, tls)
+    caps = {host_port(b.url): b.max_connections for b in config.backends if b.max_connections is not None}
+    return UpstreamPool(timeouts, s.max_connections_per_backend, tls, caps)
 
 
 def _console(guard: Any, ledger: Ledger, pool: BackendPool, routing: Any) -> Any:
@@ -140,12 +155,15 @@ def build_app(
     )
     if guard is None:
         guard, admin = build_guard(config, metrics, the_ledger)
-    # httpx only for health checks and scrapes; the hot path uses UpstreamPool
+    tls = tls_contexts(config.backends)
+    # httpx only for health checks and scrapes (one client per https backend: its own trust); the
+    # hot path uses UpstreamPool
     client = httpx.AsyncClient(limits=httpx.Limits(max_connections=2 * len(config.backends)), trust_env=False)
-    pool = BackendPool(config.backends, config.health, client)
+    tls_clients = {b.id: httpx.AsyncClient(verify=tls[host_port(b.url)], trust_env=False)
+                   for b in config.backends if host_port(b.url) in tls}
+    pool = BackendPool(config.backends, config.health, client, tls_clients)
     router = make_router(config.router.name, **config.router.options)
-    upstream = UpstreamPool(connect_timeout_s=5.0, read_timeout_s=config.server.upstream_timeout_s,
-                            max_idle_per_host=config.server.max_connections_per_backend)
+    upstream = build_upstream(config, tls)
     routing = build_routing(config.routing, pool, upstream, router, client)
     if isinstance(routing, AmpdRouting):
         metrics.watch_ampd(routing.live)
@@ -196,6 +214,8 @@ def build_app(
                 with contextlib.suppress(Exception):
                     await task
             await client.aclose()
+            for c in tls_clients.values():
+                await c.aclose()
             await upstream.aclose()
             aclose = getattr(guard, "aclose", None)  # token operations: post queued alerts, stop the webhook
             if aclose is not None:

@@ -40,8 +40,8 @@ from tokenomy.gateway.routing.route import Route
 class JsonBytes(Response):
     """A JSON body already encoded, with headers given as ``str`` pairs (encoded here once).
 
-    ``after`` runs once the response is written, also when writing it fails (settling a request
-    off the client's critical path)."""
+    ``after`` runs once the response is written, also when writing it fails (work the client need
+    not wait for: the request's metrics)."""
 
     def __init__(self, body: bytes, status: int, headers: dict[str, str],
                  after: Callable[[], Awaitable[None]] | None = None) -> None:
@@ -179,6 +179,10 @@ class Completion:
     async def settle(self, flight: Flight, ev: UsageEvent, settled: SettledUsage) -> None:
         """Replace the admission's holds by the recorded usage; count the request in the metrics."""
         await self.guard.settle(flight.admission, settled)
+        await self.observe(ev)
+
+    async def observe(self, ev: UsageEvent) -> None:
+        """Count a finished request in the gateway's metrics."""
         self.metrics.count_request(ev.model, ev.status)
         self.metrics.observe_event(ev)
 

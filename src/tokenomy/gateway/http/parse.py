@@ -6,6 +6,7 @@ fields the gateway does not interpret are passed to the backend untouched, which
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -22,6 +23,12 @@ from tokenomy.gateway.metering.meter import estimate_tokens
 SESSION_HEADER = "x-session-id"
 REQUEST_ID_HEADER = "x-request-id"
 _MAX_ID_CHARS = 128
+_MAX_CHOICES = 128  # OpenAI's bound on n
+# Labelled default: prompt tokens assumed per image/audio/video/file content part before the
+# backend counts (a 1024x1024 image is ~1.1k tokens at GPT-4o's high detail, up to ~2.9k for
+# LLaVA-1.6): enough that a budget hold covers a typical part; the backend's usage settles it.
+MEDIA_PART_TOKENS_ESTIMATE = 2048
+_SCHEMA_FIELDS = ("tools", "functions", "response_format")  # JSON the backend renders into the prompt
 _KEY_MASK = (1 << 62) - 1
 
 
@@ -42,8 +49,9 @@ class ParsedRequest:
     model: str
     stream: bool
     client_wants_usage: bool  # stream_options.include_usage as the client sent it
-    max_tokens: int | None
-    prompt_tokens_estimate: int
+    max_tokens: int | None  # per choice, as the client sent it
+    choices: int  # sequences generated: max(n, best_of); the hold covers max_tokens for each
+    prompt_tokens_estimate: int  # text, tool schemas and media parts
     session_id: str  # "" when the request names none
     request_id: str
     client_named_id: bool  # the id came from the client's x-request-id (checked for reuse)
@@ -56,10 +64,30 @@ def _bad(message: str, param: str | None = None, code: str = "invalid_value", st
     return GatewayError(status, message, "invalid_request_error", code, param)
 
 
-async def read_json(request: Incoming, max_body_bytes: int) -> dict[str, Any]:
+async def read_json(request: Incoming, max_body_bytes: int, deadline_s: float = 30.0) -> dict[str, Any]:
+    """The body as a JSON object: at most ``max_body_bytes`` (413), read within ``deadline_s`` (408:
+    a client that trickles its body holds a connection and a task, and must not hold them forever)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise _bad(f"request body is larger than {max_body_bytes} bytes", code="body_too_large", status=413)
+    try:
+        async with asyncio.timeout(deadline_s):
+            raw = await _read_body(request, max_body_bytes)
+    except TimeoutError:
+        raise _bad(f"the request body was not received within {deadline_s}s", code="request_timeout",
+                   status=408) from None
+    if not raw:
+        raise _bad("request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object", code="invalid_json")
+    return body
+
+
+async def _read_body(request: Incoming, max_body_bytes: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:  # the ASGI messages themselves: Request.stream() costs an async generator a request
@@ -73,40 +101,54 @@ async def read_json(request: Incoming, max_body_bytes: int) -> dict[str, Any]:
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    if not raw:
-        raise _bad("request body is empty; expected a JSON object", code="invalid_json")
-    try:
-        body = orjson.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _bad(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise _bad("request body must be a JSON object", code="invalid_json")
-    return body
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _text_chars(content: Any) -> int:
+def _content_size(content: Any) -> tuple[int, int]:
+    """(text characters, media parts) of a message's content."""
     if isinstance(content, str):
-        return len(content)
-    if isinstance(content, list):  # content parts
-        return sum(len(p.get("text", "")) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return 0
+        return len(content), 0
+    chars = media = 0
+    if isinstance(content, list):  # content parts: text, image_url, input_audio, video_url, file
+        for p in content:
+            if not isinstance(p, dict):
+                continue
+            text = p.get("text")
+            if isinstance(text, str):
+                chars += len(text)
+            elif p.get("type") not in (None, "text"):
+                media += 1
+    return chars, media
 
 
-def _check_messages(messages: Any) -> int:
+def _check_messages(messages: Any) -> tuple[int, int]:
+    """(text characters, media parts) of valid ``messages``; 400 otherwise."""
     if not isinstance(messages, list) or not messages:
         raise _bad("'messages' must be a non-empty array", "messages", "missing_field" if messages is None else "invalid_type")
-    chars = 0
+    chars = media = 0
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise _bad(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]", "invalid_type")
         content = m.get("content")
         if content is not None and not isinstance(content, str | list):
             raise _bad(f"messages[{i}].content must be a string or an array", f"messages[{i}].content", "invalid_type")
-        chars += _text_chars(content)
+        text, parts = _content_size(content)
+        chars += text
+        media += parts
         if m.get("tool_calls") is not None:
             chars += len(json.dumps(m["tool_calls"]))
-    return chars
+    return chars, media
+
+
+def _choices(body: dict[str, Any]) -> int:
+    """Sequences the backend generates (and bills): ``n``, or ``best_of`` when larger."""
+    n = _int_field(body, "n") or 1
+    best_of = _int_field(body, "best_of")
+    if n > _MAX_CHOICES:
+        raise _bad(f"'n' must be at most {_MAX_CHOICES}", "n")
+    if best_of is not None and not n <= best_of <= _MAX_CHOICES:
+        raise _bad(f"'best_of' must be between n ({n}) and {_MAX_CHOICES}", "best_of")
+    return max(n, best_of or 1)
 
 
 def _check_prompt(prompt: Any) -> tuple[int, str]:
@@ -165,14 +207,19 @@ def parse_request(request: Incoming, body: dict[str, Any], endpoint: str, known_
     if endpoint == "chat":
         mct = _int_field(body, "max_completion_tokens")
         max_tokens = mct if mct is not None else max_tokens
-        chars = _check_messages(body.get("messages"))
+        chars, media = _check_messages(body.get("messages"))
         msgs = body["messages"]
         tail = repr([(m.get("role"), m.get("content"), m.get("name"), _calls(m)) for m in msgs[-2:]])
         head = repr(msgs[0].get("content"))[:512]
     else:
         chars, tail = _check_prompt(body.get("prompt"))
+        media = 0
         p = body["prompt"]
         head = (p if isinstance(p, str) else str(p[0]))[:512]
+    for name in _SCHEMA_FIELDS:
+        if body.get(name) is not None:
+            chars += len(orjson.dumps(body[name]))
+    choices = _choices(body)
     if model not in known_models:
         raise GatewayError(404, f"the model {model!r} does not exist", "invalid_request_error", "model_not_found", "model")
     rid = request.headers.get(REQUEST_ID_HEADER) or ""
@@ -190,7 +237,8 @@ def parse_request(request: Incoming, body: dict[str, Any], endpoint: str, known_
         stream=stream,
         client_wants_usage=wants_usage,
         max_tokens=max_tokens,
-        prompt_tokens_estimate=estimate_tokens(chars),
+        choices=choices,
+        prompt_tokens_estimate=estimate_tokens(chars) + media * MEDIA_PART_TOKENS_ESTIMATE,
         session_id=sid,
         request_id=rid,
         client_named_id=named,

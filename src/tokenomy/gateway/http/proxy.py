@@ -1,7 +1,8 @@
-"""The request path: parse -> admit -> route -> forward -> meter -> record -> settle.
+"""The request path: authenticate -> parse -> admit -> route -> forward -> meter -> record -> settle.
 
 :meth:`Proxy.handle` runs the steps in this order, each once, each in its own module::
 
+    authenticate tokenomy.gateway.ops.guard     Guard.authenticate: 401 before the body is read
     parse    tokenomy.gateway.http.parse        body and headers -> ParsedRequest (400 on bad input)
     admit    tokenomy.gateway.ops.guard         Guard.admit: key, limits, budget holds, breakers
     route    tokenomy.gateway.routing.route     Routing.route: backend (P/D: remote prefill, AMPD gates)
@@ -10,11 +11,11 @@
                                                 tokenomy.gateway.http.streaming
     meter    tokenomy.gateway.http.flight       Completion.meter: token classes and cost
     record   tokenomy.gateway.metering.ledger   Completion.record: the usage event, durable
-    (the client sees completion)
     settle   tokenomy.gateway.ops.guard         Completion.settle: holds -> what was used
+    (the client sees completion)
 
-(a stream settles before its final chunk; a plain response settles right after it is written,
-in the same task, so the next request a client sends finds the request settled.)
+(settle comes before the client sees completion: a stream settles before its final chunk, a
+plain response before it is written, so a budget read after a response shows the spend.)
 
 A failure before any usage, or a client that leaves before its first token, ends in
 ``guard.release``; a stream cut by ``guard.on_tokens`` or left by its client after tokens were
@@ -44,14 +45,20 @@ from tokenomy.gateway.ops.guard import AdmitRequest, Guard
 from tokenomy.gateway.routing.backends import BackendPool
 from tokenomy.gateway.routing.route import Route, Routing
 from tokenomy.gateway.routing.upstream import (
+    Upstream,
     UpstreamConnectError,
     UpstreamError,
-    UpstreamPool,
-    UpstreamResponse,
+    UpstreamResponseLike,
     UpstreamTimeout,
+    UpstreamTLSError,
 )
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def _bearer(request: Incoming) -> str | None:
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() or None if auth[:7].lower() == "bearer " else None
 
 
 class Proxy:
@@ -63,7 +70,7 @@ class Proxy:
         ledger: Ledger,
         guard: Guard,
         metrics: GatewayMetrics,
-        upstream: UpstreamPool,
+        upstream: Upstream,
     ) -> None:
         self.config = config
         self.upstream = upstream
@@ -78,8 +85,10 @@ class Proxy:
     # -- the chain -------------------------------------------------------------------------
     async def handle(self, request: Incoming, endpoint: str) -> Response:
         t0 = time.perf_counter()
+        api_key = _bearer(request)
+        await self.guard.authenticate(api_key)  # first: nothing is read for an unknown caller
         req = await self.parse(request, endpoint)
-        ticket = await self.admit(request, req)
+        ticket = await self.admit(req, api_key)
         try:
             self._cap_body(req, ticket)
             route = await self.routing.route(req)
@@ -90,18 +99,22 @@ class Proxy:
 
     async def parse(self, request: Incoming, endpoint: str) -> ParsedRequest:
         """The request, validated; a request id already in the ledger is refused (409)."""
-        body = await read_json(request, self.config.server.max_body_bytes)
+        server = self.config.server
+        body = await read_json(request, server.max_body_bytes, server.timeouts.body_read_s)
         req = parse_request(request, body, endpoint, self.known_models)
+        window = self.config.context_window_tokens(req.model)
+        if req.max_tokens is not None and req.max_tokens > window:
+            raise GatewayError(400, f"max_tokens {req.max_tokens} exceeds the context window of {req.model!r} "
+                               f"({window} tokens)", "invalid_request_error", "max_tokens_too_large", "max_tokens")
         if req.client_named_id and await self.ledger.exists(req.request_id):
             raise GatewayError(409, f"request id {req.request_id!r} was already used; send a new one",
                                "invalid_request_error", "duplicate_request_id", "x-request-id")
         return req
 
-    async def admit(self, request: Incoming, req: ParsedRequest) -> Ticket:
-        """The Guard's admission (API key, rate limits, budget holds, breakers, priority)."""
-        auth = request.headers.get("authorization", "")
-        api_key = auth[7:].strip() if auth[:7].lower() == "bearer " else None
-        max_tokens = req.max_tokens or self.config.server.default_max_tokens
+    async def admit(self, req: ParsedRequest, api_key: str | None) -> Ticket:
+        """The Guard's admission (API key, rate limits, budget holds, breakers, priority); the
+        output bound it holds for is per choice times choices (``n``/``best_of``)."""
+        max_tokens = (req.max_tokens or self.config.server.default_max_tokens) * req.choices
         admission = await self.guard.admit(
             AdmitRequest(
                 request_id=req.request_id,
@@ -121,8 +134,8 @@ class Proxy:
         """The body's output cap set to what the admission allows; streams always ask for usage."""
         body = req.body
         max_tokens = req.max_tokens or self.config.server.default_max_tokens
-        cap = ticket.admission.output_token_cap
-        limit = min(max_tokens, cap) if cap is not None else max_tokens
+        cap = ticket.admission.output_token_cap  # across all choices
+        limit = min(max_tokens, cap // req.choices) if cap is not None else max_tokens
         key = "max_completion_tokens" if req.endpoint == "chat" and "max_completion_tokens" in body else "max_tokens"
         body[key] = limit
         if req.stream:
@@ -138,6 +151,7 @@ class Proxy:
         payload = orjson.dumps(req.body)
         headers = {"content-type": "application/json", "x-request-id": req.request_id}
         tried: set[str] = set()
+        last: UpstreamConnectError | None = None
         for _attempt in range(self.config.server.retries + 1):
             backend = route.pick(req, frozenset(tried))
             tried.add(backend.instance_id)
@@ -151,7 +165,8 @@ class Proxy:
             except UpstreamConnectError as exc:
                 backend.finished(req.request_id, None, 0)
                 self.metrics.upstream_failures.labels(backend.instance_id).inc()
-                self.pool.mark_down(backend, time.monotonic(), str(exc))
+                self.pool.mark_down(backend, time.monotonic(), str(exc), tls=isinstance(exc, UpstreamTLSError))
+                last = exc
                 continue
             except UpstreamError as exc:
                 backend.finished(req.request_id, None, 0)
@@ -170,9 +185,11 @@ class Proxy:
                                    "upstream_error") from None
             flight.upstream_s = time.perf_counter() - up0
             return await self._complete(flight, resp)
-        raise GatewayError(502, f"no backend for {req.model!r} could be reached", "server_error", "upstream_unreachable")
+        why = f" (last: {last})" if last is not None else ""
+        code = "upstream_tls_error" if isinstance(last, UpstreamTLSError) else "upstream_unreachable"
+        raise GatewayError(502, f"no backend for {req.model!r} could be reached{why}", "server_error", code)
 
-    async def _pass_error(self, flight: Flight, resp: UpstreamResponse) -> Response:
+    async def _pass_error(self, flight: Flight, resp: UpstreamResponseLike) -> Response:
         """A backend's own refusal (e.g. 400 context too long) reaches the client as it was."""
         try:
             await resp.read()
@@ -195,7 +212,7 @@ class Proxy:
         await self.completion.release(flight.ticket, f"upstream {resp.status_code}")
         return JsonBytes(content, status, {"x-request-id": flight.req.request_id})
 
-    async def _complete(self, flight: Flight, resp: UpstreamResponse) -> Response:
+    async def _complete(self, flight: Flight, resp: UpstreamResponseLike) -> Response:
         req = flight.req
         try:
             data = orjson.loads(resp.content)
@@ -209,6 +226,9 @@ class Proxy:
         done = self.completion
         ev, settled = await done.meter_and_record(flight, prompt, out, cached, status=200, outcome="ok",
                                                   end_s=up1)
+        # settled before the client sees the answer: a budget read after it shows the spend, not
+        # the hold (docs/gateway.md, "When a request is settled"); the metrics can wait
+        await self.guard.settle(flight.admission, settled)
         headers = {"x-request-id": req.request_id, **flight.admission.headers}
         self.metrics.added_latency.observe(max(0.0, time.perf_counter() - flight.t0 - flight.upstream_s))
-        return JsonBytes(resp.content, 200, headers, after=functools.partial(done.settle, flight, ev, settled))
+        return JsonBytes(resp.content, 200, headers, after=functools.partial(done.observe, ev))

@@ -21,12 +21,12 @@ from starlette.responses import StreamingResponse
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.http.flight import Completion, Flight
 from tokenomy.gateway.metering.meter import usage_numbers
-from tokenomy.gateway.routing.upstream import UpstreamError, UpstreamResponse
+from tokenomy.gateway.routing.upstream import UpstreamError, UpstreamResponseLike
 
 DONE = b"data: [DONE]\n\n"
 
 
-def stream_response(completion: Completion, flight: Flight, resp: UpstreamResponse) -> StreamingResponse:
+def stream_response(completion: Completion, flight: Flight, resp: UpstreamResponseLike) -> StreamingResponse:
     headers = {"x-request-id": flight.req.request_id, "cache-control": "no-cache", **flight.admission.headers}
     return StreamingResponse(_relay(completion, flight, resp), media_type="text/event-stream", headers=headers)
 
@@ -35,40 +35,89 @@ def _error_event(err: GatewayError) -> bytes:
     return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
 
 
-def _count(choices: Any) -> int:
-    """Output tokens in one chunk: one per choice that carries text (vLLM streams a token a chunk)."""
-    n = 0
-    for c in choices:
-        if not isinstance(c, dict):
-            continue
-        delta = c.get("delta")
-        text = delta.get("content") or delta.get("tool_calls") if isinstance(delta, dict) else c.get("text")
-        if text:
-            n += 1
-    return n
+def _choice_tokens(c: Any) -> int:
+    """Output tokens one streamed choice carries: its token ids or logprobs when the backend sent
+    them (vLLM: ``return_token_ids``, ``logprobs``), else an estimate from its text (~4 characters
+    a token, at least 1 when it carries anything): a backend may put several tokens in a chunk
+    (speculative decoding, ``stream_interval``), so "one chunk, one token" undercounts."""
+    if not isinstance(c, dict):
+        return 0
+    ids = c.get("token_ids")
+    if isinstance(ids, list) and ids:
+        return len(ids)
+    lp = c.get("logprobs")
+    if isinstance(lp, dict):
+        seq = lp.get("content") if "content" in lp else lp.get("tokens")  # chat | completions
+        if isinstance(seq, list) and seq:
+            return len(seq)
+    delta = c.get("delta")
+    if isinstance(delta, dict):
+        chars = 0
+        for k in ("content", "reasoning_content", "reasoning"):
+            v = delta.get(k)
+            if isinstance(v, str):
+                chars += len(v)
+        calls = delta.get("tool_calls")
+        if calls:
+            chars += max(1, len(orjson.dumps(calls)) // 2)  # the JSON around the arguments is not output
+        text = chars
+    else:
+        t = c.get("text")
+        text = len(t) if isinstance(t, str) else 0
+    return max(1, text // 4) if text else 0
 
 
-def _events(buf: bytearray) -> list[bytes]:
-    """Complete SSE events taken off the front of ``buf`` (each ending in a blank line)."""
-    out: list[bytes] = []
-    while True:
-        i = buf.find(b"\n\n")
-        if i < 0:
-            return out
-        out.append(bytes(buf[: i + 2]))
-        del buf[: i + 2]
+def _count(obj: dict[str, Any], choices: Any, seen: int) -> tuple[int, int]:
+    """(new output tokens in this chunk, output tokens seen so far). A chunk with cumulative
+    ``usage`` (vLLM's ``continuous_usage_stats``) is exact: the growth of its completion_tokens."""
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        total = usage.get("completion_tokens")
+        if isinstance(total, int) and not isinstance(total, bool) and total >= seen:
+            return total - seen, total
+    n = sum(_choice_tokens(c) for c in choices) if isinstance(choices, list) else 0
+    return n, seen + n
 
 
-async def _relay(completion: Completion, flight: Flight, resp: UpstreamResponse) -> AsyncIterator[bytes]:
+class SseFramer:
+    """Cuts a byte stream into SSE events (each ending in a blank line), line ends normalised to
+    ``\n``. A ``\r\n`` may be split across two reads: a read ending in ``\r`` keeps it back
+    until the next read shows whether a ``\n`` follows."""
+
+    __slots__ = ("_buf", "_cr")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._cr = False
+
+    def feed(self, raw: bytes) -> list[bytes]:
+        """The events that ``raw`` completes, in order."""
+        if self._cr:
+            raw = b"\r" + raw
+        self._cr = raw.endswith(b"\r")
+        if self._cr:
+            raw = raw[:-1]
+        buf = self._buf
+        buf += raw.replace(b"\r\n", b"\n") if b"\r" in raw else raw
+        out: list[bytes] = []
+        while True:
+            i = buf.find(b"\n\n")
+            if i < 0:
+                return out
+            out.append(bytes(buf[: i + 2]))
+            del buf[: i + 2]
+
+
+async def _relay(completion: Completion, flight: Flight, resp: UpstreamResponseLike) -> AsyncIterator[bytes]:
     req = flight.req
     usage: Any = None
     usage_event: bytes | None = None
-    buf = bytearray()
+    framer = SseFramer()
+    seen = 0  # output tokens counted so far
     try:
         try:
             async for raw in resp.aiter_bytes():
-                buf += raw.replace(b"\r\n", b"\n")
-                for event in _events(buf):
+                for event in framer.feed(raw):
                     if not event.startswith(b"data:"):
                         yield event  # comments, keep-alives
                         continue
@@ -92,10 +141,10 @@ async def _relay(completion: Completion, flight: Flight, resp: UpstreamResponse)
                         else:
                             yield event
                         continue
+                    n, seen = _count(obj, choices, seen)
                     if obj.get("usage") and not req.client_wants_usage:
                         obj["usage"] = None
                         event = b"data: " + orjson.dumps(obj) + b"\n\n"
-                    n = _count(choices)
                     if n:
                         now = time.perf_counter()
                         if flight.first_token_s is None:
@@ -148,7 +197,7 @@ def _cut_error() -> GatewayError:
     )
 
 
-async def _cut(completion: Completion, flight: Flight, resp: UpstreamResponse) -> None:
+async def _cut(completion: Completion, flight: Flight, resp: UpstreamResponseLike) -> None:
     await resp.aclose()
     req = flight.req
     flight.backend.finished(req.request_id, None, 0)
@@ -158,7 +207,7 @@ async def _cut(completion: Completion, flight: Flight, resp: UpstreamResponse) -
     )
 
 
-async def _upstream_failed(completion: Completion, flight: Flight, resp: UpstreamResponse, exc: Exception) -> None:
+async def _upstream_failed(completion: Completion, flight: Flight, resp: UpstreamResponseLike, exc: Exception) -> None:
     await resp.aclose()
     req = flight.req
     flight.backend.finished(req.request_id, None, 0)
@@ -170,7 +219,7 @@ async def _upstream_failed(completion: Completion, flight: Flight, resp: Upstrea
         await completion.release(flight.ticket, f"upstream {type(exc).__name__}")
 
 
-async def _abandoned(completion: Completion, flight: Flight, resp: UpstreamResponse) -> None:
+async def _abandoned(completion: Completion, flight: Flight, resp: UpstreamResponseLike) -> None:
     """The client disconnected: stop the backend, meter what it was sent, or release."""
     with contextlib.suppress(UpstreamError, asyncio.CancelledError):
         await resp.aclose()

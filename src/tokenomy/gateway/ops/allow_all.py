@@ -18,6 +18,9 @@ class AllowAllGuard:
         self.released: dict[str, str] = {}
         self.double_finishes: list[str] = []
 
+    async def authenticate(self, api_key: str | None) -> None:
+        return None
+
     async def admit(self, request: AdmitRequest) -> Admission:
         adm = Admission(request.request_id, self.key_id, self.tenant_path, request.model)
         self.open[request.request_id] = adm

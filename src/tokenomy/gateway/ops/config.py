@@ -37,6 +37,9 @@ class OpsConfig(BaseModel):
         default=1.0, ge=1.0, le=8.0,
         description="reserve this many times the request path's prompt estimate (~4 characters a token); "
                     "4.0 bounds any ASCII prompt, so spend can never pass a budget")
+    tenant_refresh_s: float = Field(
+        default=1.0, gt=0, description="how often the gateway looks for tenant/key changes made by other "
+                                       "processes (the CLI): a revocation there takes effect within this")
     tenants: tuple[TenantSeed, ...] = ()
     breaker: BreakerConfig = BreakerConfig()
     admission: AdmissionConfig = AdmissionConfig()

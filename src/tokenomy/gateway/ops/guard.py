@@ -3,6 +3,7 @@ budgets, breakers, admission).
 
 The request path calls, in order::
 
+    await guard.authenticate(api_key)                     # 401, before the body is read
     admission = await guard.admit(AdmitRequest(...))      # may raise GatewayError (401/403/429/503/402)
     ... dispatch to a backend; while streaming:
     if not guard.on_tokens(admission, n_new_output_tokens): cut the stream (hard cap crossed)
@@ -28,7 +29,7 @@ class AdmitRequest:
     api_key: str | None  # the raw bearer token, None when absent
     model: str
     prompt_tokens_estimate: int
-    max_tokens: int
+    max_tokens: int  # output tokens over all choices (max_tokens x n)
     session_id: str | None = None
     prompt_fingerprint: str | None = None  # hash of the prompt's tail / tool call, for repetition checks
     now_s: float = 0.0
@@ -62,6 +63,11 @@ class SettledUsage:
 
 
 class Guard(Protocol):
+    async def authenticate(self, api_key: str | None) -> None:
+        """Raise GatewayError 401 for a missing, unknown or revoked key. The request path calls it
+        first: an unauthenticated caller learns nothing (body limits, request ids, models)."""
+        ...
+
     async def admit(self, request: AdmitRequest) -> Admission: ...
 
     def on_tokens(self, admission: Admission, new_output_tokens: int) -> bool:

@@ -128,6 +128,9 @@ class OpsGuard:
             admission.output_token_cap = ticket.max_tokens if cap is None else min(cap, ticket.max_tokens)
         return ticket
 
+    async def authenticate(self, api_key: str | None) -> None:
+        self._key_node(api_key)
+
     def on_tokens(self, admission: Admission, new_output_tokens: int) -> bool:
         """Count a chunk of ``new_output_tokens``; False when it would cross a hard cap (the session
         budget's ``output_token_cap`` or a velocity cap): the request path drops that chunk and
@@ -199,16 +202,10 @@ class OpsGuard:
 
     def _admit_now(self, request: AdmitRequest) -> tuple[Admission, _Flight]:
         """Every synchronous check and charge; undoes its own charges when a later step refuses."""
+        node = self._key_node(request.api_key)
         if request.request_id in self._flights:
             raise GatewayError(409, f"request id {request.request_id!r} is already in flight",
                                code="duplicate_request_id")
-        if not request.api_key:
-            raise GatewayError(401, "missing API key: send 'Authorization: Bearer tk-...'",
-                               type="authentication_error", code="missing_api_key")
-        node = self.store.authenticate(request.api_key)
-        if node is None:
-            raise GatewayError(401, "invalid or revoked API key", type="authentication_error",
-                               code="invalid_api_key")
         path = self.store.tree.path_nodes(node.id)
         eff = self.store.tree.effective(node.id)
         if eff.allowed_models is not None and request.model not in eff.allowed_models:
@@ -240,6 +237,17 @@ class OpsGuard:
         flight = _Flight(now, path, request.session_id, worst, grant, None)
         self._flights[request.request_id] = flight
         return admission, flight
+
+    def _key_node(self, api_key: str | None) -> Node:
+        """The live key node of ``api_key``; 401 for a missing, unknown or revoked key."""
+        if not api_key:
+            raise GatewayError(401, "missing API key: send 'Authorization: Bearer tk-...'",
+                               type="authentication_error", code="missing_api_key")
+        node = self.store.authenticate(api_key)
+        if node is None:
+            raise GatewayError(401, "invalid or revoked API key", type="authentication_error",
+                               code="invalid_api_key")
+        return node
 
     def _output_cap(self, key_id: str, session_id: str | None, price: PriceLike, prompt_tokens: int,
                     now: float) -> int | None:
@@ -355,7 +363,8 @@ def build_guard(config: GatewayConfigLike, *, engine: Engine | None = None, db_u
         if url is None:
             raise ValueError("ops.db_url: no database for tenants (and no ledger URL to share)")
         engine = sqlite_engine(url)
-    store = TenantStore(engine, server_secret=secret_of(ops, engine))
+    store = TenantStore(engine, server_secret=secret_of(ops, engine), refresh_interval_s=ops.tenant_refresh_s,
+                        clock=clock)
     apply_seeds(store, ops.tenants)
     reservations: Reservations
     if ops.reservations == "sql":

@@ -63,7 +63,7 @@ from tokenomy.gateway.routing.backends import Backend, BackendPool
 from tokenomy.gateway.routing.config import RoutingConfig
 from tokenomy.gateway.routing.prefill import PrefillHop
 from tokenomy.gateway.routing.route import DecodeRoute, core_request, decode_candidates, role_candidates
-from tokenomy.gateway.routing.upstream import UpstreamPool
+from tokenomy.gateway.routing.upstream import Upstream
 from tokenomy.policy.ampd import (
     AdmissionTask,
     AmpdPolicies,
@@ -291,9 +291,10 @@ class AmpdLive:
 
     async def _post_retain(self, backend: Backend, request_id: str, ttl_s: float) -> bool:
         """Send a retention hint (``ttl_s`` 0: release); False when it did not get through."""
+        client = self.pool.tls_clients.get(backend.instance_id, self.http)  # an https backend's own trust
         try:
-            r = await self.http.post(backend.url + RETAIN_PATH, json={"request_id": request_id, "ttl_s": ttl_s},
-                                     timeout=1.0)
+            r = await client.post(backend.url + RETAIN_PATH, json={"request_id": request_id, "ttl_s": ttl_s},
+                                  timeout=1.0)
         except httpx.HTTPError as exc:
             log.debug("retention hint to %s failed: %s", backend.instance_id, exc)
             return False
@@ -320,7 +321,7 @@ class AmpdLive:
 class AmpdRouting:
     """The route step of ``routing.mode: ampd`` (module docstring); ``live`` holds AMPD's state."""
 
-    def __init__(self, live: AmpdLive, upstream: UpstreamPool, router: Router) -> None:
+    def __init__(self, live: AmpdLive, upstream: Upstream, router: Router) -> None:
         self.live = live
         self.pool = live.pool
         self.router = router  # picks another decode backend when the bound one cannot be reached

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -50,6 +51,8 @@ class Backend:
         self.healthy = True
         self.failures = 0
         self.retry_at_s = 0.0
+        self.down_reason = ""  # why it was last taken out
+        self.tls_failed = False  # ... and whether that was a TLS handshake failure
         # scraped from /metrics (owned by BackendPool)
         self.scraped_running = 0
         self.scraped_waiting = 0
@@ -122,9 +125,9 @@ class Backend:
             self.on_progress(request_id)
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Sum of each metric's samples over its label sets (``name{...} value`` lines; comments skipped)."""
-    out: dict[str, float] = {}
+def parse_samples(text: str) -> dict[str, list[float]]:
+    """Each metric's samples, one per label set (``name{...} value`` lines; comments skipped)."""
+    out: dict[str, list[float]] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -141,18 +144,38 @@ def parse_prometheus(text: str) -> dict[str, float]:
             value = float(parts[0])
         except ValueError:
             continue
-        out[name] = out.get(name, 0.0) + value
+        out.setdefault(name, []).append(value)
     return out
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sum of each metric's samples over its label sets: right for counts only (a usage fraction
+    per engine must not be summed: :meth:`BackendPool.apply_metrics` reads samples)."""
+    return {name: sum(values) for name, values in parse_samples(text).items()}
+
+
+def _is_tls(exc: BaseException) -> bool:
+    """Whether ``exc`` or what caused it is a TLS error (httpx wraps ``ssl.SSLError``)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class BackendPool:
     """All backends, their health loop, and the shared pooled HTTP client."""
 
-    def __init__(self, configs: tuple[BackendConfig, ...], health: HealthConfig, client: httpx.AsyncClient):
+    def __init__(self, configs: tuple[BackendConfig, ...], health: HealthConfig, client: httpx.AsyncClient,
+                 tls_clients: dict[str, httpx.AsyncClient] | None = None):
         self.backends = [Backend(c) for c in configs]
         self.by_id = {b.instance_id: b for b in self.backends}
         self.health = health
         self.client = client
+        self.tls_clients = tls_clients or {}  # backend id -> a client with that backend's TLS context
         self._task: asyncio.Task[None] | None = None
 
     def candidates(self, model: str, now_s: float, exclude: frozenset[str] = frozenset()) -> list[Backend]:
@@ -161,8 +184,9 @@ class BackendPool:
         healthy = [b for b in serving if b.healthy]
         return healthy or [b for b in serving if b.retry_at_s <= now_s]
 
-    def mark_down(self, b: Backend, now_s: float, why: str) -> None:
+    def mark_down(self, b: Backend, now_s: float, why: str, tls: bool = False) -> None:
         b.failures += 1
+        b.down_reason, b.tls_failed = why, tls
         delay = min(self.health.backoff_max_s, self.health.backoff_initial_s * 2 ** (b.failures - 1))
         b.retry_at_s = now_s + delay
         if b.healthy:
@@ -178,26 +202,31 @@ class BackendPool:
     async def check(self, b: Backend) -> None:
         """One health check (and scrape) of ``b``."""
         timeout = self.health.timeout_s
+        client = self.tls_clients.get(b.instance_id, self.client)
         try:
-            r = await self.client.get(f"{b.url}/health", timeout=timeout)
+            r = await client.get(f"{b.url}/health", timeout=timeout)
             if r.status_code != 200:
                 self.mark_down(b, time.monotonic(), f"/health {r.status_code}")
                 return
             if self.health.scrape_metrics:
-                m = await self.client.get(f"{b.url}/metrics", timeout=timeout)
+                m = await client.get(f"{b.url}/metrics", timeout=timeout)
                 if m.status_code == 200:
-                    self.apply_metrics(b, parse_prometheus(m.text))
+                    self.apply_metrics(b, parse_samples(m.text))
         except httpx.HTTPError as exc:
-            self.mark_down(b, time.monotonic(), type(exc).__name__)
+            self.mark_down(b, time.monotonic(), f"{type(exc).__name__}: {exc}", tls=_is_tls(exc))
             return
         self.mark_up(b)
 
     @staticmethod
-    def apply_metrics(b: Backend, metrics: dict[str, float]) -> None:
-        b.scraped_running = int(metrics.get("vllm:num_requests_running", 0))
-        b.scraped_waiting = int(metrics.get("vllm:num_requests_waiting", 0))
-        kv = metrics.get("vllm:kv_cache_usage_perc", metrics.get("vllm:gpu_cache_usage_perc", 0.0))
-        b.kv_usage = float(kv)
+    def apply_metrics(b: Backend, samples: dict[str, list[float]]) -> None:
+        """Read a scrape, one sample per label set: a data-parallel vLLM exports one series per
+        engine (``engine="0"``, ``engine="1"``…). Counts (running, waiting) add up over engines;
+        the KV usage fraction is their mean (engines of one server have equal KV pools, so the
+        mean is the server's used fraction; a sum would pass 1 and make it look full)."""
+        b.scraped_running = int(sum(samples.get("vllm:num_requests_running", ())))
+        b.scraped_waiting = int(sum(samples.get("vllm:num_requests_waiting", ())))
+        kv = samples.get("vllm:kv_cache_usage_perc") or samples.get("vllm:gpu_cache_usage_perc") or [0.0]
+        b.kv_usage = sum(kv) / len(kv)
         if b.on_progress is not None:
             b.on_progress(None)
 

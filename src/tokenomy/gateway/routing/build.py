@@ -9,11 +9,11 @@ from tokenomy.gateway.routing.backends import BackendPool
 from tokenomy.gateway.routing.config import RoutingConfig
 from tokenomy.gateway.routing.pd import Disagg
 from tokenomy.gateway.routing.route import Colocated, Routing
-from tokenomy.gateway.routing.upstream import UpstreamPool
+from tokenomy.gateway.routing.upstream import Upstream
 from tokenomy.policy.router import Router
 
 
-def build_routing(config: RoutingConfig, pool: BackendPool, upstream: UpstreamPool, router: Router,
+def build_routing(config: RoutingConfig, pool: BackendPool, upstream: Upstream, router: Router,
                   http: httpx.AsyncClient) -> Routing:
     """``colocated``: :class:`Colocated`; ``disagg``: :class:`Disagg`; ``ampd``: :class:`AmpdRouting`
     (``http``, an httpx client, sends AMPD's retention hints)."""

@@ -19,7 +19,7 @@ from tokenomy.gateway.http.parse import ParsedRequest
 from tokenomy.gateway.routing.backends import BackendPool
 from tokenomy.gateway.routing.prefill import PrefillHop
 from tokenomy.gateway.routing.route import DecodeRoute, core_request, decode_candidates, role_candidates
-from tokenomy.gateway.routing.upstream import UpstreamPool
+from tokenomy.gateway.routing.upstream import Upstream
 from tokenomy.policy.router import Router
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class Disagg:
     """The route step of ``disagg``: decode by the router, prefill remotely first."""
 
-    def __init__(self, pool: BackendPool, upstream: UpstreamPool, router: Router) -> None:
+    def __init__(self, pool: BackendPool, upstream: Upstream, router: Router) -> None:
         self.pool = pool
         self.router = router
         self.hop = PrefillHop(pool, upstream)

@@ -24,7 +24,7 @@ from typing import Any
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.http.parse import ParsedRequest
 from tokenomy.gateway.routing.backends import Backend, BackendPool
-from tokenomy.gateway.routing.upstream import UpstreamConnectError, UpstreamError, UpstreamPool
+from tokenomy.gateway.routing.upstream import Upstream, UpstreamConnectError, UpstreamError
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -58,7 +58,7 @@ def prefill_body(body: dict[str, Any], history_tokens: int = 0) -> dict[str, Any
 class PrefillHop:
     """Runs step 1 on one prefill backend, with the gateway's accounting of that backend."""
 
-    def __init__(self, pool: BackendPool, upstream: UpstreamPool) -> None:
+    def __init__(self, pool: BackendPool, upstream: Upstream) -> None:
         self.pool = pool
         self.upstream = upstream
 

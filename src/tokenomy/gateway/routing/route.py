@@ -34,9 +34,15 @@ def core_request(req: ParsedRequest, now: float, history_tokens: int = 0, prompt
 
 
 
-def _no_backend(what: str, model: str) -> GatewayError:
-    return GatewayError(503, f"no healthy {what}backend serves {model!r}", "server_error", "no_backend", None,
-                        {"retry-after": "1"})
+def _no_backend(what: str, model: str, pool: BackendPool) -> GatewayError:
+    """503 naming why each backend of ``model`` is out; 502 ``upstream_tls_error`` when every one
+    is out because its TLS handshake failed (a certificate that does not verify is not transient)."""
+    down = [b for b in pool.backends if model in b.models and not b.healthy and b.down_reason]
+    why = "; ".join(f"{b.instance_id}: {b.down_reason}" for b in down[:3])
+    msg = f"no healthy {what}backend serves {model!r}" + (f" ({why})" if why else "")
+    if down and all(b.tls_failed for b in down):
+        return GatewayError(502, msg, "server_error", "upstream_tls_error")
+    return GatewayError(503, msg, "server_error", "no_backend", None, {"retry-after": "1"})
 
 
 class Route:
@@ -57,7 +63,7 @@ class Route:
         now = time.monotonic()
         cands = self.pool.candidates(req.model, now, tried)
         if not cands:
-            raise _no_backend("", req.model)
+            raise _no_backend("", req.model, self.pool)
         core = CoreRequest(
             request_id=req.request_id,
             arrival_s=now,
@@ -93,7 +99,7 @@ class DecodeRoute(Route):
                 return b
         cands = role_candidates(self.pool, Role.DECODE, req.model, tried)
         if not cands:
-            raise _no_backend("decode ", req.model)
+            raise _no_backend("decode ", req.model, self.pool)
         now = time.monotonic()
         return self.pool.by_id[self.router.choose(core_request(req, now), cands, now)]
 
@@ -111,7 +117,7 @@ def decode_candidates(pool: BackendPool, model: str) -> list[Backend]:
     """The decode backends a P/D route may choose; a 503 GatewayError when there is none."""
     decodes = role_candidates(pool, Role.DECODE, model)
     if not decodes:
-        raise _no_backend("decode ", model)
+        raise _no_backend("decode ", model, pool)
     return decodes
 
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import secrets
 import sqlite3
 import time
+from collections.abc import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -97,8 +99,14 @@ def direct_connection(engine: Engine) -> sqlite3.Connection:
 class TenantStore:
     """CRUD over the tenant tree; every method validates before it writes."""
 
-    def __init__(self, engine: Engine, server_secret: bytes) -> None:
+    def __init__(self, engine: Engine, server_secret: bytes, *, refresh_interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``refresh_interval_s``: how often :meth:`authenticate` looks for changes made by other
+        processes (a revocation by the CLI takes effect within it; this process's own writes at once)."""
         self.engine = engine
+        self.refresh_interval_s = refresh_interval_s
+        self.clock = clock
+        self._next_refresh_s = -math.inf
         self.tree = TenantTree()
         self.keys = KeyIndex(server_secret)
         self._mac_key = hashlib.blake2b(b"tk-live-cache:" + server_secret, digest_size=32).digest()
@@ -137,7 +145,10 @@ class TenantStore:
 
     def authenticate(self, raw_key: str) -> Node | None:
         """The key's node when ``raw_key`` is a live key (not revoked, ancestors not revoked)."""
-        self.refresh_if_changed()
+        now = self.clock()
+        if now >= self._next_refresh_s:  # not one database read per request
+            self._next_refresh_s = now + self.refresh_interval_s
+            self.refresh_if_changed()
         mac = hashlib.blake2b(raw_key.encode(), key=self._mac_key, digest_size=16).digest()
         node = self._live.get(mac)
         if node is not None:

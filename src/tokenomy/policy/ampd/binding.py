@@ -24,11 +24,16 @@ Rules (docs/ampd.md, "Session binding"):
   (as Mooncake's store or Dynamo's KVBM serve a remote node's KV), so the next turns reload it
   instead of recomputing it. Sending 40k tokens of Llama-3.1-8B KV at 50 GB/s takes ~0.1 s,
   recomputing them ~1.5 s of a whole GPU.
+* **Forgetting**: a binding not used for ``idle_ttl_s`` is dropped (its session ended, or its KV
+  is long gone), and at most ``max_sessions`` are kept (the least recently used goes first), so
+  a long-running gateway's binder does not grow without end. A forgotten session that comes
+  back is bound afresh, like a new one.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,17 +53,26 @@ class BindingConfig:
     when its grown context no longer fits).
     ``move_history_on_rebind``: a rebound session's history KV follows it (module docstring;
     our default True; False: the new instance recomputes it, the behaviour before 2026-12-01).
+    ``idle_ttl_s`` / ``max_sessions``: labelled defaults bounding what the binder remembers (an
+    hour idle is far past any tool call's latency and any engine's KV retention; 100k sessions
+    take ~20 MB).
     """
 
     kv_headroom_fraction: float = 0.1
     rebind_headroom_fraction: float = 0.0
     move_history_on_rebind: bool = True
+    idle_ttl_s: float = 3600.0
+    max_sessions: int = 100_000
 
     def __post_init__(self) -> None:
         for name in ("kv_headroom_fraction", "rebind_headroom_fraction"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value}")
+        if not self.idle_ttl_s > 0:
+            raise ValueError(f"idle_ttl_s must be > 0, got {self.idle_ttl_s}")
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +118,17 @@ def blocks_needed(request: Request, view: InstanceView) -> int:
 
 
 class SessionBinder:
-    """Binds sessions to decode instances; remembers bindings until :meth:`unbind`."""
+    """Binds sessions to decode instances; remembers a binding until :meth:`unbind`, until it has
+    not been used for ``idle_ttl_s``, or until ``max_sessions`` newer ones push it out."""
 
     def __init__(self, config: BindingConfig, *, trace: TraceSink | None = None) -> None:
         self.config = config
         self.trace = trace
-        self._bound: dict[str, str] = {}
+        self._bound: OrderedDict[str, str] = OrderedDict()  # least recently used first
+        self._seen_s: dict[str, float] = {}  # session -> when its binding was last used
+
+    def __len__(self) -> int:
+        return len(self._bound)
 
     def bound_instance(self, session_id: str) -> str | None:
         return self._bound.get(session_id)
@@ -117,13 +136,34 @@ class SessionBinder:
     def unbind(self, session_id: str) -> None:
         """Forget a session (it ended); unknown ids are ignored."""
         self._bound.pop(session_id, None)
+        self._seen_s.pop(session_id, None)
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop bindings idle for ``idle_ttl_s`` and the oldest past ``max_sessions`` (the order
+        of ``_bound`` is last use, so both come off its front)."""
+        ttl, cap = self.config.idle_ttl_s, self.config.max_sessions
+        while self._bound:
+            sid = next(iter(self._bound))
+            if len(self._bound) <= cap and self._seen_s[sid] + ttl > now:
+                return
+            self.unbind(sid)
+
+    def _touch(self, sid: str, instance_id: str, now: float) -> None:
+        self._bound[sid] = instance_id
+        self._bound.move_to_end(sid)
+        self._seen_s[sid] = now
 
     def bind(self, request: Request, decode_instances: Sequence[InstanceView], now: float) -> BindingDecision:
         """Choose the decode instance of ``request`` and record the session's binding.
 
         Raises ValueError when ``decode_instances`` is empty. The decision goes to the trace sink.
         """
+        self._forget_idle(now)
         decision = self._bind(request, decode_instances)
+        if decision.session_id:
+            self._touch(decision.session_id, decision.instance_id, now)
+            if len(self._bound) > self.config.max_sessions:
+                self._forget_idle(now)
         emit(self.trace, "binding", now, decision)
         return decision
 
@@ -134,8 +174,6 @@ class SessionBinder:
         bound_id = self._bound.get(sid) if sid else None
         if bound_id is None:
             chosen, reason = self._pick(request, decode_instances)
-            if sid:
-                self._bound[sid] = chosen
             return BindingDecision(sid, chosen, new_binding=bool(sid), reason=reason)
 
         by_id = {v.instance_id: v for v in decode_instances}
@@ -149,7 +187,6 @@ class SessionBinder:
                 sid, bound_id, reason="bound instance is full but no other has room: stays"
             )
         chosen, why = self._pick(request, candidates or decode_instances)
-        self._bound[sid] = chosen
         cause = "bound instance gone" if bound is None else "bound instance out of KV room"
         move = bound is not None and history_follows(self.config, bound_id, chosen)
         if move:
