@@ -1,23 +1,25 @@
 """``tokenomy up [cluster.yaml]``: a local emulated cluster, one process per instance.
 
 Prints each instance's URL once every ``/health`` answers (``--json`` writes the list for
-scripts), and stops every instance on Ctrl-C or SIGTERM. Children also get SIGTERM if this
-process dies (Linux parent-death signal), so none is left behind.
+scripts), and stops every instance on Ctrl-C or SIGTERM: exit status 0 once the cluster was ready,
+130 when the signal came while it started (also while an instance was being forked: the launcher
+holds the signal until the child is registered, so it is stopped too). Children also get SIGTERM
+if this process dies (Linux parent-death signal), so none is left behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 from tokenomy.cli.main import CLIError
 from tokenomy.emulator.cluster import DEFAULT_CLUSTER, ClusterSpec, Instance, Pool, expand, load_cluster
-from tokenomy.emulator.launcher import LaunchError, LocalCluster
+from tokenomy.emulator.launcher import Interrupts, LaunchError, LocalCluster
+
+INTERRUPTED = 130
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,18 +76,16 @@ def run_up(args: argparse.Namespace) -> int:
     instances = expand(spec, args.port_base)
     if args.json not in (None, "-") and not Path(args.json).resolve().parent.is_dir():
         raise CLIError(f"--json {args.json}: no such directory")
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = LocalCluster(instances, ready_timeout_s=args.ready_timeout)
+    interrupts = Interrupts()  # SIGINT/SIGTERM: KeyboardInterrupt here, held while a child is forked
+    stop = interrupts.stop
+    cluster = LocalCluster(instances, ready_timeout_s=args.ready_timeout, interrupts=interrupts)
     table = sys.stderr if args.json == "-" else sys.stdout  # keep stdout pure JSON for scripts
+    ready = False
     try:
+        interrupts.install()
         cluster.start()
         try:
-            cluster.wait_ready(stop)
+            cluster.wait_ready()
         except LaunchError as exc:
             raise CLIError(str(exc)) from None
         for inst in instances:
@@ -99,6 +99,7 @@ def run_up(args: argparse.Namespace) -> int:
             tmp.write_text(payload)
             tmp.replace(args.json)  # appears whole: scripts may poll for the file
         print(f"tokenomy up: {len(instances)} instance(s) ready; Ctrl-C to stop", file=sys.stderr, flush=True)
+        ready = True
         while not stop.wait(0.5):
             dead = cluster.dead()
             if dead:
@@ -107,10 +108,14 @@ def run_up(args: argparse.Namespace) -> int:
                       file=sys.stderr, flush=True)
                 return 1
         return 0
+    except KeyboardInterrupt:
+        if ready:
+            return 0  # the way it ends
+        print("tokenomy up: interrupted while starting; stopping the instances", file=sys.stderr, flush=True)
+        return INTERRUPTED
     finally:
-        cluster.stop()
-        for s, h in previous.items():
-            signal.signal(s, h)
+        cluster.stop()  # a signal meanwhile does not cut it short
+        interrupts.restore()
 
 
 def standalone(argv: list[str]) -> int:

@@ -27,8 +27,8 @@ from tokenomy.demo.scenario import (
     runaway_tenant,
     tenants,
 )
-from tokenomy.demo.stack import Interrupts, LiveStack
-from tokenomy.emulator.launcher import LaunchError
+from tokenomy.demo.stack import LiveStack
+from tokenomy.emulator.launcher import Interrupts, LaunchError
 from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
 from tokenomy.gateway.metering.usage_view import node_names
 from tokenomy.gateway.stores.ledger_sql import SqlLedger

@@ -6,7 +6,10 @@ Used by ``tokenomy up`` and by scripts (benchmarks) that need a cluster for a wh
         urls = [i.url for i in cluster.instances]
 
 Children run in the caller's process group and get SIGTERM from the kernel if the caller dies
-(Linux parent-death signal), so none outlives it.
+(Linux parent-death signal), so none outlives it. A program that stops on SIGINT/SIGTERM hands
+the cluster its :class:`Interrupts` (``tokenomy up``, ``tokenomy demo``): a signal that lands while a
+child is forked is then held until the child is registered, so ``stop`` still reaches it, and no
+further instance is started.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
+from typing import Any
 
 from tokenomy.emulator.cluster import Instance
 
@@ -53,15 +58,77 @@ def parent_death_signal() -> Callable[[], None] | None:
     return hook
 
 
+class Interrupts:
+    """SIGINT (Ctrl-C) and SIGTERM set ``stop`` and, while :meth:`installed`, raise KeyboardInterrupt
+    in the main thread — except inside :meth:`deferred`: there the signal only sets ``stop``.
+
+    :meth:`spawning` is the deferred section around forking a child and registering it: a
+    KeyboardInterrupt there would leave a child nobody stops (or fire in an at-fork hook, where
+    Python ignores it), so it is raised when the section ends. Cleanup that must not be cut short
+    (stopping the children) and a main loop that polls ``stop`` run ``deferred`` too.
+    """
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self._deferred = 0
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stop.set()
+        if not self._deferred:
+            raise KeyboardInterrupt
+
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM (main thread) until :meth:`restore`."""
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self._previous.setdefault(s, signal.signal(s, self._on_signal))
+
+    def restore(self) -> None:
+        """Put back the handlers :meth:`install` replaced."""
+        while self._previous:
+            signal.signal(*self._previous.popitem())
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        self.install()
+        try:
+            yield
+        finally:
+            self.restore()
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._deferred += 1
+        try:
+            yield
+        finally:
+            self._deferred -= 1
+
+    @contextmanager
+    def spawning(self) -> Iterator[None]:
+        """Fork and register a child in here; KeyboardInterrupt at the end if a signal came."""
+        with self.deferred():
+            yield
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+
+
 class LocalCluster:
-    """The instance processes of a cluster; a context manager that starts, waits and stops them."""
+    """The instance processes of a cluster; a context manager that starts, waits and stops them.
+
+    With ``interrupts`` (installed by the caller), ``start`` forks each instance in
+    :meth:`Interrupts.spawning` and raises KeyboardInterrupt once a signal came, after registering
+    the child being forked and starting no further one; ``wait_ready`` stops on its ``stop``.
+    """
 
     def __init__(self, instances: list[Instance], *, ready_timeout_s: float = 60.0,
-                 stderr: int | None = None, stdout: int | None = None) -> None:
+                 stderr: int | None = None, stdout: int | None = None,
+                 interrupts: Interrupts | None = None) -> None:
         self.instances = instances
         self.ready_timeout_s = ready_timeout_s
         self._stderr = stderr
         self._stdout = stdout
+        self.interrupts = interrupts or Interrupts()  # not installed: a no-op unless the caller's is
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> LocalCluster:
@@ -85,8 +152,9 @@ class LocalCluster:
         hook = parent_death_signal()
         for inst in self.instances:
             cmd = [sys.executable, "-m", "tokenomy.emulator", *inst.argv()]
-            self.procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._stdout, stderr=self._stderr,
-                                               preexec_fn=hook))
+            with self.interrupts.spawning():
+                self.procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._stdout,
+                                                   stderr=self._stderr, preexec_fn=hook))
 
     def dead(self) -> list[tuple[Instance, int]]:
         """Instances whose process exited, with their exit status."""
@@ -97,7 +165,7 @@ class LocalCluster:
         """Block until every ``/health`` answers 200; LaunchError if one dies or time runs out."""
         import httpx
 
-        stop = stop or threading.Event()
+        stop = stop or self.interrupts.stop
         deadline = time.monotonic() + self.ready_timeout_s
         pending = list(self.instances)
         with httpx.Client(timeout=1.0) as client:
@@ -121,7 +189,12 @@ class LocalCluster:
                     stop.wait(0.2)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM every instance, SIGKILL those still running after ``grace_s``, and reap them."""
+        """SIGTERM every instance, SIGKILL those still running after ``grace_s``, and reap them
+        (a signal meanwhile does not cut this short)."""
+        with self.interrupts.deferred():
+            self._stop(grace_s)
+
+    def _stop(self, grace_s: float) -> None:
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
