@@ -168,7 +168,9 @@ class LocalCluster:
         stop = stop or self.interrupts.stop
         deadline = time.monotonic() + self.ready_timeout_s
         pending = list(self.instances)
-        with httpx.Client(timeout=1.0) as client:
+        with self.interrupts.spawning():  # the first client imports httpcore, whose trio import runs
+            client = httpx.Client(timeout=1.0)  # `ldconfig -p` (ctypes.util.find_library): a child too
+        with client:
             while pending:
                 if stop.is_set():
                     raise LaunchError("interrupted while starting")
