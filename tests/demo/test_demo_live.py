@@ -22,23 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.procs import group_members
+
 pytestmark = pytest.mark.integration
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live processes (zombies too) in process group ``pgid``, from /proc."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()  # state, ppid, pgrp, ...
-        if int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
 
 
 def port_answers(port: int) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from helpers.procs import group_members
 from tokenomy.cli import main as cli_main
 from tokenomy.emulator.cluster import DEFAULT_CLUSTER, expand, load_cluster
 
@@ -135,3 +136,32 @@ def test_no_orphans_when_up_is_killed_or_interrupted(tmp_path: Path, how: str) -
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("delay_s", [0.0, 0.5])
+def test_sigterm_while_the_instances_start_stops_them_and_exits_130(delay_s: float) -> None:
+    """At once, the signal lands as the first instance is forked (a child forked but not yet
+    registered must still be stopped, and no further one started); half a second later, while the
+    instances start up. Either way: exit status 130, a line that says so, no process left."""
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.up_cmd", "--instances", "3",
+                             "--port-base", str(free_port_base(3))],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(group_members(proc.pid)) < 2:  # up itself and its first instance
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.002)
+        time.sleep(delay_s)  # where in the start-up the signal lands; the test waits on the process, not on time
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+        assert "tokenomy up: interrupted while starting" in err and "Traceback" not in err
+        assert group_members(proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in group_members(proc.pid):
+            os.kill(pid, signal.SIGKILL)

@@ -2,17 +2,17 @@
 real vLLM with ``--engine vllm`` (``kind: vllm`` in the file; docs/vllm.md).
 
 Prints each instance's URL once every ``/health`` answers (``--json`` writes the list for
-scripts), and stops every instance on Ctrl-C or SIGTERM. Children also get SIGTERM if this
-process dies (Linux parent-death signal), so none is left behind.
+scripts), and stops every instance on Ctrl-C or SIGTERM: exit status 0 once the cluster was ready,
+130 when the signal came while it started (also while an instance was being forked: the launcher
+holds the signal until the child is registered, so it is stopped too). Children also get SIGTERM
+if this process dies (Linux parent-death signal), so none is left behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +20,9 @@ from typing import Any
 
 from tokenomy.cli.main import CLIError
 from tokenomy.emulator.cluster import DEFAULT_CLUSTER, ClusterSpec, Instance, Pool, expand, load_cluster
-from tokenomy.emulator.launcher import Launch, LaunchError, LocalCluster, emulator_launch
+from tokenomy.emulator.launcher import Interrupts, Launch, LaunchError, LocalCluster, emulator_launch
+
+INTERRUPTED = 130
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -124,19 +126,17 @@ def run_up(args: argparse.Namespace) -> int:
     ready_timeout = args.ready_timeout if args.ready_timeout is not None else (900.0 if spec.kind == "vllm" else 60.0)
     if args.json not in (None, "-") and not Path(args.json).resolve().parent.is_dir():
         raise CLIError(f"--json {args.json}: no such directory")
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = LocalCluster(instances, ready_timeout_s=ready_timeout, launch=launch)
+    interrupts = Interrupts()  # SIGINT/SIGTERM: KeyboardInterrupt here, held while a child is forked
+    stop = interrupts.stop
+    cluster = LocalCluster(instances, ready_timeout_s=ready_timeout, launch=launch, interrupts=interrupts)
     table = sys.stderr if args.json == "-" else sys.stdout  # keep stdout pure JSON for scripts
     t0 = time.monotonic()
+    ready = False
     try:
+        interrupts.install()
         cluster.start()
         try:
-            cluster.wait_ready(stop)
+            cluster.wait_ready()
         except LaunchError as exc:
             raise CLIError(str(exc)) from None
         for inst, spec_i in zip(shown, cluster.launches, strict=True):
@@ -151,6 +151,7 @@ def run_up(args: argparse.Namespace) -> int:
             tmp.replace(args.json)  # appears whole: scripts may poll for the file
         print(f"tokenomy up: {len(instances)} instance(s) ready in {time.monotonic() - t0:.0f}s; Ctrl-C to stop",
               file=sys.stderr, flush=True)
+        ready = True
         while not stop.wait(0.5):
             dead = cluster.dead()
             if dead:
@@ -159,10 +160,14 @@ def run_up(args: argparse.Namespace) -> int:
                       file=sys.stderr, flush=True)
                 return 1
         return 0
+    except KeyboardInterrupt:
+        if ready:
+            return 0  # the way it ends
+        print("tokenomy up: interrupted while starting; stopping the instances", file=sys.stderr, flush=True)
+        return INTERRUPTED
     finally:
-        cluster.stop()
-        for s, h in previous.items():
-            signal.signal(s, h)
+        cluster.stop()  # a signal meanwhile does not cut it short
+        interrupts.restore()
 
 
 def standalone(argv: list[str]) -> int:

@@ -27,8 +27,8 @@ from tokenomy.demo.scenario import (
     runaway_tenant,
     tenants,
 )
-from tokenomy.demo.stack import Interrupts, LiveStack
-from tokenomy.emulator.launcher import LaunchError
+from tokenomy.demo.stack import LiveStack
+from tokenomy.emulator.launcher import Interrupts, LaunchError
 from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
 from tokenomy.gateway.metering.usage_view import node_names
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
@@ -103,7 +103,7 @@ def _ledger_events(url: str) -> list[UsageEvent]:
 
 def _report(run: DemoRun, stack: LiveStack, console: Console) -> bool:
     """Print every section; True when the breaker and the budget both acted."""
-    _wait_for_alerts(stack, {"breaker_trip", "budget_threshold"}, 3.0)
+    _wait_for_alerts(stack, {"breaker_trip", "budget_refusal"}, 3.0)
     engines = stack.scrape_engines()
     url = f"sqlite:///{stack.workdir / 'ledger.db'}"
     events, names = _ledger_events(url), node_names(url)
@@ -111,7 +111,7 @@ def _report(run: DemoRun, stack: LiveStack, console: Console) -> bool:
     print_bills(events, names, console)
     print_placement(events, engines, console)
     stopped = print_breaker(run, stack.sink.alerts, console)
-    refused = print_budget(run, stack.sink.alerts, names, console)
+    refused = print_budget(run, stack.sink.alerts, console)
     return stopped and refused
 
 

@@ -27,13 +27,6 @@ def print_slo(run: DemoRun, console: Console) -> None:
                  title="SLO report per tenant, measured by the clients")
 
 
-def _named(text: str, names: Mapping[str, str]) -> str:
-    """``text`` with tenant node ids replaced by their names."""
-    for node_id, name in names.items():
-        text = text.replace(node_id, name)
-    return text
-
-
 def print_placement(events: Sequence[UsageEvent], engines: Mapping[str, Mapping[str, float]],
                     console: Console) -> None:
     """Where AMPD ran each turn: per decode instance, turns decoded there, and how many of them
@@ -89,9 +82,9 @@ def print_breaker(run: DemoRun, alerts: Sequence[Mapping[str, Any]], console: Co
     return True
 
 
-def print_budget(run: DemoRun, alerts: Sequence[Mapping[str, Any]], names: Mapping[str, str],
-                 console: Console) -> bool:
-    """The tight-budget tenant's refusal; True when its budget refused a request."""
+def print_budget(run: DemoRun, alerts: Sequence[Mapping[str, Any]], console: Console) -> bool:
+    """The tight-budget tenant's refusal and the budget alerts (the gateway names the nodes in
+    both); True when its budget refused a request."""
     console.rule("Budget")
     tight = min(run.tenants, key=lambda t: t.budget_usd)
     results = run.results.get(tight.org, [])
@@ -101,12 +94,10 @@ def print_budget(run: DemoRun, alerts: Sequence[Mapping[str, Any]], names: Mappi
     first = _first_refusal(results, "budget")
     if first is not None:
         console.print(f"first refusal: session {first.session_id} turn {first.index}: 429 "
-                      f"{_named(first.outcome.message, names)}", highlight=False)
+                      f"{first.outcome.message}", highlight=False)
     for a in alerts:
-        if a.get("kind") == "budget_threshold":
-            subject = str(a.get("subject"))
-            console.print(f"alert {a['kind']}: {names.get(subject, subject)}: {_named(str(a.get('message')), names)}",
-                          highlight=False)
+        if a.get("kind") in ("budget_refusal", "budget_threshold"):
+            console.print(f"alert {a['kind']}: {a.get('message')}", highlight=False)
     return first is not None
 
 

@@ -15,8 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import IO, Any
@@ -24,7 +23,7 @@ from typing import IO, Any
 import httpx
 
 from tokenomy.emulator.cluster import ClusterSpec, Instance, expand
-from tokenomy.emulator.launcher import LaunchError, LocalCluster, parent_death_signal, port_free
+from tokenomy.emulator.launcher import Interrupts, LaunchError, LocalCluster, parent_death_signal, port_free
 
 HOST = "127.0.0.1"
 
@@ -83,41 +82,6 @@ class AlertSink:
         self._server.server_close()
 
 
-class Interrupts:
-    """SIGINT (Ctrl-C) and SIGTERM set ``stop`` and raise KeyboardInterrupt in the main thread —
-    except inside :meth:`spawning`, while a child is forked and registered: a KeyboardInterrupt
-    there would leave a child nobody stops (or fire in an at-fork hook, where Python ignores it), so
-    the signal only sets ``stop`` and the interrupt is raised when the section ends."""
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self._deferred = False
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self.stop.set()
-        if not self._deferred:
-            raise KeyboardInterrupt
-
-    @contextmanager
-    def installed(self) -> Iterator[None]:
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
-
-    @contextmanager
-    def spawning(self) -> Iterator[None]:
-        self._deferred = True
-        try:
-            yield
-        finally:
-            self._deferred = False
-        if self.stop.is_set():
-            raise KeyboardInterrupt
-
-
 def _wait(check: Callable[[], bool], alive: Callable[[], bool], what: str, timeout_s: float,
           stop: threading.Event) -> None:
     deadline = time.monotonic() + timeout_s
@@ -166,10 +130,9 @@ class LiveStack:
         self.sink.start()
         log = self._log("cluster.log")
         self.cluster = LocalCluster(self.instances, ready_timeout_s=self.ready_timeout_s,
-                                    stdout=log.fileno(), stderr=log.fileno())
-        with interrupts.spawning():
-            self.cluster.start()
-        self.cluster.wait_ready(stop)
+                                    stdout=log.fileno(), stderr=log.fileno(), interrupts=interrupts)
+        self.cluster.start()
+        self.cluster.wait_ready()
         backends = [{"id": i.instance_id, "url": i.url, "role": i.role} for i in self.instances]
         config = make_config(backends, self.sink.url)
         config.setdefault("server", {})["port"] = self.gateway_port
@@ -234,4 +197,4 @@ class LiveStack:
                 self._logs.clear()
 
 
-__all__ = ["AlertSink", "Interrupts", "LiveStack", "free_port", "free_port_base"]
+__all__ = ["AlertSink", "LiveStack", "free_port", "free_port_base"]

@@ -5,10 +5,14 @@ Used by ``tokenomy up`` and by scripts (benchmarks) that need a cluster for a wh
     with LocalCluster(expand(DEFAULT_CLUSTER, port_base=9000)) as cluster:
         urls = [i.url for i in cluster.instances]
 
-Children get SIGTERM from the kernel if the caller dies (Linux parent-death signal), so none
+Children run in the caller's process group (unless their launch asks for a group of their own)
+and get SIGTERM from the kernel if the caller dies (Linux parent-death signal), so none
 outlives it. What each instance runs is a :class:`Launch` (default: the emulator); real vLLM
 instances come from :func:`tokenomy.vllm.launch.vllm_launcher`, which runs each in a process group
-of its own (vLLM forks engine processes) and logs it to a file.
+of its own (vLLM forks engine processes) and logs it to a file. A program that stops on
+SIGINT/SIGTERM hands the cluster its :class:`Interrupts` (``tokenomy up``, ``tokenomy demo``): a
+signal that lands while a child is forked is then held until the child is registered, so ``stop``
+still reaches it, and no further instance is started.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from tokenomy.emulator.cluster import Instance
 
@@ -81,18 +87,80 @@ def emulator_launch(inst: Instance) -> Launch:
     return Launch([sys.executable, "-m", "tokenomy.emulator", *inst.argv()])
 
 
+class Interrupts:
+    """SIGINT (Ctrl-C) and SIGTERM set ``stop`` and, while :meth:`installed`, raise KeyboardInterrupt
+    in the main thread — except inside :meth:`deferred`: there the signal only sets ``stop``.
+
+    :meth:`spawning` is the deferred section around forking a child and registering it: a
+    KeyboardInterrupt there would leave a child nobody stops (or fire in an at-fork hook, where
+    Python ignores it), so it is raised when the section ends. Cleanup that must not be cut short
+    (stopping the children) and a main loop that polls ``stop`` run ``deferred`` too.
+    """
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self._deferred = 0
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stop.set()
+        if not self._deferred:
+            raise KeyboardInterrupt
+
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM (main thread) until :meth:`restore`."""
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self._previous.setdefault(s, signal.signal(s, self._on_signal))
+
+    def restore(self) -> None:
+        """Put back the handlers :meth:`install` replaced."""
+        while self._previous:
+            signal.signal(*self._previous.popitem())
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        self.install()
+        try:
+            yield
+        finally:
+            self.restore()
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._deferred += 1
+        try:
+            yield
+        finally:
+            self._deferred -= 1
+
+    @contextmanager
+    def spawning(self) -> Iterator[None]:
+        """Fork and register a child in here; KeyboardInterrupt at the end if a signal came."""
+        with self.deferred():
+            yield
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+
+
 class LocalCluster:
-    """The instance processes of a cluster; a context manager that starts, waits and stops them."""
+    """The instance processes of a cluster; a context manager that starts, waits and stops them.
+
+    With ``interrupts`` (installed by the caller), ``start`` forks each instance in
+    :meth:`Interrupts.spawning` and raises KeyboardInterrupt once a signal came, after registering
+    the child being forked and starting no further one; ``wait_ready`` stops on its ``stop``.
+    """
 
     def __init__(self, instances: list[Instance], *, ready_timeout_s: float = 60.0,
                  stderr: int | None = None, stdout: int | None = None,
-                 launch: Callable[[Instance], Launch] = emulator_launch) -> None:
+                 launch: Callable[[Instance], Launch] = emulator_launch,
+                 interrupts: Interrupts | None = None) -> None:
         self.instances = instances
         self.ready_timeout_s = ready_timeout_s
         self._stderr = stderr
         self._stdout = stdout
         self._launch = launch
         self.launches: list[Launch] = []
+        self.interrupts = interrupts or Interrupts()  # not installed: a no-op unless the caller's is
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> LocalCluster:
@@ -116,17 +184,19 @@ class LocalCluster:
         hook = parent_death_signal()
         for inst in self.instances:
             spec = self._launch(inst)
-            self.launches.append(spec)
-            if spec.log_path is None:
-                self.procs.append(subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=self._stdout,
-                                                   stderr=self._stderr,
-                                                   env=spec.env, preexec_fn=hook, start_new_session=spec.own_group))
-                continue
-            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with spec.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
-                self.procs.append(subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                                   stderr=subprocess.STDOUT, env=spec.env, preexec_fn=hook,
-                                                   start_new_session=spec.own_group))
+            with self.interrupts.spawning():
+                if spec.log_path is None:
+                    proc = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=self._stdout,
+                                            stderr=self._stderr, env=spec.env, preexec_fn=hook,
+                                            start_new_session=spec.own_group)
+                else:
+                    spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+                    with spec.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
+                        proc = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                                stderr=subprocess.STDOUT, env=spec.env, preexec_fn=hook,
+                                                start_new_session=spec.own_group)
+                self.procs.append(proc)
+                self.launches.append(spec)
 
     def dead(self) -> list[tuple[Instance, int]]:
         """Instances whose process exited, with their exit status."""
@@ -137,10 +207,12 @@ class LocalCluster:
         """Block until every ``/health`` answers 200; LaunchError if one dies or time runs out."""
         import httpx
 
-        stop = stop or threading.Event()
+        stop = stop or self.interrupts.stop
         deadline = time.monotonic() + self.ready_timeout_s
         pending = list(self.instances)
-        with httpx.Client(timeout=1.0) as client:
+        with self.interrupts.spawning():  # the first client imports httpcore, whose trio import runs
+            client = httpx.Client(timeout=1.0)  # `ldconfig -p` (ctypes.util.find_library): a child too
+        with client:
             while pending:
                 if stop.is_set():
                     raise LaunchError("interrupted while starting")
@@ -169,7 +241,12 @@ class LocalCluster:
 
     def stop(self, grace_s: float | None = None) -> None:
         """SIGTERM every instance (its group, for ``own_group``), SIGKILL those still running after
-        the grace (``grace_s``, else each launch's ``stop_grace_s``), and reap them."""
+        the grace (``grace_s``, else each launch's ``stop_grace_s``), and reap them (a signal
+        meanwhile does not cut this short)."""
+        with self.interrupts.deferred():
+            self._stop(grace_s)
+
+    def _stop(self, grace_s: float | None) -> None:
         for p, spec in zip(self.procs, self.launches, strict=True):
             if p.poll() is None:
                 _signal(p, spec, signal.SIGTERM)

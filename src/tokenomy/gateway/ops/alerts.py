@@ -5,8 +5,9 @@ alerts to ``webhook_url`` in order. A full queue drops the alert (counted in ``d
 than slow a request; a failed POST is logged and not retried (alerts are advisory; the ledger is
 the record). Body: ``{"kind", "subject", "message", "at_s", "data"}``.
 
-Kinds: ``budget_threshold`` (a node's spend crossed 50/80/100% of its period budget),
-``breaker_trip`` and ``spend_rate`` (a key spending faster than ``spend_rate_usd_per_hour``, or
+Kinds: ``budget_threshold`` (a node's settled spend crossed 50/80/100% of its period budget; once
+each, in increasing order), ``budget_refusal`` (a node's budget refused a request: spent + held by
+requests in flight + the request's worst case; once per node and period), ``breaker_trip`` and ``spend_rate`` (a key spending faster than ``spend_rate_usd_per_hour``, or
 ``spend_rate_factor`` times its own baseline).
 """
 

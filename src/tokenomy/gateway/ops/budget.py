@@ -8,9 +8,11 @@ all of them at once through a ``Reservations`` store; a node without a budget is
 ``release`` drops it. Spend never exceeds a budget as long as the actual cost of each request is
 at most its worst case (the request path's prompt estimate must not undercount).
 
-Threshold alerts: ``settle`` reports each configured fraction (50/80/100%) a node's spend crossed
-with this request; a refusal reports 100% once per node and period (the budget is exhausted for
-requests of that size).
+Alerts: ``settle`` reports each configured fraction (50/80/100%) a node's *settled* spend crossed
+with this request (``crossings``; spend only grows within a period, so each fraction once and in
+increasing order). Money held by requests in flight is a worst case, not spend: it never fires a
+threshold. A refusal is its own event (``refusals``, once per node and period) with what refused
+it: spent + held + this request's worst case over the budget.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Protocol
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.tenancy import Node
-from tokenomy.gateway.stores.reservations import Charge, Hold, Reservations
+from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal, Reservations
 
 
 class PriceLike(Protocol):
@@ -56,15 +58,60 @@ def seconds_to_period_end(period: str, now_s: float) -> float:
     return calendar.timegm((year, month, 1, 0, 0, 0)) - now_s
 
 
+def node_label(node: Node) -> str:
+    """``org acme (org_1f…)``: how refusals and alerts name a node (its name for people, its id for
+    the admin API)."""
+    return f"{node.kind.value} {node.name} ({node.id})"
+
+
 @dataclass(frozen=True, slots=True)
 class Crossing:
-    """A node's spend passed ``threshold`` of its budget."""
+    """A node's settled spend passed ``threshold`` of its budget (``period``: the period key)."""
 
     node_id: str
     period: str
     threshold: float
     spent_usd: float
     budget_usd: float
+    label: str = ""  # node_label(node)
+    budget_period: str = ""  # day / month
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalEvent:
+    """A node's budget refused a request: ``spent + held + request`` would pass ``budget``."""
+
+    node_id: str
+    label: str
+    period: str
+    budget_period: str
+    spent_usd: float
+    held_usd: float
+    budget_usd: float
+    request_usd: float
+
+
+def crossed(thresholds: Sequence[float], spent_usd: float, actual_usd: float, budget_usd: float) -> list[float]:
+    """The thresholds (ascending) that a settle of ``actual_usd`` bringing spend to ``spent_usd`` crossed."""
+    before, after = (spent_usd - actual_usd) / budget_usd, spent_usd / budget_usd
+    return [t for t in sorted(thresholds) if before + 1e-9 < t <= after + 1e-9]
+
+
+def refusal_error(node: Node, refusal: Refusal, amount_usd: float, now_s: float) -> GatewayError:
+    """The client's 429 ``budget_exceeded``. A request that would fit once the requests in flight
+    finish may fit again in a moment (``retry-after: 1``); one that spend alone shuts out waits for
+    the next period (``retry-after`` to its start, ``x-should-retry: false``)."""
+    left = max(0.0, refusal.budget_usd - refusal.spent_usd - refusal.reserved_usd)
+    period = node.limits.budget_period
+    if refusal.reserved_usd > 0 and refusal.spent_usd + amount_usd <= refusal.budget_usd:
+        why, headers = f" (${refusal.reserved_usd:.6f} is held by requests in flight)", {"retry-after": "1"}
+    else:
+        wait = max(1, math.ceil(seconds_to_period_end(period, now_s)))
+        why, headers = "", {"retry-after": str(wait), "x-should-retry": "false"}
+    return GatewayError(
+        429, f"budget exceeded for {node_label(node)}: this request may cost up to "
+        f"${amount_usd:.6f}, ${left:.6f} of ${refusal.budget_usd:.6f} is left this {period}{why}",
+        type="insufficient_quota", code="budget_exceeded", headers=headers)
 
 
 class Budgets:
@@ -77,6 +124,7 @@ class Budgets:
         self.hold_ttl_s = hold_ttl_s
         self._exhausted: set[Charge] = set()
         self.crossings: list[Crossing] = []  # drained by the owner (alerts)
+        self.refusals: list[RefusalEvent] = []  # likewise
         self._day = -1
         self._periods: dict[str, str] = {}
         # per path (by identity: the tenant tree hands out one tuple per key until it changes),
@@ -104,12 +152,8 @@ class Budgets:
         return self._plan(path, now_s)[0]
 
     def reserve(self, request_id: str, path: Sequence[Node], amount_usd: float, now_s: float) -> Hold:
-        """Hold ``amount_usd`` on every node of ``path`` or raise 429 ``budget_exceeded``.
-
-        A request that would fit once the requests in flight finish may fit again in a moment
-        (``retry-after: 1``); one that spend alone shuts out waits for the next period
-        (``retry-after`` to its start, ``x-should-retry: false``).
-        """
+        """Hold ``amount_usd`` on every node of ``path`` or raise 429 ``budget_exceeded``
+        (``refusal_error``)."""
         charges, budgets = self._plan(path, now_s)
         hold = Hold(request_id, charges, amount_usd, now_s + self.hold_ttl_s)
         refusal = self.store.reserve(hold, budgets)
@@ -118,18 +162,9 @@ class Budgets:
         node = next(n for c, n in zip(charges, path, strict=True) if c == refusal.charge)
         if refusal.charge not in self._exhausted:
             self._exhausted.add(refusal.charge)
-            self.crossings.append(Crossing(node.id, refusal.charge[1], 1.0, refusal.spent_usd, refusal.budget_usd))
-        left = max(0.0, refusal.budget_usd - refusal.spent_usd - refusal.reserved_usd)
-        period = node.limits.budget_period
-        if refusal.reserved_usd > 0 and refusal.spent_usd + amount_usd <= refusal.budget_usd:
-            why, headers = f" (${refusal.reserved_usd:.6f} is held by requests in flight)", {"retry-after": "1"}
-        else:
-            wait = max(1, math.ceil(seconds_to_period_end(period, now_s)))
-            why, headers = "", {"retry-after": str(wait), "x-should-retry": "false"}
-        raise GatewayError(
-            429, f"budget exceeded for {node.kind.value} {node.id}: this request may cost up to "
-            f"${amount_usd:.6f}, ${left:.6f} of ${refusal.budget_usd:.6f} is left this {period}{why}",
-            type="insufficient_quota", code="budget_exceeded", headers=headers)
+            self.refusals.append(RefusalEvent(node.id, node_label(node), refusal.charge[1], node.limits.budget_period,
+                                              refusal.spent_usd, refusal.reserved_usd, refusal.budget_usd, amount_usd))
+        raise refusal_error(node, refusal, amount_usd, now_s)
 
     def settle(self, request_id: str, actual_usd: float, path: Sequence[Node]) -> bool:
         """Charge the actual cost (idempotent: False when nothing was held); thresholds crossed
@@ -143,14 +178,9 @@ class Budgets:
             if budget is None or budget <= 0 or charge[0] != node.id:
                 continue
             spent, _ = self.store.usage(charge)
-            before, after = (spent - actual_usd) / budget, spent / budget
-            for t in self.thresholds:
-                if before + 1e-9 < t <= after + 1e-9:
-                    if t >= 1.0:
-                        if charge in self._exhausted:
-                            continue
-                        self._exhausted.add(charge)
-                    crossings.append(Crossing(node.id, charge[1], t, spent, budget))
+            for t in crossed(self.thresholds, spent, actual_usd, budget):
+                crossings.append(Crossing(node.id, charge[1], t, spent, budget, node_label(node),
+                                          node.limits.budget_period))
         return True
 
     def release(self, request_id: str) -> bool:

@@ -339,11 +339,18 @@ class OpsGuard:
                         {"code": trip.code, "until_s": trip.until_s})
         self.breakers.trips.clear()
         for c in self.budgets.crossings:
-            self._alert("budget_threshold", c.node_id, f"spent {c.threshold:.0%} of the {c.period} budget "
-                        f"(${c.spent_usd:.4f} of ${c.budget_usd:.4f})", now,
+            self._alert("budget_threshold", c.node_id, f"{c.label or c.node_id} spent {c.threshold:.0%} of its "
+                        f"{c.budget_period or c.period} budget (${c.spent_usd:.4f} of ${c.budget_usd:.4f})", now,
                         {"threshold": c.threshold, "period": c.period, "spent_usd": c.spent_usd,
                          "budget_usd": c.budget_usd})
         self.budgets.crossings.clear()
+        for r in self.budgets.refusals:
+            self._alert("budget_refusal", r.node_id, f"{r.label} refused a request: spent ${r.spent_usd:.4f} + held "
+                        f"${r.held_usd:.4f} of ${r.budget_usd:.4f} this {r.budget_period}; the request may cost "
+                        f"up to ${r.request_usd:.4f}", now,
+                        {"period": r.period, "spent_usd": r.spent_usd, "held_usd": r.held_usd,
+                         "budget_usd": r.budget_usd, "request_usd": r.request_usd})
+        self.budgets.refusals.clear()
 
 
 def build_guard(config: GatewayConfigLike, *, engine: Engine | None = None, db_url: str | None = None,
