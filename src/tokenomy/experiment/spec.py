@@ -77,6 +77,8 @@ class ClusterSpec:
     decode_tp: int | None = None
     prefill_gpu: str | None = None
     decode_gpu: str | None = None
+    # A `tokenomy perf profile` file: steps and engine limits of a measured engine (docs/simulator.md).
+    calibration: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("prefill_tp", "decode_tp"):
@@ -196,7 +198,7 @@ class ExperimentSpec:
         base = SimConfig(
             model=c.model, gpu=c.gpu, tp=c.tp, instances=c.instances, prefill=prefill, decode=decode,
             router=c.router, max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
-            horizon_s=c.horizon_s,
+            horizon_s=c.horizon_s, calibration=c.calibration,
         )
         config = make_variant(dep.name, base)
         shapes = {k: getattr(c, k) for k in ("prefill_tp", "decode_tp", "prefill_gpu", "decode_gpu")

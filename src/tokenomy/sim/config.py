@@ -59,6 +59,9 @@ class SimConfig:
     ``prefill_tp``/``prefill_gpu`` and ``decode_tp``/``decode_gpu`` give a disaggregated
     deployment's roles their own instance shape (default: ``tp`` and ``gpu``); only ``disagg``
     runs them (a planner's heterogeneous pools).
+    ``calibration`` is a file from ``tokenomy perf profile``: steps cost what the profiled
+    engine's fitted model says, and its limits (block size, KV blocks, token budget, batch
+    limit) replace these fields wherever it recorded them (see :func:`tokenomy.sim.runner.calibrated`).
     """
 
     deployment: str = "colocated"
@@ -83,6 +86,7 @@ class SimConfig:
     decode_tp: int | None = None
     prefill_gpu: str | None = None
     decode_gpu: str | None = None
+    calibration: str | None = None
     ampd: AMPDOptions = field(default_factory=AMPDOptions)
 
     def __post_init__(self) -> None:
@@ -99,6 +103,8 @@ class SimConfig:
         for name in ("prefill_tp", "decode_tp"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.has_role_shapes and self.calibration is not None:
+            raise ValueError("a calibration describes one engine: per-role tp/gpu do not apply to it")
         if self.has_role_shapes and self.deployment != "disagg":
             raise ValueError(f"per-role tp/gpu are supported by the disagg deployment only, not {self.deployment!r}")
 
