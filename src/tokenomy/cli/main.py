@@ -12,7 +12,7 @@ from typing import NoReturn
 # Each module exposes ``register(subparsers)`` and sets ``func`` on its parsers.
 COMMAND_MODULES = (
     "perf_cmd", "sim_cmd", "eaas_cmd", "demo_cmd", "emulate_cmd", "up_cmd", "bench_cmd",
-    "serve_cmd", "usage_cmd", "keys_cmd", "tenants_cmd", "plan_cmd",
+    "serve_cmd", "usage_cmd", "keys_cmd", "tenants_cmd", "plan_cmd", "model_cmd",
 )
 
 

@@ -1,4 +1,5 @@
-"""``tokenomy up [cluster.yaml]``: a local emulated cluster, one process per instance.
+"""``tokenomy up [cluster.yaml]``: a local cluster, one process per instance: our emulator, or
+real vLLM with ``--engine vllm`` (``kind: vllm`` in the file; docs/vllm.md).
 
 Prints each instance's URL once every ``/health`` answers (``--json`` writes the list for
 scripts), and stops every instance on Ctrl-C or SIGTERM. Children also get SIGTERM if this
@@ -12,12 +13,14 @@ import json
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tokenomy.cli.main import CLIError
 from tokenomy.emulator.cluster import DEFAULT_CLUSTER, ClusterSpec, Instance, Pool, expand, load_cluster
-from tokenomy.emulator.launcher import LaunchError, LocalCluster
+from tokenomy.emulator.launcher import Launch, LaunchError, LocalCluster, emulator_launch
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +39,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--time-scale", type=float, default=None, help="wall seconds per modelled second")
     p.add_argument("--json", default=None, help="write the instance list here once all are ready ('-': stdout)")
-    p.add_argument("--ready-timeout", type=float, default=60.0, help="seconds to wait for every /health")
+    p.add_argument("--ready-timeout", type=float, default=None,
+                   help="seconds to wait for every /health (default 60; 900 with --engine vllm)")
+    v = p.add_argument_group("real vLLM (--engine vllm; docs/vllm.md)")
+    v.add_argument("--engine", choices=["emulator", "vllm"], default=None, help="what each instance runs")
+    v.add_argument("--vllm-python", default=None, help="Python of a vLLM install (default: $TOKENOMY_VLLM_PYTHON, "
+                   "else the project's .venv-vllm from `make vllm`)")
+    v.add_argument("--device", choices=["cpu", "gpu"], default=None, help="cpu: float32, KV space in GiB; gpu: vLLM's defaults")
+    v.add_argument("--kv-connector", default=None,
+                   help="KV connector of P/D instances (default NixlConnector when a pool is prefill/decode; 'none')")
+    v.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache GiB per CPU instance (default 2)")
+    v.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
+                   help="skip graph compilation (default on: starts about twice as fast)")
+    v.add_argument("--run-dir", default=None, help="logs, caches and temp files, a folder per instance (default out/up)")
+    v.add_argument("--vllm-arg", action="append", default=None, metavar="ARG",
+                   help="one more vLLM argument for every instance (repeat; e.g. --vllm-arg=--max-num-seqs=64)")
     p.set_defaults(func=run_up)
 
 
@@ -57,21 +74,42 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     update: dict[str, Any] = {k: v for k, v in
                               (("model", args.model), ("gpu", args.gpu), ("tp", args.tp), ("host", args.host))
                               if v is not None}
+    if args.engine is not None:
+        update["kind"] = args.engine
     engine = dict(spec.engine)
     for key in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "time_scale"):
         if getattr(args, key) is not None:
             engine[key] = getattr(args, key)
-    return spec.model_copy(update={**update, "engine": engine})
+    vllm = {k: v for k, v in (("python", args.vllm_python), ("device", args.device),
+                              ("kv_connector", args.kv_connector), ("kv_cache_gib", args.kv_cache_gib),
+                              ("enforce_eager", args.enforce_eager), ("run_dir", args.run_dir)) if v is not None}
+    if args.vllm_arg:
+        vllm["args"] = [*spec.vllm.args, *args.vllm_arg]
+    if vllm and update.get("kind", spec.kind) != "vllm":
+        raise CLIError("--vllm-python/--device/--kv-connector/--kv-cache-gib/--enforce-eager/--run-dir/--vllm-arg "
+                       "need --engine vllm (or kind: vllm in the cluster file)")
+    if "time_scale" in engine and update.get("kind", spec.kind) == "vllm":
+        raise CLIError("--time-scale is the emulator's; real vLLM runs at its own speed")
+    out = spec.model_copy(update={**update, "engine": engine, "vllm": spec.vllm.model_copy(update=vllm)})
+    return ClusterSpec.model_validate(out.model_dump())  # the overrides are checked like the file
 
 
-def listing(instances: list[Instance]) -> dict[str, Any]:
+def listing(instances: list[Instance], kind: str = "emulator") -> dict[str, Any]:
     return {"instances": [{"id": i.instance_id, "role": i.role, "url": i.url, "host": i.host, "port": i.port,
-                           "model": i.model, "gpu": i.gpu, "tp": i.tp} for i in instances]}
+                           "model": i.model, "gpu": i.gpu, "tp": i.tp, "engine": kind} for i in instances]}
 
 
 def run_up(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     instances = expand(spec, args.port_base)
+    launch: Callable[[Instance], Launch] = emulator_launch
+    shown = instances
+    if spec.kind == "vllm":
+        from tokenomy.vllm.launch import served_name, vllm_launcher
+
+        launch = vllm_launcher(spec)
+        shown = [i.model_copy(update={"model": served_name(i.model, i.engine)}) for i in instances]
+    ready_timeout = args.ready_timeout if args.ready_timeout is not None else (900.0 if spec.kind == "vllm" else 60.0)
     if args.json not in (None, "-") and not Path(args.json).resolve().parent.is_dir():
         raise CLIError(f"--json {args.json}: no such directory")
     stop = threading.Event()
@@ -80,25 +118,27 @@ def run_up(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = LocalCluster(instances, ready_timeout_s=args.ready_timeout)
+    cluster = LocalCluster(instances, ready_timeout_s=ready_timeout, launch=launch)
     table = sys.stderr if args.json == "-" else sys.stdout  # keep stdout pure JSON for scripts
+    t0 = time.monotonic()
     try:
         cluster.start()
         try:
             cluster.wait_ready(stop)
         except LaunchError as exc:
             raise CLIError(str(exc)) from None
-        for inst in instances:
-            print(f"{inst.role:8s} {inst.instance_id:12s} {inst.url}  ({inst.model} on {inst.gpu} x{inst.tp})",
-                  file=table, flush=True)
-        payload = json.dumps(listing(instances))
+        for inst, spec_i in zip(shown, cluster.launches, strict=True):
+            where = f"vLLM, log {spec_i.log_path}" if spec.kind == "vllm" else f"on {inst.gpu} x{inst.tp}"
+            print(f"{inst.role:8s} {inst.instance_id:12s} {inst.url}  ({inst.model} {where})", file=table, flush=True)
+        payload = json.dumps(listing(shown, spec.kind))
         if args.json == "-":
             print(payload, flush=True)
         elif args.json:
             tmp = Path(args.json + ".tmp")
             tmp.write_text(payload)
             tmp.replace(args.json)  # appears whole: scripts may poll for the file
-        print(f"tokenomy up: {len(instances)} instance(s) ready; Ctrl-C to stop", file=sys.stderr, flush=True)
+        print(f"tokenomy up: {len(instances)} instance(s) ready in {time.monotonic() - t0:.0f}s; Ctrl-C to stop",
+              file=sys.stderr, flush=True)
         while not stop.wait(0.5):
             dead = cluster.dead()
             if dead:

@@ -17,6 +17,15 @@ pools:
 ```
 
 Without a file, ``tokenomy up`` runs :data:`DEFAULT_CLUSTER`: 4 mixed Llama-3.1-8B instances on H100.
+
+``kind: vllm`` starts real vLLM instead (:mod:`tokenomy.vllm.launch`): ``model`` is then a model
+folder (or a Hugging Face id on a machine that may download), ``engine`` holds vLLM's own flags
+(underscores for dashes) and the ``vllm`` section says how to run it (docs/vllm.md)::
+
+    kind: vllm
+    model: ./tiny              # tokenomy model tiny ./tiny
+    vllm: {device: cpu, kv_cache_gib: 2, enforce_eager: true}
+    pools: [{role: prefill, count: 1}, {role: decode, count: 1}]
 """
 
 from __future__ import annotations
@@ -48,7 +57,21 @@ class Pool(_Strict):
     engine: dict[str, Any] = Field(default_factory=dict)
 
 
+class VllmSection(_Strict):
+    """How ``kind: vllm`` runs vLLM (each field has a ``tokenomy up`` flag)."""
+
+    python: str | None = None  # vLLM's Python; else $TOKENOMY_VLLM_PYTHON, else the project's .venv-vllm
+    device: Literal["cpu", "gpu"] = "cpu"  # cpu: --dtype float32 and a KV space in GiB; gpu: vLLM's defaults
+    kv_connector: str | None = None  # None: NixlConnector when a pool is prefill/decode; "none": never
+    kv_cache_gib: float = Field(default=2.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE (cpu only)
+    enforce_eager: bool = True  # no graph compilation: starts ~2x faster, decodes slower
+    run_dir: str = "out/up"  # logs, caches and temporary files, one folder per instance
+    args: list[str] = Field(default_factory=list)  # more vLLM arguments, verbatim, for every instance
+
+
 class ClusterSpec(_Strict):
+    kind: Literal["emulator", "vllm"] = "emulator"
+    vllm: VllmSection = Field(default_factory=VllmSection)
     model: str = "llama-3.1-8b"
     gpu: str = "h100"
     tp: int = Field(default=1, ge=1)
@@ -116,7 +139,7 @@ def expand(spec: ClusterSpec, port_base: int | None = None) -> list[Instance]:
     counts: dict[str, int] = {}
     for pool in spec.pools:
         engine = {**spec.engine, **pool.engine}
-        unknown = sorted(set(engine) - ENGINE_KEYS)
+        unknown = sorted(set(engine) - ENGINE_KEYS) if spec.kind == "emulator" else []
         if unknown:
             raise ValueError(f"unknown engine key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(ENGINE_KEYS))}")
         for _ in range(pool.count):
