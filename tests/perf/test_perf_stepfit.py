@@ -23,8 +23,10 @@ from tokenomy.perf.stepfit import (
 )
 from tokenomy.sim import SimConfig, simulate
 
-CPU_LIKE = StepCoefficients(fixed_s=4e-3, token_s=2.5e-6, seq_s=1e-4, pair_s=6e-8, context_s=2e-7)
-GPU_LIKE = StepCoefficients(fixed_s=3e-3, floor_s=5e-3, token_s=1.7e-5, seq_s=2e-5, pair_s=1e-10, context_s=3e-8)
+CPU_LIKE = StepCoefficients(fixed_s=4e-3, token_s=2.5e-6, prefill_seq_s=8e-3, decode_seq_s=1e-4, pair_s=6e-8,
+                            context_s=2e-7)
+GPU_LIKE = StepCoefficients(fixed_s=3e-3, floor_s=5e-3, token_s=1.7e-5, prefill_seq_s=1e-3, decode_seq_s=2e-5,
+                            pair_s=1e-10, context_s=3e-8)
 
 
 def probes(truth: object, chunk: int = 2048) -> list[Measurement]:
@@ -83,7 +85,7 @@ def test_prefill_steps_chunk_a_prompt_after_its_cached_prefix() -> None:
 
 
 def test_bad_inputs_are_clear_errors() -> None:
-    with pytest.raises(ValueError, match="at least 6 measurements"):
+    with pytest.raises(ValueError, match="at least 7 measurements"):
         fit_steps(probes(CPU_LIKE)[:3])
     with pytest.raises(ValueError, match="> 0"):
         Measurement("prefill", prefill_steps(10, 10), 0.0)

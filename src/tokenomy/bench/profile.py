@@ -7,7 +7,7 @@ prefix cache by accident:
 
 - **prefill**: one request alone on the engine, ``max_tokens=1``, at each prompt length; its
   TTFT covers the prompt's prefill steps (chunked by the engine's token budget) plus the
-  server's own per-request work, which the fit's per-sequence term absorbs;
+  server's own per-request work, which the fit's per-prefill-chunk term absorbs;
 - **decode**: ``batch`` streams at once whose prompts share a ``context``-token prefix (cached by
   a first request, itself a prefill probe) plus a short unique tail; the median gap between
   streamed tokens, taken while every stream is decoding (after the last first token, before

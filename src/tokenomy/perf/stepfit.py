@@ -4,12 +4,14 @@ Where the roofline of :mod:`tokenomy.perf.model` prices every kernel from catalo
 model prices a whole engine iteration from a handful of coefficients fitted to what a live
 engine took, so it holds for any engine on any hardware, vLLM on a CPU included::
 
-    step_time_s = fixed_s + max(floor_s, token_s * T) + seq_s * S + pair_s * P + context_s * C
+    step_time_s = fixed_s + max(floor_s, token_s * T) + prefill_seq_s * Sp + decode_seq_s * Sd
+                  + pair_s * P + context_s * C
 
-with ``T`` tokens through the linear layers (prefill tokens + decoding sequences), ``S``
-sequences sampled (prefill chunks + decoding sequences: LM head rows, sampling, per-request
-bookkeeping), ``P`` prefill query-key pairs and ``C`` KV tokens attention reads (prefill and
-decode context). ``floor_s`` is the weight read a GPU pays however few tokens a step carries
+with ``T`` tokens through the linear layers (prefill tokens + decoding sequences), ``Sp`` prefill
+chunks and ``Sd`` decoding sequences (LM head rows, sampling, per-request bookkeeping; a prefill
+chunk also carries what a request costs the server before and after the engine, measured in
+TTFT: parsing, tokenizing, detokenizing), ``P`` prefill query-key pairs and ``C`` KV tokens
+attention reads (prefill and decode context). ``floor_s`` is the weight read a GPU pays however few tokens a step carries
 (the roofline's memory floor); on a CPU, whose small-model weights sit in cache, it fits to 0.
 
 A :class:`Measurement` is one observed interval and the steps the engine ran in it (a TTFT
@@ -35,7 +37,8 @@ class StepCoefficients:
     fixed_s: float = 0.0
     floor_s: float = 0.0
     token_s: float = 0.0
-    seq_s: float = 0.0
+    prefill_seq_s: float = 0.0
+    decode_seq_s: float = 0.0
     pair_s: float = 0.0
     context_s: float = 0.0
 
@@ -52,7 +55,8 @@ class StepCoefficients:
             return 0.0
         linear = self.token_s * t
         return (self.fixed_s + (linear if linear > self.floor_s else self.floor_s)
-                + self.seq_s * (shape.prefill_seqs + shape.decode_seqs) + self.pair_s * shape.prefill_attn_pairs
+                + self.prefill_seq_s * shape.prefill_seqs + self.decode_seq_s * shape.decode_seqs
+                + self.pair_s * shape.prefill_attn_pairs
                 + self.context_s * (shape.prefill_context_tokens + shape.decode_context_tokens))
 
     def to_dict(self) -> dict[str, float]:
@@ -107,9 +111,9 @@ def decode_step(batch: int, context_tokens: int) -> StepShape:
     return StepShape(decode_seqs=batch, decode_context_tokens=context_tokens)
 
 
-def _features(shape: StepShape) -> tuple[float, float, float, float, float]:
-    """``(1, T, S, P, C)`` of one step (the floor is handled apart: it is not linear)."""
-    return (1.0, float(shape.prefill_tokens + shape.decode_seqs), float(shape.prefill_seqs + shape.decode_seqs),
+def _features(shape: StepShape) -> tuple[float, ...]:
+    """``(1, T, Sp, Sd, P, C)`` of one step (the floor is handled apart: it is not linear)."""
+    return (1.0, float(shape.prefill_tokens + shape.decode_seqs), float(shape.prefill_seqs), float(shape.decode_seqs),
             float(shape.prefill_attn_pairs), float(shape.prefill_context_tokens + shape.decode_context_tokens))
 
 
@@ -171,9 +175,9 @@ def fit_steps(measurements: Sequence[Measurement]) -> StepFit:
         scale = np.linalg.norm(a, axis=0)
         scale[scale == 0] = 1.0
         x, residual = nnls(a / scale, np.ones(len(y)))
-        x = x / scale
-        return StepCoefficients(fixed_s=x[0], floor_s=x[1] * floor_tokens, token_s=x[1], seq_s=x[2], pair_s=x[3],
-                                context_s=x[4]), float(residual)
+        x = [float(v) for v in x / scale]
+        return StepCoefficients(fixed_s=x[0], floor_s=x[1] * floor_tokens, token_s=x[1], prefill_seq_s=x[2],
+                                decode_seq_s=x[3], pair_s=x[4], context_s=x[5]), float(residual)
 
     # The residual is piecewise smooth in the floor, with kinks at the measured token counts: try
     # each count, then refine between the best one's neighbours.
