@@ -14,6 +14,8 @@ as vLLM v1 does).
 | ``vllm:prefix_cache_hits_total`` | counter | of those, tokens found cached |
 | ``vllm:prompt_tokens_total`` | counter | prompt tokens of finished requests (computed or cached) |
 | ``vllm:generation_tokens_total`` | counter | output tokens delivered |
+| ``vllm:request_prefill_kv_computed_tokens`` | histogram | prompt tokens computed here per request (not cached, not pulled) |
+| ``vllm:prompt_tokens_cached_total`` | counter | prompt tokens not computed here: prefix-cache hits and KV pulled from a prefill instance |
 | ``vllm:num_preemptions_total`` | counter | preemptions |
 | ``vllm:request_success_total`` | counter | finished requests by ``finished_reason`` |
 | ``vllm:time_to_first_token_seconds`` | histogram | arrival at the server to first token |
@@ -141,11 +143,15 @@ class EmulatorMetrics:
                                                    "Number of prefill tokens processed.", TOKEN_BUCKETS)
         self.request_generation_tokens = FastHistogram("vllm:request_generation_tokens",
                                                        "Number of generation tokens processed.", TOKEN_BUCKETS)
+        self.request_prefill_kv_computed_tokens = FastHistogram(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).", TOKEN_BUCKETS)
         self._success: dict[str, int] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(
             engine, labels, counters,
-            [self.ttft, self.itl, self.e2e, self.request_prompt_tokens, self.request_generation_tokens],
+            [self.ttft, self.itl, self.e2e, self.request_prompt_tokens, self.request_generation_tokens,
+             self.request_prefill_kv_computed_tokens],
             self._success))
 
     def success(self, finished_reason: str) -> None:

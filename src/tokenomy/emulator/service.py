@@ -81,6 +81,7 @@ class Emulator:
         self.context_window = config.context_window(self.engine_config)
         self.model_name = config.model_name
         self.prompt_tokens_total = 0
+        self.prompt_tokens_cached_total = 0
         self.generation_tokens_total = 0
         self.metrics = EmulatorMetrics(self.engine, self.model_name, self._counters)
         self.driver = EngineDriver(
@@ -131,6 +132,8 @@ class Emulator:
         return [
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens_total),
             ("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens_total),
+            ("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
+             self.prompt_tokens_cached_total),
             ("tokenomy:kv_transfers", "Remote prefills whose KV this instance pulled (P/D decode side).",
              self.kv_transfers_total),
             ("tokenomy:kv_transfer_tokens", "Prompt tokens of KV pulled from prefill instances.",
@@ -171,21 +174,18 @@ class Emulator:
         if n_prompt == 0:
             raise APIError(400, "The prompt is empty after tokenization.", param="prompt")
         window = self.context_window
-        max_tokens = body.max_tokens
-        if max_tokens is None:
-            max_tokens = window - n_prompt
-            if max_tokens < 1:
-                raise APIError(400, f"This model's maximum context length is {window} tokens. However, your "
-                                    f"request has {n_prompt} input tokens. Please reduce the length of the input.",
-                               param="messages" if isinstance(body, ChatCompletionRequest) else "prompt")
-        elif n_prompt + max_tokens > window:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {window} tokens. However, you requested "
-                f"{n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} in the completion). "
-                "Please reduce the length of the messages or completion.",
-                param="max_tokens",
-            )
+        # vLLM 0.32's rules (tests/realvllm/test_conformance.py): a prompt that leaves no room for one
+        # output token is refused, max_tokens above the window is refused, and a max_tokens that only
+        # overflows together with the prompt is cut to what fits.
+        if n_prompt >= window:
+            raise APIError(400, f"This model's maximum context length is {window} tokens. However, your prompt "
+                                f"contains at least {n_prompt} input tokens, which exceeds this limit even without "
+                                "any output tokens. Please reduce the length of the input prompt.",
+                           param="input_tokens")
+        if body.max_tokens is not None and body.max_tokens > window:
+            raise APIError(400, f"max_tokens={body.max_tokens} cannot be greater than max_model_len={window}. "
+                                "Please request fewer output tokens.", param="max_tokens")
+        max_tokens = window - n_prompt if body.max_tokens is None else min(body.max_tokens, window - n_prompt)
         remote_decode, remote_prefill = self._pd_params(body.kv_transfer_params)
         history = self._history_tokens(body.kv_transfer_params) if remote_decode else 0
         if remote_decode:
@@ -282,8 +282,11 @@ class Emulator:
         """After the answer is complete: a prefill-side request keeps its KV for the decode side."""
         fin = handle.finished
         assert fin is not None
-        # KV that arrived from a prefill instance counts as cached, as vLLM's decode side reports it.
         job.cached_tokens = fin.cache_hit_tokens + fin.transferred_tokens
+        remote_cached = (job.remote_prefill or {}).get("remote_prefill_cached_tokens")
+        if isinstance(remote_cached, int) and not isinstance(remote_cached, bool) and remote_cached >= 0:
+            # vLLM's NIXL decode side reports the prefill side's cache hits, not the KV it pulled
+            job.cached_tokens = min(remote_cached, job.prompt_tokens)
         if job.retain_ttl_s is not None:
             if fin.aborted:
                 with suppress(ValueError):  # an aborted request may hold no pinned KV
@@ -310,6 +313,8 @@ class Emulator:
                 "remote_host": self.config.host,
                 "remote_port": self.config.port,
                 "tp_size": self.config.tp,
+                "remote_num_tokens": job.prompt_tokens,
+                "remote_prefill_cached_tokens": job.cached_tokens,
             }
 
     def release(self, request_id: str) -> bool:
@@ -355,4 +360,6 @@ class Emulator:
         m.e2e.observe((h.last_token_wall - h.arrival_wall) / self.config.time_scale)
         m.request_prompt_tokens.observe(h.prompt_tokens)
         m.request_generation_tokens.observe(fin.output_tokens)
+        self.prompt_tokens_cached_total += fin.cache_hit_tokens + fin.transferred_tokens
+        m.request_prefill_kv_computed_tokens.observe(fin.recomputed_tokens)
         m.success(h.finish_reason)

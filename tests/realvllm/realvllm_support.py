@@ -1,0 +1,124 @@
+"""Helpers of the real-vLLM tests: ports, the gateway process, metric deltas (fixtures: conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tokenomy.gateway.ops.keys import new_api_key
+from tokenomy.gateway.routing.backends import parse_prometheus
+from tokenomy.vllm.launch import find_vllm_python
+
+MODEL = "tiny"
+"""The served model name of every instance (and of the emulator in the conformance suite)."""
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def need_vllm_python() -> str:
+    try:
+        return find_vllm_python()
+    except ValueError as exc:
+        if in_ci():
+            pytest.fail(f"real vLLM is required under CI: {exc}")
+        pytest.skip(f"real vLLM is not installed ({exc})")
+
+
+def free_port_base(count: int) -> int:
+    """A base with ``count`` consecutive ports free on 127.0.0.1 now."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + count > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no free ports")
+
+
+@contextmanager
+def gateway(tmp_path: Path, backends: list[dict[str, str]], routing: dict[str, Any] | None = None,
+            log_level: str = "warning") -> Iterator[tuple[str, str]]:
+    """``python -m tokenomy.gateway`` in front of ``backends`` (id, url, role); yields (its URL, an API
+    key); always stopped. Its log: ``tmp_path/gateway.log``."""
+    key = new_api_key()
+    port = free_port_base(1)
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text(json.dumps({
+        "server": {"port": port},
+        "backends": [{**b, "models": [MODEL]} for b in backends],
+        "routing": routing or {"mode": "colocated"},
+        "health": {"interval_s": 0.5},
+        "ledger": {"url": f"sqlite:///{tmp_path}/ledger.db"},
+        "ops": {"server_secret": "real-vllm-secret-0123", "reservations": "memory", "tenants": [
+            {"org": "o", "teams": [{"name": "t", "keys": [{"name": "k", "key": key}]}]}]},
+    }))
+    with (tmp_path / "gateway.log").open("ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg), "--log-level", log_level],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with status {proc.returncode}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("gateway not healthy in 30 s")
+            time.sleep(0.1)
+        yield url, key
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A server's ``/metrics``, each name summed over its label sets."""
+    return parse_prometheus(httpx.get(url + "/metrics", timeout=10).text)
+
+
+def moved(before: dict[str, float], after: dict[str, float], *names: str) -> dict[str, float]:
+    return {n: after.get(n, 0.0) - before.get(n, 0.0) for n in names}
+
+
+def gateway_tokens(url: str) -> dict[str, int]:
+    """The gateway's metered tokens by class (``tokenomy_gateway_tokens_total``)."""
+    out: dict[str, int] = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("tokenomy_gateway_tokens_total{"):
+            labels, _, value = line.rpartition(" ")
+            cls = labels.split('token_class="')[1].split('"')[0]
+            out[cls] = out.get(cls, 0) + int(float(value))
+    return out

@@ -1,0 +1,125 @@
+"""The gateway in front of real vLLM: metering against vLLM's own counters, P/D over NIXL, live AMPD.
+
+All through ``tokenomy serve`` (``python -m tokenomy.gateway``) on the shared instances of
+conftest.py: ``decode-1`` as a mixed backend; ``prefill-0`` -> ``decode-0`` as a P/D pair; AMPD
+with ``prefill-0`` and both decode instances. Every number is read from vLLM's ``/metrics``
+before and after, never assumed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from realvllm_support import MODEL, gateway, gateway_tokens, moved, scrape
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "vllm:prompt_tokens_total"
+GENERATED = "vllm:generation_tokens_total"
+CACHED = "vllm:prompt_tokens_cached_total"
+COMPUTED_SUM = "vllm:request_prefill_kv_computed_tokens_sum"
+COUNTERS = (PROMPT, GENERATED, CACHED, COMPUTED_SUM)
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"  # tokens a KV connector delivered
+SYSTEM = "You are a careful travel agent. You answer with the cheapest fare and its rules. " * 12
+
+
+def test_five_turn_openai_session_ledger_equals_vllm_counters(vllm_urls: dict[str, str], tmp_path: Path) -> None:
+    openai = pytest.importorskip("openai")
+    backend = vllm_urls["decode-1"]
+    with gateway(tmp_path, [{"id": "decode-1", "url": backend, "role": "mixed"}]) as (url, key):
+        client = openai.OpenAI(base_url=url + "/v1", api_key=key, default_headers={"x-session-id": "trip-1"},
+                               max_retries=0, timeout=60)
+        before = scrape(backend)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+        usages = []
+        for turn in range(5):
+            messages.append({"role": "user", "content": f"Turn {turn}: find a fare to city number {turn}."})
+            r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,  # type: ignore[arg-type]
+                                               extra_body={"ignore_eos": True})
+            usages.append(r.usage)
+            messages.append({"role": "assistant", "content": r.choices[0].message.content or ""})
+        engine = moved(before, scrape(backend), *COUNTERS)
+        ledger = gateway_tokens(url)
+    prompt = sum(u.prompt_tokens for u in usages)
+    assert ledger["input"] + ledger.get("incremental_prefill", 0) + ledger["history"] == prompt == engine[PROMPT]
+    assert ledger["output"] == 5 * 12 == engine[GENERATED]
+    assert ledger["cached"] == engine[CACHED] > 0  # later turns hit vLLM's prefix cache
+    assert ledger["recomputed"] == prompt - ledger["cached"] == engine[COMPUTED_SUM]
+
+
+def _completion(url: str, prompt: str, headers: dict[str, str] | None = None, max_tokens: int = 16) -> dict[str, Any]:
+    """Seeded sampling (the same logits give the same tokens), token ids returned.
+    Not ``logprobs``: vLLM CPU 0.32 with a KV connector hangs on them (docs/vllm.md)."""
+    r = httpx.post(url + "/v1/completions", headers=headers or {}, timeout=120, json={
+        "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 1.0,
+        "seed": 7, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_pd_through_nixl_generates_what_a_mixed_instance_does(vllm_urls: dict[str, str], tmp_path: Path) -> None:
+    # a prompt no instance has seen (instances are shared): "Run <hex>." then a fare table
+    prompt = f"Run {uuid.uuid4().hex}. " + "The fare table lists every route with its price and its rules. " * 40
+    mixed = _completion(vllm_urls["decode-1"], prompt)  # colocated: no kv_transfer_params
+    _completion(vllm_urls["prefill-0"], prompt[: len(prompt) // 2], max_tokens=1)  # warms the prefill side's cache
+    pair = {"prefill-0": vllm_urls["prefill-0"], "decode-0": vllm_urls["decode-0"]}
+    backends = [{"id": i, "url": u, "role": i.split("-")[0]} for i, u in pair.items()]
+    with gateway(tmp_path, backends, {"mode": "disagg"}) as (url, key):
+        before = {i: scrape(u) for i, u in pair.items()}
+        pd = _completion(url, prompt, {"authorization": f"Bearer {key}"})
+        after = {i: scrape(u) for i, u in pair.items()}
+        ledger = gateway_tokens(url)
+    p, d = (moved(before[i], after[i], *COUNTERS, EXTERNAL_HITS) for i in ("prefill-0", "decode-0"))
+    n = pd["usage"]["prompt_tokens"]
+    assert len(pd["choices"][0]["token_ids"]) == 16
+    assert pd["choices"][0]["token_ids"] == mixed["choices"][0]["token_ids"]  # sampled from the same logits
+    assert p[PROMPT] == n and p[GENERATED] == 1  # the prefill side: the whole prompt, one token
+    assert d[PROMPT] == n and d[GENERATED] == 16
+    assert d[EXTERNAL_HITS] >= n - 128  # the decode side got the prompt's KV over NIXL (128-token blocks)
+    # Metering under P/D: the cached/recomputed split is the prefill side's (here it hit its cache for
+    # half the prompt). vLLM's decode side reports that count too (it arrives in kv_transfer_params),
+    # not the tokens NIXL moved, though its own prompt_tokens_cached_total counts those.
+    assert pd["usage"]["prompt_tokens_details"]["cached_tokens"] == p[CACHED] > 0
+    assert d[CACHED] == n
+    assert ledger["cached"] == p[CACHED] and ledger["recomputed"] == n - p[CACHED] == p[COMPUTED_SUM]
+    assert ledger["input"] == n and ledger["output"] == 16
+
+
+def test_live_ampd_session_stays_on_its_decode_instance(vllm_urls: dict[str, str], tmp_path: Path) -> None:
+    backends = [{"id": i, "url": u, "role": i.split("-")[0]} for i, u in sorted(vllm_urls.items())]
+    # TPOT bound 30 ms on the modelled H100: a ~2,000-token increment is placed remotely, a few words locally.
+    routing = {"mode": "ampd", "slo": {"ttft_s": 2.0, "tpot_s": 0.03}}
+    tool_results = ["ok", "fare table: " + "LIS 120 EUR, OPO 95 EUR, FAO 80 EUR; " * 110, "booked", "paid"]
+    per_turn = []
+    with gateway(tmp_path, backends, routing, log_level="debug") as (url, key):
+        messages = [{"role": "system", "content": f"Session {uuid.uuid4().hex}. " + SYSTEM},
+                    {"role": "user", "content": "Find the cheapest flight to Lisbon and book it."}]
+        with httpx.Client(base_url=url, timeout=120,
+                          headers={"authorization": f"Bearer {key}", "x-session-id": "ampd-1"}) as http:
+            for turn in range(5):
+                before = {i: scrape(u) for i, u in vllm_urls.items()}
+                r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 8,
+                                                            "ignore_eos": True, "temperature": 0})
+                assert r.status_code == 200, r.text
+                after = {i: scrape(u) for i, u in vllm_urls.items()}
+                per_turn.append({i: moved(before[i], after[i], *COUNTERS) for i in vllm_urls})
+                messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+                if turn < 4:
+                    messages.append({"role": "user", "content": f"Tool result: {tool_results[turn]}"})
+    decoded_on = [{i for i, d in t.items() if i.startswith("decode") and d[GENERATED] == 8} for t in per_turn]
+    bound = decoded_on[0]
+    assert len(bound) == 1 and all(d == bound for d in decoded_on), per_turn  # every turn on one instance
+    (decode,) = bound
+    other = "decode-1" if decode == "decode-0" else "decode-0"
+    assert all(t[other][PROMPT] == 0 for t in per_turn)  # the other decode instance never saw the session
+    remote = [t["prefill-0"][PROMPT] > 0 for t in per_turn]
+    # turn 0 (a first turn) and turn 2 (a ~2k-token tool result) prefill remotely; the one-word tool
+    # results prefill locally on the bound decode instance
+    assert remote[:4] == [True, False, True, False], per_turn
+    for t, is_remote in zip(per_turn, remote, strict=True):
+        if is_remote:  # the decode side pulled the KV: it computed less than the new tokens
+            assert t["prefill-0"][GENERATED] == 1 and t[decode][COMPUTED_SUM] < t["prefill-0"][COMPUTED_SUM]
