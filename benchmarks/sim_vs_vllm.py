@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -94,6 +95,10 @@ def engine(args: argparse.Namespace) -> Iterator[tuple[str, Path]]:
               "--kv-cache-gib", str(args.kv_cache_gib), "--run-dir", str(Path(tmp) / "run")]
         if args.vllm_python:
             up += ["--vllm-python", args.vllm_python]
+        # One instance: vLLM's own "auto" binding (the engine's one OpenMP thread on one core, the other
+        # core left to its API server). `tokenomy up` defaults to nobind, which suits several instances;
+        # unbound OpenMP threads on a busy 2-core machine made a decode step 50x slower here.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
         print(f"starting vLLM CPU on {model_dir} (load average {load_average()})", flush=True)
         with cluster(up, timeout_s=args.ready_timeout) as urls:
             yield urls[0], model_dir
@@ -133,6 +138,7 @@ def main() -> int:
     ap.add_argument("--slo-tpot", type=float, default=0.05)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the vLLM instance is stopped
     if args.target and not args.model_dir:
         print("sim_vs_vllm: --target needs --model-dir (its config.json sizes the KV per token)", file=sys.stderr)
         return 2

@@ -35,6 +35,7 @@ from tokenomy.bench.client import AiohttpOpener, Opener, Outcome, WallClock, req
 from tokenomy.bench.config import BenchConfig
 from tokenomy.bench.sizing import measure_sizing, probe_remote
 from tokenomy.bench.text import Prompt, PromptSizing
+from tokenomy.core.step import StepShape
 from tokenomy.perf.engine_calibration import EngineCalibration, EngineLimits
 from tokenomy.perf.stepfit import Measurement, decode_step, fit_steps, prefill_steps
 
@@ -162,6 +163,7 @@ class Profiler:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._say = on_progress or (lambda _msg: None)
         self.skipped: list[str] = []
+        self.spreads: list[float] = []  # (max - min) / median of each probe's repeats
 
     async def _send(self, opener: Opener, text: str, max_tokens: int) -> Outcome:
         body = request_body(self.config, Prompt(text=text, messages=()), max_tokens)
@@ -175,10 +177,17 @@ class Profiler:
                                "(the target must stream usage: stream_options.include_usage)")
         return out
 
-    def _prefill(self, out: Outcome, chunk: int | None) -> tuple[Any, ...]:
+    def _prefill(self, out: Outcome, chunk: int | None) -> tuple[StepShape, ...]:
         prompt = int(out.prompt_tokens or 0)
         cached = min(out.cached_tokens, prompt - 1)
         return prefill_steps(prompt, chunk or prompt, cached)
+
+    def _median(self, kind: str, steps: tuple[StepShape, ...], times: Sequence[float]) -> Measurement:
+        """One measurement from a probe's repeats: their median; their spread goes to ``spreads``."""
+        mid = statistics.median(times)
+        if len(times) > 1:
+            self.spreads.append((max(times) - min(times)) / mid)
+        return Measurement(kind, steps, mid)
 
     async def run(self, chunk_tokens: int | None) -> list[Measurement]:
         """Every probe of the plan, in order: warm-up, prefill lengths, decode points."""
@@ -188,47 +197,52 @@ class Profiler:
             await self._send(opener, self.prompts.text(64), 4)  # warm-up: connections, first-request costs
             for n in self.plan.prompt_tokens:
                 runs = [await self._send(opener, self.prompts.text(n), 1) for _ in range(self.plan.repeats)]
-                ttft = statistics.median(o.token_times_s[0] - o.sent_s for o in runs)
-                out.append(Measurement("prefill", self._prefill(runs[0], chunk_tokens), ttft))
-                self._say(f"prefill {runs[0].prompt_tokens} tokens: TTFT {ttft * 1e3:.1f} ms")
+                out.append(self._median("prefill", self._prefill(runs[0], chunk_tokens),
+                                        [o.token_times_s[0] - o.sent_s for o in runs]))
+                self._say(f"prefill {runs[0].prompt_tokens} tokens: TTFT {out[-1].time_s * 1e3:.1f} ms")
             for ctx in self.plan.contexts:
-                cold: list[Measurement] = []
+                prefills: dict[tuple[StepShape, ...], list[float]] = {}
                 for batch in self.plan.batches:
                     samples = []
-                    for _ in range(self.plan.repeats if batch > 1 else 1):
-                        prefill, sample = await self._decode(opener, ctx, batch, chunk_tokens)
-                        cold.append(prefill)
+                    for _ in range(self.plan.repeats):
+                        found, sample = await self._decode(opener, ctx, batch, chunk_tokens)
+                        for m in found:
+                            prefills.setdefault(m.steps, []).append(m.time_s)
                         if sample is not None:
                             samples.append(sample)
                     if samples:
                         # The median step of the repeats, at their mean context (they differ by a few tokens).
-                        step = statistics.median(s for s, _ in samples)
                         context = round(statistics.mean(c for _, c in samples))
-                        out.append(Measurement("decode", (decode_step(batch, context),), step))
-                        self._say(f"decode batch {batch} @ {ctx} tokens: step {step * 1e3:.2f} ms")
+                        out.append(self._median("decode", (decode_step(batch, context),), [s for s, _ in samples]))
+                        self._say(f"decode batch {batch} @ {ctx} tokens: step {out[-1].time_s * 1e3:.2f} ms")
                     else:
                         self.skipped.append(f"decode batch {batch} @ {ctx}: the streams never all decoded at once")
-                out.append(Measurement("prefill", cold[0].steps, statistics.median(m.time_s for m in cold)))
+                # The shared context's cold prefills, and single streams' prefills after it (cached).
+                out += [self._median("prefill", steps, times) for steps, times in prefills.items()]
         finally:
             await opener.close()
         return out
 
     async def _decode(self, opener: Opener, ctx: int, batch: int, chunk: int | None
-                      ) -> tuple[Measurement, tuple[float, int] | None]:
-        """A cold prefill of the shared context, then ``(step seconds, context tokens)`` of
-        ``batch`` streams decoding on it (None when they never all decoded at once)."""
+                      ) -> tuple[list[Measurement], tuple[float, int] | None]:
+        """Prefill measurements (the shared context's cold prefill; with ``batch`` 1, the stream's own
+        prefill after that cached context) and ``(step seconds, context tokens)`` of ``batch`` streams
+        decoding on the context (None when they never all decoded at once)."""
         prefix = self.prompts.text(ctx)
         first = await self._send(opener, prefix, 1)  # caches the shared context
-        prefill = Measurement("prefill", self._prefill(first, chunk), first.token_times_s[0] - first.sent_s)
+        found = [Measurement("prefill", self._prefill(first, chunk), first.token_times_s[0] - first.sent_s)]
         outs = await asyncio.gather(*(self._send(opener, prefix + self.prompts.tail(SUFFIX_TOKENS),
                                                  self.plan.decode_tokens) for _ in range(batch)))
+        if batch == 1 and outs[0].cached_tokens > 0:
+            alone = outs[0]
+            found.append(Measurement("prefill", self._prefill(alone, chunk), alone.token_times_s[0] - alone.sent_s))
         steady = _steady_step_s(outs)
         if steady is None:
-            return prefill, None
+            return found, None
         step, _, mid = steady
         # Context each sequence holds at the window's midpoint: its prompt and the tokens streamed by then.
         context = sum(int(o.prompt_tokens or 0) + sum(1 for t in o.token_times_s if t <= mid) for o in outs)
-        return prefill, (step, context)
+        return found, (step, context)
 
 
 def profile(target: str, plan: ProfilePlan, *, model: str, api_key: str | None = None, seed: int | None = None,
@@ -251,7 +265,9 @@ def profile(target: str, plan: ProfilePlan, *, model: str, api_key: str | None =
     with asyncio.Runner() as runner:
         measurements = runner.run(profiler.run(limits.max_num_batched_tokens))
     fit = fit_steps(measurements)
-    summary: dict[str, Any] = {**fit.summary(), "prompt_sizing": sizing.source}
+    # How far a probe's repeats lay apart (median over probes): a busy machine's noise, which no fit removes.
+    spread = statistics.median(profiler.spreads) if profiler.spreads else None
+    summary: dict[str, Any] = {**fit.summary(), "repeat_spread": spread, "prompt_sizing": sizing.source}
     if profiler.skipped:
         summary["skipped"] = profiler.skipped
     return EngineCalibration(step=fit.coefficients, engine=limits, target=base, model=model, fit=summary,

@@ -140,7 +140,9 @@ def _profile(args: argparse.Namespace) -> int:
     console.print(table)
     by_kind = ", ".join(f"{k} {v:.1%}" for k, v in cal.fit["mape_by_kind"].items())
     engine = ", ".join(f"{k} {v}" for k, v in cal.engine.__dict__.items() if v is not None) or "none reported"
-    console.print(f"fit: {cal.fit['points']} measurements, mean |error| {cal.fit['mape']:.1%} ({by_kind})")
+    spread = cal.fit.get("repeat_spread")
+    noise = "" if spread is None else f"; repeats of one probe lay {spread:.0%} apart (median), the machine's noise"
+    console.print(f"fit: {cal.fit['points']} measurements, mean |error| {cal.fit['mape']:.1%} ({by_kind}){noise}")
     console.print(f"engine limits: {engine}")
     for note in cal.fit.get("skipped", []):
         console.print(f"skipped: {note}")
