@@ -82,7 +82,7 @@ def workload(rate: float, duration: float, seed: int) -> list[Session]:
 def engine(args: argparse.Namespace) -> Iterator[tuple[str, Path]]:
     """``(URL, model folder)`` of the engine to measure: the one given, or a fresh vLLM CPU instance."""
     if args.target:
-        yield args.target, Path(args.model_dir)
+        yield args.target, Path(args.model_dir or ".")
         return
     with tempfile.TemporaryDirectory(prefix="sim_vs_vllm-") as tmp:
         model_dir = Path(args.model_dir) if args.model_dir else Path(tmp) / "tiny"
@@ -128,6 +128,9 @@ def main() -> int:
     ap.add_argument("--chat", action="store_true", help="live run through /v1/chat/completions (template sized)")
     ap.add_argument("--target", default=None, help="an engine already running (default: start vLLM CPU)")
     ap.add_argument("--model-dir", default=None, help="its model folder (config.json); default: build the tiny Llama")
+    ap.add_argument("--sim-model", default=None,
+                    help="the simulator's model when the target has no folder here: a catalog name (e.g. "
+                         "llama-3.1-8b for our emulator as --target, to check the loop on an engine we model)")
     ap.add_argument("--vllm-python", default=None)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="vLLM CPU's default token budget")
     ap.add_argument("--max-num-seqs", type=int, default=128, help="vLLM CPU's default batch limit")
@@ -139,8 +142,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the vLLM instance is stopped
-    if args.target and not args.model_dir:
-        print("sim_vs_vllm: --target needs --model-dir (its config.json sizes the KV per token)", file=sys.stderr)
+    if args.target and not (args.model_dir or args.sim_model):
+        print("sim_vs_vllm: --target needs --model-dir or --sim-model (they size the KV per token)", file=sys.stderr)
         return 2
     slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
     sessions = workload(args.rate, args.duration, args.seed)
@@ -155,8 +158,8 @@ def main() -> int:
         cal_path = Path(tmp) / "calibration.json"
         cal.save(cal_path)
         print(f"calibration: {cal.step}; fit {cal.fit['mape']:.1%} {cal.fit['mape_by_kind']}", flush=True)
-        config = SimConfig(deployment="colocated", instances=1, model=str(model_dir / "config.json"),
-                           calibration=str(cal_path))
+        config = SimConfig(deployment="colocated", instances=1, calibration=str(cal_path),
+                           model=args.sim_model or str(model_dir / "config.json"))
         sim = simulate(sessions, config, slo).summary
         print(f"simulated: {sim.requests} requests, TTFT P50 {sim.ttft_p50_s}", flush=True)
         api = "chat" if args.chat else "completions"

@@ -45,8 +45,8 @@ SUFFIX_TOKENS = 16
 
 @dataclass(frozen=True)
 class ProfilePlan:
-    """What to measure. ``repeats`` of every prefill length (the median is kept) and of every
-    decode point (each kept); ``decode_tokens`` per decode stream. ``max_num_batched_tokens`` is
+    """What to measure. ``repeats`` of every prefill length and of every decode point (the median
+    of each is kept); ``decode_tokens`` per decode stream. ``max_num_batched_tokens`` is
     the engine's per-step token budget, which chunks long prompts (None: read from the target
     when it says, else a prompt is one step)."""
 
@@ -172,9 +172,11 @@ class Profiler:
             out.status = "ok"  # a token that ends inside a UTF-8 character streams as empty text
         # Steps are timed by every chunk with a choice: one per generated token.
         out.token_times_s = out.choice_times_s
-        if not out.ok or out.prompt_tokens is None or not out.token_times_s:
-            raise RuntimeError(f"profile request to {self.url} failed: {out.status} {out.message[:200]} "
-                               "(the target must stream usage: stream_options.include_usage)")
+        if not out.ok or not out.token_times_s:
+            raise RuntimeError(f"profile request to {self.url} failed: {out.status} {out.message[:200]}")
+        if out.prompt_tokens is None:
+            raise RuntimeError(f"{self.url} streamed no usage: the profile needs the prompt tokens the target counted "
+                               "(stream_options.include_usage)")
         return out
 
     def _prefill(self, out: Outcome, chunk: int | None) -> tuple[StepShape, ...]:
