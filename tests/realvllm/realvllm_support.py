@@ -72,7 +72,7 @@ def gateway(tmp_path: Path, backends: list[dict[str, str]], routing: dict[str, A
         "server": {"port": port},
         "backends": [{**b, "models": [MODEL]} for b in backends],
         "routing": routing or {"mode": "colocated"},
-        "health": {"interval_s": 0.5},
+        "health": {"interval_s": 0.5, "timeout_s": 10.0},  # vLLM CPU on a loaded machine answers slowly
         "ledger": {"url": f"sqlite:///{tmp_path}/ledger.db"},
         "ops": {"server_secret": "real-vllm-secret-0123", "reservations": "memory", "tenants": [
             {"org": "o", "teams": [{"name": "t", "keys": [{"name": "k", "key": key}]}]}]},

@@ -10,7 +10,7 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("model", help="build local model folders (tiny: a random Llama + tokenizer for vLLM CPU)")
     msub = p.add_subparsers(dest="model_command", required=True)
-    t = msub.add_parser("tiny", help="a 26 MB random Llama (hidden 256, 4 layers) with a BPE tokenizer and chat template")
+    t = msub.add_parser("tiny", help="an 18 MB random Llama (hidden 256, 4 layers) with a BPE tokenizer and chat template")
     t.add_argument("dir", type=Path, help="output folder (created; its model files are replaced)")
     t.add_argument("--seed", type=int, default=0, help="weights and tokenizer corpus seed (same seed: same files)")
     t.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary size target")

@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--device", choices=["cpu", "gpu"], default=None, help="cpu: float32, KV space in GiB; gpu: vLLM's defaults")
     v.add_argument("--kv-connector", default=None,
                    help="KV connector of P/D instances (default NixlConnector when a pool is prefill/decode; 'none')")
-    v.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache GiB per CPU instance (default 2)")
+    v.add_argument("--kv-cache-gib", type=int, default=None, help="KV cache GiB per CPU instance, whole GiB (default 2)")
     v.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                    help="skip graph compilation (default on: starts about twice as fast)")
     v.add_argument("--run-dir", default=None, help="logs, caches and temp files, a folder per instance (default out/up)")

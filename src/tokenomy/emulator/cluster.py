@@ -63,7 +63,7 @@ class VllmSection(_Strict):
     python: str | None = None  # vLLM's Python; else $TOKENOMY_VLLM_PYTHON, else the project's .venv-vllm
     device: Literal["cpu", "gpu"] = "cpu"  # cpu: --dtype float32 and a KV space in GiB; gpu: vLLM's defaults
     kv_connector: str | None = None  # None: NixlConnector when a pool is prefill/decode; "none": never
-    kv_cache_gib: float = Field(default=2.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE (cpu only)
+    kv_cache_gib: int = Field(default=2, ge=1)  # VLLM_CPU_KVCACHE_SPACE (cpu only; vLLM reads whole GiB)
     enforce_eager: bool = True  # no graph compilation: starts ~2x faster, decodes slower
     run_dir: str = "out/up"  # logs, caches and temporary files, one folder per instance
     args: list[str] = Field(default_factory=list)  # more vLLM arguments, verbatim, for every instance

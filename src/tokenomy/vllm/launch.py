@@ -121,7 +121,7 @@ def vllm_env(inst: Instance, opts: VllmSection, folder: Path, side_channel_port:
     env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = inst.host
     env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(side_channel_port)
     if opts.device == "cpu":
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{opts.kv_cache_gib:g}"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(opts.kv_cache_gib)
         # vLLM's "auto" binds every instance to the same core; several share the machine's cores instead
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     env["PYTHONUNBUFFERED"] = "1"

@@ -4,7 +4,7 @@ The directory is a Hugging Face model folder: ``config.json`` (``LlamaForCausalL
 4 layers, 4 heads, 2 KV heads, 4,096 positions), ``model.safetensors`` (float32 weights drawn from
 N(0, 0.02) by a seeded generator; norms are 1), ``generation_config.json``, and a byte-level BPE
 ``tokenizer.json`` trained on the spot on generated English text, with a Llama-3-style chat
-template in ``tokenizer_config.json``. The same seed gives byte-identical files. About 26 MB.
+template in ``tokenizer_config.json``. The same seed gives byte-identical files. About 18 MB.
 
 Its answers are noise (random weights): greedy decoding often emits the end-of-turn token at
 once, so callers that need tokens ask for ``ignore_eos`` and ``max_tokens``.

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from helpers.gateway_core_support import free_port
+from tokenomy.emulator.launcher import port_free
 from tokenomy.gateway.ops.keys import new_api_key
 from tokenomy.gateway.routing.backends import parse_prometheus
 
@@ -61,7 +62,7 @@ def pd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
     """``tokenomy up --prefill 1 --decode 2``; yields instance id -> URL; always stopped."""
     out = tmp_path_factory.mktemp("up") / "cluster.json"
     base = free_port()
-    while base > 65000:
+    while base > 65000 or not all(port_free("127.0.0.1", base + i) for i in range(3)):  # all three ports
         base = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.up_cmd", "--prefill", "1", "--decode", "2",
                              "--port-base", str(base), "--time-scale", "0.2", "--json", str(out)],

@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +84,7 @@ RETAIN_PATH = "/v1/tokenomy/retain"
 """The emulator's KV retention extension (docs/ampd-live.md)."""
 
 _CALIBRATION_WEIGHT = 0.1  # weight of the latest request in the tokens-per-estimate average
+_SESSION_MEMORY = 100_000  # sessions whose last prompt size is remembered (least recent forgotten)
 _TRACE_MEMORY = 1000  # latest decisions kept in memory (AmpdLive.decisions; also logged at debug level)
 
 
@@ -134,6 +135,10 @@ class AmpdLive:
         # Engine tokens per estimated token (the parser guesses 4 characters a token), learnt from
         # the prompt sizes backends report, so that estimates and the real history sizes add up.
         self.tokens_per_estimate = 1.0
+        # session -> (parser's estimate, backend's count) of its last prompt: a turn's history is
+        # then sized exactly and only its new part estimated (a whole-prompt ratio lags on real
+        # tokenizers and can size a small increment as none)
+        self._last_prompt: OrderedDict[str, tuple[int, int]] = OrderedDict()
 
     @classmethod
     def build(cls, config: RoutingConfig, pool: BackendPool, http: httpx.AsyncClient) -> AmpdLive:
@@ -228,7 +233,11 @@ class AmpdLive:
             q.done(req.request_id)
 
     def prompt_tokens(self, req: ParsedRequest) -> int:
-        """The prompt's size in engine tokens: the parser's estimate, calibrated."""
+        """The prompt's size in engine tokens: the backend's count of the session's last prompt
+        plus the calibrated estimate of what was added since; else the calibrated estimate."""
+        last = self._last_prompt.get(req.session_id) if req.session_id else None
+        if last is not None and req.prompt_tokens_estimate >= last[0]:
+            return max(1, last[1] + round((req.prompt_tokens_estimate - last[0]) * self.tokens_per_estimate))
         return max(1, round(req.prompt_tokens_estimate * self.tokens_per_estimate))
 
     def turn_ended(self, req: ParsedRequest, prompt_tokens: int = 0) -> None:
@@ -239,6 +248,11 @@ class AmpdLive:
             self.tokens_per_estimate += _CALIBRATION_WEIGHT * (ratio - self.tokens_per_estimate)
         if not req.session_id:
             return
+        if prompt_tokens > 0:
+            self._last_prompt[req.session_id] = (req.prompt_tokens_estimate, prompt_tokens)
+            self._last_prompt.move_to_end(req.session_id)
+            while len(self._last_prompt) > _SESSION_MEMORY:
+                self._last_prompt.popitem(last=False)
         now = time.monotonic()
         self.policies.tool_latency.on_turn_end(req.session_id, now)
         # The session's earlier pins: this turn's KV extends them (the simulator unpins them too).
