@@ -199,7 +199,8 @@ def serve_loopback(engine: FakeEngine) -> Iterator[str]:
 
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            status, words, usage = engine.answer(body)
+            # Like an OpenAI server without vLLM's /tokenize: the bench's prompt sizing falls back.
+            status, words, usage = engine.answer(body) if self.path.startswith("/v1/") else (404, [], {})
             if status != 200:
                 payload = _error(status)
                 self.send_response(status)

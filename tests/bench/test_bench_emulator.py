@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tokenomy.bench.text import WORDS
 from tokenomy.cli.main import main
 from tokenomy.workload import write_sessions
 
@@ -61,9 +62,12 @@ def test_bench_against_the_emulator_sees_its_prefix_cache(emulator_url: str, api
     d = json.loads(out.read_text())["deployments"]["bench"]
     assert d["finished"] == d["requests"] == 9 and d["errors_by_status"] == {}
     assert d["output_tokens_received"] == d["output_tokens_workload"] == 9 * 16
-    # Completions: the emulator counts exactly the workload's tokens; chat adds its template's markers.
-    err = d["prompt_tokens_mean_abs_rel_error"]
-    assert err == 0.0 if api == "--completions" else 0.0 < err < 0.15
+    # Sized with the emulator's /tokenize, chat prompts included (their template tokens come out of
+    # the filler): the emulator counts exactly the workload's tokens.
+    sizing = d["prompt_sizing"]
+    assert sizing["source"].startswith(f"{emulator_url}/tokenize") and sizing["filler_words"] == len(WORDS)
+    assert sizing["message_overhead_tokens"] == ({"system": 1, "user": 1, "assistant": 1} if api == "--chat" else {})
+    assert d["prompt_tokens_mean_abs_rel_error"] == 0.0
     # Later turns re-send prompt + answer: at least their full blocks come from the cache.
     assert d["tokens"]["cache_hit_tokens"] >= sum(
         (t.prompt_tokens - t.new_tokens) // 16 * 16 - 16 for s in sessions for t in s.turns[1:])

@@ -14,7 +14,7 @@ from tokenomy.bench.client import AiohttpOpener, Clock, Opener, Outcome, WallClo
 from tokenomy.bench.config import BenchConfig, normalize_target
 from tokenomy.bench.results import BenchReport, report, to_record
 from tokenomy.bench.runner import BenchRun, ResultFn, TurnResult
-from tokenomy.bench.text import PromptBuilder
+from tokenomy.bench.text import PromptBuilder, PromptSizing
 from tokenomy.core import Session
 
 
@@ -35,14 +35,18 @@ def run_bench(
     clock: Clock | None = None,
     opener: Opener | None = None,
     on_result: ResultFn | None = None,
+    sizing: PromptSizing | None = None,
 ) -> BenchReport:
-    """Run ``sessions`` against ``config.targets`` on a fresh event loop and summarise them."""
-    run = BenchRun(sessions, config, clock=clock, opener=opener, on_result=on_result)
+    """Run ``sessions`` against ``config.targets`` on a fresh event loop and summarise them;
+    ``sizing`` sizes the prompts in the target's tokens (:func:`tokenomy.bench.sizing.measure_sizing`)."""
+    run = BenchRun(sessions, config, clock=clock, opener=opener, on_result=on_result, sizing=sizing)
     wall0 = time.perf_counter()
     # A caller's clock may depend on asyncio's own loop; only the wall clock gets uvloop.
     with asyncio.Runner(loop_factory=_loop_factory() if clock is None else None) as runner:
         results = runner.run(run.run())
-    return report(results, run.t0, config, time.perf_counter() - wall0)
+    rep = report(results, run.t0, config, time.perf_counter() - wall0)
+    rep.extras["prompt_sizing"] = run.sizing.to_dict()
+    return rep
 
 
 __all__ = [
@@ -54,6 +58,7 @@ __all__ = [
     "Opener",
     "Outcome",
     "PromptBuilder",
+    "PromptSizing",
     "TurnResult",
     "WallClock",
     "normalize_target",

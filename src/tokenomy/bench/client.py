@@ -57,6 +57,7 @@ class Outcome:
     cached_tokens: int = 0
     usage_reported: bool = False
     message: str = ""
+    choice_times_s: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -160,7 +161,7 @@ async def send(opener: Opener, url: str, body: dict[str, Any], headers: dict[str
         return Outcome("read_error", sent, state.token_times_s, None, state.text, message=repr(exc))
     finish = clock.now()
     usage = parse_usage(state.usage)
-    out = Outcome(OK, sent, state.token_times_s, finish, state.text)
+    out = Outcome(OK, sent, state.token_times_s, finish, state.text, choice_times_s=state.choice_times_s)
     if not state.token_times_s:
         out.status, out.message = "empty_answer", "the stream carried no generated text"
     if usage is not None:

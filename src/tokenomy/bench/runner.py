@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from tokenomy.bench.client import AiohttpOpener, Clock, Opener, Outcome, WallClock, request_body, send
 from tokenomy.bench.config import BenchConfig
-from tokenomy.bench.text import PromptBuilder
-from tokenomy.core import Session, Turn
+from tokenomy.bench.sizing import AnswerCounter
+from tokenomy.bench.text import PromptBuilder, PromptSizing
+from tokenomy.core import Segment, Session, Turn
 
 ResultFn = Callable[["TurnResult"], None]
 
@@ -36,7 +37,8 @@ class BenchRun:
     Session i is pinned to target ``i mod len(targets)`` (its history lives in that target's
     prefix cache). A session ends early when one of its turns fails: without the answer the next
     turn's history cannot be sent. ``run`` returns the results in completion order and the clock
-    time the run started at.
+    time the run started at. ``sizing`` sizes prompts in the target's tokens
+    (:mod:`tokenomy.bench.sizing`; default: one token per filler word, no template tokens).
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class BenchRun:
         clock: Clock | None = None,
         opener: Opener | None = None,
         on_result: ResultFn | None = None,
+        sizing: PromptSizing | None = None,
     ) -> None:
         if not sessions:
             raise ValueError("the workload produced no sessions")
@@ -55,7 +58,9 @@ class BenchRun:
         self.clock = clock or WallClock()
         self._opener = opener
         self._on_result = on_result
-        self._builder = PromptBuilder(self.sessions, seed=config.seed)
+        self.sizing = sizing or PromptSizing()
+        self._counter = AnswerCounter(self.sizing, config.model)
+        self._builder = PromptBuilder(self.sessions, seed=config.seed, sizing=self.sizing, chat=config.api == "chat")
         self.results: list[TurnResult] = []
         self.t0 = 0.0
         path = "/v1/chat/completions" if config.api == "chat" else "/v1/completions"
@@ -71,23 +76,36 @@ class BenchRun:
         url = self._urls[index % len(self._urls)]
         key = self.config.key_of(session.tenant)
         auth = {"Authorization": f"Bearer {key}"} if key else {}
-        for k, turn in enumerate(session.turns):
-            if k > 0:
-                await self.clock.sleep(turn.think_time_s)
-            if self._expired():
-                return
-            prompt, content = self._builder.prompt(turn)
-            headers = {**auth, "x-session-id": session.session_id,
-                       "x-request-id": f"{session.session_id}:{k}"}
-            outcome = await send(opener, url, request_body(self.config, prompt, turn.output_tokens),
-                                 headers, self.clock)
-            result = TurnResult(session.session_id, k, turn, url, outcome, session.tenant, session.tier)
-            self.results.append(result)
-            if self._on_result is not None:
-                self._on_result(result)
-            if not outcome.ok:
-                return
-            self._builder.record_answer(turn, content, outcome.text)
+        answer: tuple[Turn, tuple[Segment, ...], str, asyncio.Task[int | None] | None] | None = None
+        try:
+            for k, turn in enumerate(session.turns):
+                if k > 0:
+                    await self.clock.sleep(turn.think_time_s)
+                if answer is not None:
+                    # The previous answer was counted in the target's tokens during the think time.
+                    prev, content, text, counting = answer
+                    self._builder.record_answer(prev, content, text, await counting if counting else None)
+                    answer = None
+                if self._expired():
+                    return
+                prompt, content = self._builder.prompt(turn)
+                headers = {**auth, "x-session-id": session.session_id,
+                           "x-request-id": f"{session.session_id}:{k}"}
+                outcome = await send(opener, url, request_body(self.config, prompt, turn.output_tokens),
+                                     headers, self.clock)
+                result = TurnResult(session.session_id, k, turn, url, outcome, session.tenant, session.tier)
+                self.results.append(result)
+                if self._on_result is not None:
+                    self._on_result(result)
+                if not outcome.ok:
+                    return
+                if k + 1 < len(session.turns):
+                    counting = (asyncio.ensure_future(self._counter.count(opener, outcome.text, auth))
+                                if self._counter.active else None)
+                    answer = (turn, content, outcome.text, counting)
+        finally:
+            if answer is not None and answer[3] is not None:
+                answer[3].cancel()
 
     async def _open_loop(self, opener: Opener) -> None:
         async def start(i: int, s: Session) -> None:

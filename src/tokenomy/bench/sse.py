@@ -22,10 +22,13 @@ class StreamState:
     ``token_times_s`` holds the arrival time of every chunk that carried generated text (a chunk
     with only a role, or only usage, is not a token); ``usage`` is the last ``usage`` object seen
     (the final chunk when ``stream_options.include_usage`` is set); ``done`` is True once
-    ``data: [DONE]`` arrived.
+    ``data: [DONE]`` arrived. ``choice_times_s`` holds the arrival of every chunk with a choice,
+    text or not: vLLM streams a chunk for every generated token, with empty text while a token
+    ends inside a UTF-8 character (the profiler times steps by them).
     """
 
     token_times_s: list[float] = field(default_factory=list)
+    choice_times_s: list[float] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
@@ -61,7 +64,10 @@ class StreamState:
             raise StreamError(str(err.get("code") or "stream_error"), str(err.get("message", "")))
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
+        choices = chunk.get("choices") or ()
+        if choices:
+            self.choice_times_s.append(now_s)
+        for choice in choices:
             piece = _choice_text(choice)
             if piece:
                 self.token_times_s.append(now_s)

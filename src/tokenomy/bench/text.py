@@ -11,8 +11,13 @@ answer hold the target's answer text, verbatim. So
 - different streams differ from their first word, so nothing is shared by accident.
 
 Every filler word is ``" " + word``, a common lower-case English word, which is one token in the
-emulator's built-in tokenizer and in byte-level BPE vocabularies such as Llama 3's or GPT's; so
-the target's ``usage.prompt_tokens`` lands close to the workload's count (the bench reports the
+emulator's built-in tokenizer and in byte-level BPE vocabularies such as Llama 3's or GPT's. With
+a :class:`~tokenomy.bench.sizing.PromptSizing` measured on the target, the filler is drawn only
+from words that are one token *there*, and the tokens the server adds (BOS, the chat template's
+headers) are taken out of the filler: the first filler message gives up the per-prompt overhead,
+each filler message its own role's overhead and that of an answer just before it. Every message
+of a turn is trimmed the same way when a later turn re-sends it, so histories stay byte-identical
+and the target's ``usage.prompt_tokens`` lands on the workload's count (the bench reports the
 difference). Answer positions use the workload's output length as their width, so the workload's
 coordinates stay aligned even if the answer re-tokenizes to another count.
 """
@@ -22,7 +27,8 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +50,45 @@ WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
 
 _BATCH = 1024
 
+MIN_WORDS = 8
+"""Fewest single-token filler words sizing accepts (fewer would make streams repetitive)."""
+
+
+@dataclass(frozen=True)
+class PromptSizing:
+    """How to size prompts for one target and API.
+
+    ``words``: filler vocabulary, each ``" " + word`` one token. ``prompt_overhead_tokens``: tokens
+    the server adds to every prompt (BOS; for chat, the template's fixed part and generation
+    prompt). ``message_overhead_tokens``: chat only, tokens the template adds around one message of
+    each role. ``source`` says where the numbers came from (shown in the report). The bench
+    counts each answer it re-sends with the same tokenizer: ``tokenize_url`` (the target's
+    ``POST /tokenize``) or ``tokenizer_path`` (a ``tokenizer.json``); neither: answers count as
+    many tokens as were generated. The default is the built-in assumption: every word one token,
+    nothing added.
+    """
+
+    words: tuple[str, ...] = WORDS
+    prompt_overhead_tokens: int = 0
+    message_overhead_tokens: dict[str, int] = field(default_factory=dict)
+    source: str = "built-in (one token per filler word, no template tokens)"
+    tokenize_url: str | None = None
+    tokenizer_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.words) < MIN_WORDS:
+            raise ValueError(f"prompt sizing needs >= {MIN_WORDS} filler words, got {len(self.words)}")
+        if self.prompt_overhead_tokens < 0 or any(v < 0 for v in self.message_overhead_tokens.values()):
+            raise ValueError("template overheads must be >= 0 tokens")
+
+    def message_overhead(self, role: str) -> int:
+        return self.message_overhead_tokens.get(role, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "filler_words": len(self.words),
+                "prompt_overhead_tokens": self.prompt_overhead_tokens,
+                "message_overhead_tokens": dict(self.message_overhead_tokens)}
+
 
 class StreamText:
     """The text of one content stream, materialised as far as any prompt has needed it.
@@ -52,9 +97,10 @@ class StreamText:
     pieces are one word (one token), an answer piece spans the answer's workload token count.
     """
 
-    def __init__(self, key: int, seed: int) -> None:
+    def __init__(self, key: int, seed: int, words: tuple[str, ...] = WORDS) -> None:
         # Private (negative) keys get their own seed space so they never repeat a workload stream.
         self._rng = np.random.default_rng([seed, int(key < 0), abs(key)])
+        self._words = words
         self.pieces: list[str] = []
         self.ends: list[int] = []
         self.answers: list[int] = []  # indexes of pieces that are answers, ascending
@@ -67,9 +113,9 @@ class StreamText:
         """Extend with filler words until the stream covers ``n_tokens`` positions."""
         need = n_tokens - self.length
         while need > 0:
-            idx = self._rng.integers(0, len(WORDS), size=min(need, _BATCH))
+            idx = self._rng.integers(0, len(self._words), size=min(need, _BATCH))
             start = self.length
-            self.pieces.extend(" " + WORDS[i] for i in idx)
+            self.pieces.extend(" " + self._words[i] for i in idx)
             self.ends.extend(range(start + 1, start + 1 + len(idx)))
             need -= len(idx)
 
@@ -126,6 +172,15 @@ def _ranges(content: Sequence[Segment], start: int, stop: int) -> list[tuple[int
     return out
 
 
+def _drop_words(filler: str, n: int) -> tuple[str, int]:
+    """``filler`` (``" w1 w2 ..."``) without its first ``n`` words, keeping one; and what is still owed."""
+    parts = filler.split(" ")  # parts[0] == "": every filler word starts with a space
+    drop = min(n, len(parts) - 2)
+    if drop <= 0:
+        return filler, n
+    return " " + " ".join(parts[drop + 1:]), n - drop
+
+
 class PromptBuilder:
     """Builds every turn's prompt from one shared set of streams (one per bench run).
 
@@ -133,19 +188,25 @@ class PromptBuilder:
     stream after it (the workloads put the shared system prompt there; a trace's first block
     otherwise); the rest is split into ``user`` messages (filler: the task, tool results) and
     ``assistant`` messages (earlier answers). ``sessions`` is accepted for symmetry with the
-    simulator's inputs; nothing is precomputed from it.
+    simulator's inputs; nothing is precomputed from it. ``sizing`` gives the filler words and the
+    server's overhead tokens to take out of the filler (default: built-in, nothing taken out);
+    ``chat`` says whether the per-message overheads apply (they are the chat template's).
     """
 
-    def __init__(self, sessions: Sequence[Session] = (), seed: int = 0) -> None:
+    def __init__(self, sessions: Sequence[Session] = (), seed: int = 0, sizing: PromptSizing | None = None,
+                 chat: bool = True) -> None:
         del sessions
         self._seed = seed
+        self._sizing = sizing or PromptSizing()
+        self._chat = chat
         self._streams: dict[int, StreamText] = {}
         self._private_key = 0  # turns without content: one fresh negative key per turn
+        self._answer_excess: dict[str, int] = {}  # answer text -> its tokens beyond the workload's width
 
     def _stream(self, key: int) -> StreamText:
         stream = self._streams.get(key)
         if stream is None:
-            stream = self._streams[key] = StreamText(key, self._seed)
+            stream = self._streams[key] = StreamText(key, self._seed, self._sizing.words)
         return stream
 
     def _content(self, turn: Turn) -> tuple[Segment, ...]:
@@ -167,12 +228,33 @@ class PromptBuilder:
                     messages[-1]["content"] += text
                 else:
                     messages.append({"role": role, "content": text})
+        self._take_overhead(messages)
         text = "".join(m["content"] for m in messages)
         return Prompt(text=text, messages=tuple(messages)), content
 
-    def record_answer(self, turn: Turn, content: tuple[Segment, ...], answer: str) -> None:
+    def _take_overhead(self, messages: list[dict[str, str]]) -> None:
+        """Drop the server's overhead tokens from the filler, in message order: the prompt's own
+        first, then each message's; an answer's, and the tokens it re-tokenizes to beyond its
+        workload width, go to the next filler message. A filler message keeps at least one word;
+        what it cannot give moves on to the next (an answer that re-tokenizes shorter lowers what
+        later messages give). Deterministic in the messages before it, so a re-sent history is
+        trimmed exactly as it was."""
+        sizing = self._sizing
+        owed = sizing.prompt_overhead_tokens
+        for m in messages:
+            if self._chat:
+                owed += sizing.message_overhead(m["role"])
+            if m["role"] == "assistant":
+                owed += self._answer_excess.get(m["content"], 0)
+            elif owed > 0:
+                m["content"], owed = _drop_words(m["content"], owed)
+
+    def record_answer(self, turn: Turn, content: tuple[Segment, ...], answer: str,
+                      answer_tokens: int | None = None) -> None:
         """Splice ``answer`` into the stream that holds this turn's output, when the workload
-        re-sends that output later (the stream is extended exactly up to the prompt's end)."""
+        re-sends that output later (the stream is extended exactly up to the prompt's end).
+        ``answer_tokens``: what the target counts for the answer's text in a prompt (it may
+        differ from the tokens it generated); the difference is taken out of later filler."""
         ranges = _ranges(content, turn.prompt_tokens, turn.prompt_tokens + turn.output_tokens)
         if not ranges or not answer:
             return
@@ -180,3 +262,5 @@ class PromptBuilder:
         stream = self._stream(key)
         if stream.length == lo:
             stream.append_answer(answer, hi - lo)
+            if answer_tokens is not None and answer_tokens != hi - lo:
+                self._answer_excess[answer] = answer_tokens - (hi - lo)

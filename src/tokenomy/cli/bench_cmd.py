@@ -13,8 +13,9 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tokenomy.bench import BenchConfig, BenchReport, TurnResult, run_bench
+from tokenomy.bench import BenchConfig, BenchReport, PromptSizing, TurnResult, run_bench
 from tokenomy.bench.plot import plot_timeline
+from tokenomy.bench.sizing import FileTokenizer, measure_sizing, probe_remote
 from tokenomy.cli.main import CLIError
 from tokenomy.core import SLO, Session
 from tokenomy.metrics.report import render_table, write_json
@@ -56,6 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos (answers may end before the workload's output length)")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for any one read of a response")
+    r.add_argument("--tokenizer", default="auto", metavar="auto|none|PATH",
+                   help="size prompts in the target's tokens: auto (the target's POST /tokenize when it serves one, "
+                        "else built-in), none (built-in: one token per filler word), or a tokenizer.json "
+                        "(completions exact; chat template tokens unknown) (default: auto)")
     s = p.add_argument_group("SLO and cost")
     s.add_argument("--slo-ttft", type=float, default=SLO().ttft_s, help="TTFT bound, seconds")
     s.add_argument("--slo-tpot", type=float, default=SLO().tpot_s, help="TPOT bound, seconds (vLLM definition)")
@@ -159,15 +164,43 @@ def run_bench_cmd(args: argparse.Namespace) -> int:
     mode = f"concurrency {config.concurrency}" if config.concurrency else f"arrivals from {args.workload}"
     console.print(f"bench [bold]{args.workload}[/]: {len(sessions)} sessions, {n_turns} turns, {mode}, "
                   f"{config.api} API, model {config.model} -> {', '.join(config.targets)}")
-    result = _run_with_progress(sessions, config, n_turns, args.quiet)
+    sizing = prompt_sizing(args.tokenizer, config, console)
+    result = _run_with_progress(sessions, config, n_turns, args.quiet, sizing)
     workload = {"source": args.workload, "sessions": len(sessions), "turns": n_turns}
     _print_and_write(result, config, args, console, workload)
     return 0
 
 
-def _run_with_progress(sessions: list[Session], config: BenchConfig, n_turns: int, quiet: bool) -> BenchReport:
+def prompt_sizing(choice: str, config: BenchConfig, console: Console) -> PromptSizing:
+    """The sizing ``--tokenizer`` asks for, measured on the first target (docs/bench.md)."""
+    if choice == "none":
+        return PromptSizing()
+    if choice != "auto":
+        try:
+            return measure_sizing(FileTokenizer(choice), config.api, seed=config.seed)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+    tok = probe_remote(config.targets[0], model=config.model, api_key=config.api_key)
+    if tok is None:
+        console.print(f"prompt sizing: {config.targets[0]} serves no POST /tokenize; built-in (one token per "
+                      "filler word); give --tokenizer PATH to size prompts for this model")
+        return PromptSizing()
+    try:
+        sizing = measure_sizing(tok, config.api, seed=config.seed)
+    except ValueError as exc:
+        console.print(f"prompt sizing: {exc}; built-in instead")
+        return PromptSizing()
+    finally:
+        tok.close()
+    console.print(f"prompt sizing: {sizing.source}, {sizing.prompt_overhead_tokens} tokens added per prompt"
+                  + (f", per message {sizing.message_overhead_tokens}" if sizing.message_overhead_tokens else ""))
+    return sizing
+
+
+def _run_with_progress(sessions: list[Session], config: BenchConfig, n_turns: int, quiet: bool,
+                       sizing: PromptSizing) -> BenchReport:
     if quiet:
-        return run_bench(sessions, config)
+        return run_bench(sessions, config, sizing=sizing)
     errors = 0
     with Progress(TextColumn("[bold]bench[/]"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("turns  errors {task.fields[errors]}"), TimeElapsedColumn(),
@@ -179,7 +212,7 @@ def _run_with_progress(sessions: list[Session], config: BenchConfig, n_turns: in
             errors += 0 if r.outcome.ok else 1
             bar.update(task, advance=1, errors=errors)
 
-        return run_bench(sessions, config, on_result=on_result)
+        return run_bench(sessions, config, on_result=on_result, sizing=sizing)
 
 
 def _print_and_write(
@@ -198,7 +231,7 @@ def _print_and_write(
         settings = {"targets": list(config.targets), "model": config.model, "api": config.api,
                     "workload": args.workload, "concurrency": config.concurrency, "rate": args.rate,
                     "duration_s": config.duration_s, "max_sessions": args.max_sessions, "seed": config.seed,
-                    "ignore_eos": config.ignore_eos, "tenants": args.tenants,
+                    "ignore_eos": config.ignore_eos, "tokenizer": args.tokenizer, "tenants": args.tenants,
                     "tenant_keys": sorted(t for t, _ in config.tenant_keys)}  # names only: keys are secrets
         payload: dict[str, Any] = {
             "schema": BENCH_SCHEMA,

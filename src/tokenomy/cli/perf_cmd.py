@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
+from tokenomy.bench.config import normalize_target
+from tokenomy.bench.profile import ProfilePlan, profile
+from tokenomy.cli.bench_cmd import discover_model
 from tokenomy.cli.main import CLIError
 from tokenomy.metrics.report import finite_or_none, write_json
 from tokenomy.perf.coefficients import SHIPPED_FILE, save_coefficients
@@ -16,6 +20,8 @@ from tokenomy.perf.model import DEFAULT_ACTIVATION_RESERVE_BYTES, PerfModel
 
 if TYPE_CHECKING:
     from tokenomy.perf.calibrate import Calibration
+
+_PLAN = ProfilePlan()
 
 
 def _calibrate(profiles: str) -> Calibration:
@@ -98,8 +104,54 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+
+def _profile(args: argparse.Namespace) -> int:
+    api_key = args.api_key if args.api_key is not None else os.environ.get("OPENAI_API_KEY")
+    try:
+        plan = ProfilePlan(prompt_tokens=args.prompt_tokens, batches=args.batches, contexts=args.contexts,
+                           decode_tokens=args.decode_tokens, repeats=args.repeats,
+                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
+        target = normalize_target(args.target)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    model = args.model or discover_model(target, api_key)
+    console = Console()
+    console.print(f"profiling {model} at {target}")
+    try:
+        cal = profile(target, plan, model=model, api_key=api_key, seed=args.seed,
+                      on_progress=None if args.quiet else console.print)
+    except RuntimeError as exc:
+        raise CLIError(str(exc)) from None
+    cal.save(args.out)
+    table = Table(title=f"fitted step time of {model} (seconds per unit)")
+    table.add_column("coefficient")
+    table.add_column("value", justify="right")
+    for name, value in cal.step.to_dict().items():
+        table.add_row(name, f"{value:.4g}")
+    console.print(table)
+    by_kind = ", ".join(f"{k} {v:.1%}" for k, v in cal.fit["mape_by_kind"].items())
+    engine = ", ".join(f"{k} {v}" for k, v in cal.engine.__dict__.items() if v is not None) or "none reported"
+    spread = cal.fit.get("repeat_spread")
+    noise = "" if spread is None else f"; repeats of one probe lay {spread:.0%} apart (median), the machine's noise"
+    console.print(f"fit: {cal.fit['points']} measurements, mean |error| {cal.fit['mape']:.1%} ({by_kind}){noise}")
+    console.print(f"engine limits: {engine}")
+    for note in cal.fit.get("skipped", []):
+        console.print(f"skipped: {note}")
+    console.print(f"wrote {args.out}; simulate with: tokenomy sim --calibration {args.out} --model <config.json> ...")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    perf = sub.add_parser("perf", help="performance model: fit, validate, show")
+    perf = sub.add_parser("perf", help="performance model: fit, validate, show, profile a live engine")
     perf_sub = perf.add_subparsers(dest="perf_command", required=True)
 
     fit = perf_sub.add_parser("fit", help="fit efficiency coefficients to Vidur profiles")
@@ -117,3 +169,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--gpu", required=True, help="catalog name or path to a GPU YAML/JSON")
     show.add_argument("--tp", type=int, default=1, help="GPUs per instance (default: %(default)s)")
     show.set_defaults(func=_show)
+
+    prof = perf_sub.add_parser(
+        "profile", help="measure a running engine's prefill and decode step times and fit the simulator's step model",
+        description="Sends single requests at several prompt lengths (prefill) and batches of streams at several "
+                    "contexts (decode) to an OpenAI-compatible engine and fits the step-time model `tokenomy sim "
+                    "--calibration` reads (docs/simulator.md).")
+    prof.add_argument("--target", required=True, help="engine base URL (http://host:port or .../v1)")
+    prof.add_argument("--out", default="calibration.json", help="calibration file to write (default: %(default)s)")
+    prof.add_argument("--model", default=None, help="model name to send (default: the target's first /v1/models entry)")
+    prof.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY if set)")
+    prof.add_argument("--prompt-tokens", type=_ints, default=_PLAN.prompt_tokens,
+                      help="prefill probe lengths (default: %(default)s)")
+    prof.add_argument("--batches", type=_ints, default=_PLAN.batches,
+                      help="decode probe batch sizes (default: %(default)s)")
+    prof.add_argument("--contexts", type=_ints, default=_PLAN.contexts,
+                      help="decode probe context lengths in tokens (default: %(default)s)")
+    prof.add_argument("--decode-tokens", type=int, default=_PLAN.decode_tokens,
+                      help="tokens each decode stream generates (default: %(default)s)")
+    prof.add_argument("--repeats", type=int, default=_PLAN.repeats,
+                      help="repeats of each probe (default: %(default)s)")
+    prof.add_argument("--max-num-batched-tokens", type=int, default=None,
+                      help="the engine's per-step token budget, which chunks long prompts (default: what the target "
+                           "reports; vLLM does not, so give it: 2048 on vLLM CPU, 8192 on GPU by default)")
+    prof.add_argument("--max-num-seqs", type=int, default=None, help="the engine's batch limit, recorded for the simulator")
+    prof.add_argument("--seed", type=int, default=None,
+                      help="prompt-text seed (default: fresh each run, so a rerun misses the prefix cache)")
+    prof.add_argument("--quiet", action="store_true", help="no per-probe lines")
+    prof.set_defaults(func=_profile)

@@ -111,6 +111,9 @@ def add_experiment_args(p: argparse.ArgumentParser, *, default_deployments: str)
                    help=f"engine token budget per step (default: {_C.max_num_batched_tokens})")
     c.add_argument("--max-num-seqs", type=_positive_int(), default=None,
                    help=f"engine batch limit (default: {_C.max_num_seqs})")
+    c.add_argument("--calibration", default=None, metavar="FILE",
+                   help="a `tokenomy perf profile` file: price steps with the measured engine's fitted model and "
+                        "run its limits (block size, KV blocks, token budget, batch limit) (default: none)")
     c.add_argument("--horizon", type=_number(strict=True), default=None,
                    help="stop the clock here; unfinished requests miss the SLO (default: run until drained)")
     c.add_argument("--admission", default=None, metavar="POLICY",
@@ -187,7 +190,8 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
         "model": "model", "gpu": "gpu", "tp": "tp", "instances": "instances", "router": "router",
         "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
         "horizon": "horizon_s", "admission": "admission", "max_in_flight": "max_in_flight",
-        "gpus": "gpus", "gpus_per_node": "gpus_per_node", "kv_transfer_timeout": "kv_transfer_timeout_s"}))
+        "gpus": "gpus", "gpus_per_node": "gpus_per_node", "kv_transfer_timeout": "kv_transfer_timeout_s",
+        "calibration": "calibration"}))
     slo = replace(base.slo, **_given(args, {"slo_ttft": "ttft_s", "slo_tpot": "tpot_s"}))
     fixed = base.fixed_split
     if args.prefill is not None or args.decode is not None:

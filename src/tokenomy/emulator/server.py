@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server around one :class:`Emulator` (Starlette on uvicorn).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics``, ``GET /tokenomy/info`` and ``POST /tokenomy/kv_release``
+``GET /health``, ``GET /metrics``, ``POST /tokenize`` and ``POST /detokenize`` (vLLM's shapes),
+``GET /tokenomy/info`` and ``POST /tokenomy/kv_release``
 (PD: a decode instance says it pulled a request's KV), and ``POST /v1/tokenomy/retain`` (a
 gateway's KV retention hint, see ``RETAIN_PATH``). A client that disconnects, during a
 stream or while waiting for a whole answer, aborts its request: its KV is freed at once.
@@ -24,6 +25,7 @@ from tokenomy.emulator.metrics import CONTENT_TYPE
 from tokenomy.emulator.protocol import APIError
 from tokenomy.emulator.service import KV_RELEASE_PATH, RETAIN_PATH, Emulator
 from tokenomy.emulator.streaming import generate_handler, read_body
+from tokenomy.emulator.tokenize import tokenize_routes
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -111,10 +113,12 @@ def build_app(config: EmulatorConfig) -> ASGIApp:
         Route(KV_RELEASE_PATH, kv_release, methods=["POST"]),
         Route(RETAIN_PATH, retain, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
 
     def emulator() -> Emulator:
         return state["emu"]
+
+    routes += tokenize_routes(emulator)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
 
     fast = {"/v1/completions": generate_handler(emulator, chat=False),
             "/v1/chat/completions": generate_handler(emulator, chat=True)}

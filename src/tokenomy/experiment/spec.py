@@ -92,6 +92,8 @@ class ClusterSpec:
     gpus: str | None = None
     gpus_per_node: int | None = None  # KV over NVLink inside a node, RDMA across (None: every instance a node)
     kv_transfer_timeout_s: float | None = None  # a KV transfer cut after this long leaves its request incomplete
+    # A `tokenomy perf profile` file: steps and engine limits of a measured engine (docs/simulator.md).
+    calibration: str | None = None
 
     def __post_init__(self) -> None:
         if self.gpus is not None:
@@ -248,7 +250,7 @@ class ExperimentSpec:
         base = SimConfig(
             model=c.model, gpu=c.gpu, tp=c.tp, instances=c.instances, prefill=prefill, decode=decode,
             router=c.router, max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
-            horizon_s=c.horizon_s,
+            horizon_s=c.horizon_s, calibration=c.calibration,
             admission=AdmissionOptions(c.admission, c.max_in_flight) if c.admission is not None else None,
         )
         base = replace(base, gpus_per_node=c.gpus_per_node, kv_transfer_timeout_s=c.kv_transfer_timeout_s)

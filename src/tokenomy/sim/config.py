@@ -67,6 +67,9 @@ class SimConfig:
     moves over NVLink inside a node and over RDMA NICs across nodes (None: every instance is
     its own node). ``kv_transfer_timeout_s``: a KV transfer still in flight after that long is
     cut and its request recorded as incomplete (None: no timeout).
+    ``calibration`` is a file from ``tokenomy perf profile``: steps cost what the profiled
+    engine's fitted model says, and its limits (block size, KV blocks, token budget, batch
+    limit) replace these fields wherever it recorded them (see :func:`tokenomy.sim.runner.calibrated`).
     """
 
     deployment: str = "colocated"
@@ -94,6 +97,7 @@ class SimConfig:
     mixed_pools: tuple[tuple[str, int, int], ...] | None = None
     gpus_per_node: int | None = None
     kv_transfer_timeout_s: float | None = None
+    calibration: str | None = None
     ampd: AMPDOptions = field(default_factory=AMPDOptions)
     admission: AdmissionOptions | None = None  # a closed-loop front door (sim/admission_gate.py); None: none
 
@@ -111,6 +115,10 @@ class SimConfig:
         for name in ("prefill_tp", "decode_tp"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.has_role_shapes and self.calibration is not None:
+            raise ValueError("a calibration describes one engine: per-role tp/gpu do not apply to it")
+        if self.mixed_pools is not None and self.calibration is not None:
+            raise ValueError("a calibration describes one engine: mixed_pools do not apply to it")
         if self.has_role_shapes and self.deployment not in ("disagg", "ampd"):
             raise ValueError(f"per-role tp/gpu are supported by disagg and ampd, not {self.deployment!r}")
         if self.mixed_pools is not None:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tokenomy.core import SLO, Request, RequestRecord, Role, Session, TokenUsage
 from tokenomy.engine import EventTrace
 from tokenomy.metrics import Summary, summarize
 from tokenomy.metrics.window import busy_window_s, span_s
-from tokenomy.perf import PerfModel
+from tokenomy.perf import PerfModel, get_gpu, get_model
+from tokenomy.perf.engine_calibration import load_calibration
 from tokenomy.policy.trace import TraceSink
 from tokenomy.sim import deployments as _deployments  # noqa: F401  (registers the deployments)
 from tokenomy.sim.admission_gate import AdmissionGate
@@ -88,6 +89,20 @@ class _Driver:
             self.loop.at(record.finish_s + session.turns[nxt].think_time_s, self._arrive, session, nxt)
 
 
+def calibrated(config: SimConfig) -> tuple[SimConfig, PerfModel]:
+    """``config`` and its performance model: the catalog's, or with ``config.calibration`` the
+    profiled engine's fitted steps, with the engine limits the calibration recorded in place of
+    ``config``'s (block size, token budget, batch limit; KV blocks through the model)."""
+    if config.calibration is None:
+        return config, PerfModel.from_names(config.model, config.gpu, config.tp)
+    cal = load_calibration(config.calibration)
+    e = cal.engine
+    config = replace(config, block_size_tokens=e.block_size_tokens or config.block_size_tokens,
+                     max_num_batched_tokens=e.max_num_batched_tokens or config.max_num_batched_tokens,
+                     max_num_seqs=e.max_num_seqs or config.max_num_seqs)
+    return config, cal.perf_model(get_model(config.model), get_gpu(config.gpu), config.tp)
+
+
 def simulate(
     sessions: Sequence[Session],
     config: SimConfig,
@@ -105,7 +120,8 @@ def simulate(
     receives every policy decision the deployment applies, as flat JSON-ready events.
     """
     wall0 = time.perf_counter()
-    perf = perf or PerfModel.from_names(config.model, config.gpu, config.tp)
+    if perf is None:
+        config, perf = calibrated(config)
     role_perf = {}
     if config.has_role_shapes:
         role_perf = {role: PerfModel.from_names(config.model, *config.role_shape(role.value))

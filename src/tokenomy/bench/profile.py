@@ -1,0 +1,276 @@
+"""``tokenomy perf profile``: measure a running OpenAI-compatible engine's step times and fit the
+simulator's step-time model to them (:mod:`tokenomy.perf.stepfit`).
+
+Two kinds of probe, each over ``/v1/completions`` streamed, with prompts sized in the target's
+own tokens (:mod:`tokenomy.bench.sizing`) and made of fresh random words so nothing hits the
+prefix cache by accident:
+
+- **prefill**: one request alone on the engine, ``max_tokens=1``, at each prompt length; its
+  TTFT covers the prompt's prefill steps (chunked by the engine's token budget) plus the
+  server's own per-request work, which the fit's per-prefill-chunk term absorbs;
+- **decode**: ``batch`` streams at once whose prompts share a ``context``-token prefix (cached by
+  a first request, itself a prefill probe) plus a short unique tail; the median gap between
+  streamed tokens, taken while every stream is decoding (after the last first token, before
+  the first stream ends), is one decode step of ``batch`` sequences at the context they hold.
+
+The token counts come from the target's ``usage``, not from the plan, so a target that counts
+differently is still priced on what it computed. The engine's limits are read from vLLM's
+``vllm:cache_config_info`` metric or our emulator's ``/tokenomy/info``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+
+from tokenomy.bench.client import AiohttpOpener, Opener, Outcome, WallClock, request_body, send
+from tokenomy.bench.config import BenchConfig
+from tokenomy.bench.sizing import measure_sizing, probe_remote
+from tokenomy.bench.text import Prompt, PromptSizing
+from tokenomy.core.step import StepShape
+from tokenomy.perf.engine_calibration import EngineCalibration, EngineLimits
+from tokenomy.perf.stepfit import Measurement, decode_step, fit_steps, prefill_steps
+
+SUFFIX_TOKENS = 16
+"""Unique tail of each decode probe's prompt after the shared context (one prefill chunk)."""
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    """What to measure. ``repeats`` of every prefill length and of every decode point (the median
+    of each is kept); ``decode_tokens`` per decode stream. ``max_num_batched_tokens`` is
+    the engine's per-step token budget, which chunks long prompts (None: read from the target
+    when it says, else a prompt is one step)."""
+
+    prompt_tokens: tuple[int, ...] = (32, 128, 512, 1024, 2048)
+    batches: tuple[int, ...] = (1, 4, 16, 32)
+    contexts: tuple[int, ...] = (128, 1024)
+    decode_tokens: int = 48
+    repeats: int = 3
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_tokens", "batches", "contexts"):
+            values = getattr(self, name)
+            if not values or min(values) < 1:
+                raise ValueError(f"profile {name} must be a non-empty list of integers >= 1, got {values}")
+        if self.decode_tokens < 8:
+            raise ValueError(f"profile decode_tokens must be >= 8 (a decode probe needs gaps), got {self.decode_tokens}")
+        if self.repeats < 1:
+            raise ValueError(f"profile repeats must be >= 1, got {self.repeats}")
+
+
+_INFO_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def read_engine_limits(target: str, plan: ProfilePlan, client: httpx.Client) -> EngineLimits:
+    """Block size and KV blocks from vLLM's ``vllm:cache_config_info`` or the emulator's
+    ``/tokenomy/info``; context window from ``/v1/models``; the plan's limits win."""
+    found = _emulator_info(target, client) or _vllm_cache_info(target, client)
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        found["max_model_len"] = client.get(f"{target}/v1/models").json()["data"][0].get("max_model_len")
+    if plan.max_num_batched_tokens is not None:
+        found["max_num_batched_tokens"] = plan.max_num_batched_tokens
+    if plan.max_num_seqs is not None:
+        found["max_num_seqs"] = plan.max_num_seqs
+    return EngineLimits(**{k: v for k, v in found.items() if isinstance(v, int) and v >= 1})
+
+
+def _emulator_info(target: str, client: httpx.Client) -> dict[str, Any]:
+    try:
+        resp = client.get(f"{target}/tokenomy/info")
+        info = resp.json() if resp.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+    if not isinstance(info, dict) or not info:
+        return {}
+    return {"block_size_tokens": info.get("block_size"), "num_gpu_blocks": info.get("num_gpu_blocks"),
+            "max_num_batched_tokens": info.get("max_num_batched_tokens"), "max_num_seqs": info.get("max_num_seqs")}
+
+
+def _vllm_cache_info(target: str, client: httpx.Client) -> dict[str, Any]:
+    try:
+        text = client.get(f"{target}/metrics").text
+    except httpx.HTTPError:
+        return {}
+    line = next((ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{")), "")
+    labels = dict(_INFO_LABEL.findall(line))
+    return {"block_size_tokens": _int_or_none(labels.get("block_size")),
+            "num_gpu_blocks": _int_or_none(labels.get("num_gpu_blocks"))}
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+class _Prompts:
+    """Prompts of a given size in the target's tokens, of random words: no two share a block.
+    ``seed`` None draws from fresh entropy, so a rerun against the same server (whose prefix
+    cache still holds the last run's prompts) misses the cache too."""
+
+    def __init__(self, sizing: PromptSizing, seed: int | None) -> None:
+        self._words = sizing.words
+        self._overhead = sizing.prompt_overhead_tokens
+        self._rng = np.random.default_rng(seed)
+
+    def text(self, n_tokens: int) -> str:
+        n = max(1, n_tokens - self._overhead)
+        return "".join(" " + self._words[i] for i in self._rng.integers(0, len(self._words), size=n))
+
+    def tail(self, n_tokens: int) -> str:
+        return "".join(" " + self._words[i] for i in self._rng.integers(0, len(self._words), size=n_tokens))
+
+
+def _steady_step_s(outcomes: Sequence[Outcome]) -> tuple[float, int, float] | None:
+    """``(step seconds, steps, midpoint)`` while every stream was decoding (after the last first
+    token, before the first stream ended): per stream, the time between its first and last token
+    in that window over the tokens between, the median over streams. Tokens a busy server
+    delivers in bursts shift a window's ends, not its mean rate. None: no stream had two tokens
+    in the window."""
+    start = max(o.token_times_s[0] for o in outcomes)
+    stop = min(o.token_times_s[-1] for o in outcomes)
+    rates = []
+    steps = 0
+    for o in outcomes:
+        inside = [t for t in o.token_times_s if start <= t <= stop]
+        if len(inside) >= 3 and inside[-1] > inside[0]:
+            rates.append((inside[-1] - inside[0]) / (len(inside) - 1))
+            steps = max(steps, len(inside) - 1)
+    if not rates:
+        return None
+    return statistics.median(rates), steps, (start + stop) / 2
+
+
+class Profiler:
+    """Runs a :class:`ProfilePlan` against one target with the bench's HTTP client."""
+
+    def __init__(self, target: str, model: str, plan: ProfilePlan, sizing: PromptSizing, *,
+                 api_key: str | None = None, seed: int | None = None, on_progress: Callable[[str], None] | None = None) -> None:
+        self.config = BenchConfig(targets=(target,), model=model, api="completions", api_key=api_key)
+        self.url = self.config.targets[0] + "/v1/completions"
+        self.plan = plan
+        self.prompts = _Prompts(sizing, seed)
+        self.clock = WallClock()
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._say = on_progress or (lambda _msg: None)
+        self.skipped: list[str] = []
+        self.spreads: list[float] = []  # (max - min) / median of each probe's repeats
+
+    async def _send(self, opener: Opener, text: str, max_tokens: int) -> Outcome:
+        body = request_body(self.config, Prompt(text=text, messages=()), max_tokens)
+        out = await send(opener, self.url, body, self._headers, self.clock)
+        if out.status == "empty_answer" and out.choice_times_s:
+            out.status = "ok"  # a token that ends inside a UTF-8 character streams as empty text
+        # Steps are timed by every chunk with a choice: one per generated token.
+        out.token_times_s = out.choice_times_s
+        if not out.ok or not out.token_times_s:
+            raise RuntimeError(f"profile request to {self.url} failed: {out.status} {out.message[:200]}")
+        if out.prompt_tokens is None:
+            raise RuntimeError(f"{self.url} streamed no usage: the profile needs the prompt tokens the target counted "
+                               "(stream_options.include_usage)")
+        return out
+
+    def _prefill(self, out: Outcome, chunk: int | None) -> tuple[StepShape, ...]:
+        prompt = int(out.prompt_tokens or 0)
+        cached = min(out.cached_tokens, prompt - 1)
+        return prefill_steps(prompt, chunk or prompt, cached)
+
+    def _median(self, kind: str, steps: tuple[StepShape, ...], times: Sequence[float]) -> Measurement:
+        """One measurement from a probe's repeats: their median; their spread goes to ``spreads``."""
+        mid = statistics.median(times)
+        if len(times) > 1:
+            self.spreads.append((max(times) - min(times)) / mid)
+        return Measurement(kind, steps, mid)
+
+    async def run(self, chunk_tokens: int | None) -> list[Measurement]:
+        """Every probe of the plan, in order: warm-up, prefill lengths, decode points."""
+        opener = AiohttpOpener(self.config)
+        out: list[Measurement] = []
+        try:
+            await self._send(opener, self.prompts.text(64), 4)  # warm-up: connections, first-request costs
+            for n in self.plan.prompt_tokens:
+                runs = [await self._send(opener, self.prompts.text(n), 1) for _ in range(self.plan.repeats)]
+                out.append(self._median("prefill", self._prefill(runs[0], chunk_tokens),
+                                        [o.token_times_s[0] - o.sent_s for o in runs]))
+                self._say(f"prefill {runs[0].prompt_tokens} tokens: TTFT {out[-1].time_s * 1e3:.1f} ms")
+            for ctx in self.plan.contexts:
+                prefills: dict[tuple[StepShape, ...], list[float]] = {}
+                for batch in self.plan.batches:
+                    samples = []
+                    for _ in range(self.plan.repeats):
+                        found, sample = await self._decode(opener, ctx, batch, chunk_tokens)
+                        for m in found:
+                            prefills.setdefault(m.steps, []).append(m.time_s)
+                        if sample is not None:
+                            samples.append(sample)
+                    if samples:
+                        # The median step of the repeats, at their mean context (they differ by a few tokens).
+                        context = round(statistics.mean(c for _, c in samples))
+                        out.append(self._median("decode", (decode_step(batch, context),), [s for s, _ in samples]))
+                        self._say(f"decode batch {batch} @ {ctx} tokens: step {out[-1].time_s * 1e3:.2f} ms")
+                    else:
+                        self.skipped.append(f"decode batch {batch} @ {ctx}: the streams never all decoded at once")
+                # The shared context's cold prefills, and single streams' prefills after it (cached).
+                out += [self._median("prefill", steps, times) for steps, times in prefills.items()]
+        finally:
+            await opener.close()
+        return out
+
+    async def _decode(self, opener: Opener, ctx: int, batch: int, chunk: int | None
+                      ) -> tuple[list[Measurement], tuple[float, int] | None]:
+        """Prefill measurements (the shared context's cold prefill; with ``batch`` 1, the stream's own
+        prefill after that cached context) and ``(step seconds, context tokens)`` of ``batch`` streams
+        decoding on the context (None when they never all decoded at once)."""
+        prefix = self.prompts.text(ctx)
+        first = await self._send(opener, prefix, 1)  # caches the shared context
+        found = [Measurement("prefill", self._prefill(first, chunk), first.token_times_s[0] - first.sent_s)]
+        outs = await asyncio.gather(*(self._send(opener, prefix + self.prompts.tail(SUFFIX_TOKENS),
+                                                 self.plan.decode_tokens) for _ in range(batch)))
+        if batch == 1 and outs[0].cached_tokens > 0:
+            alone = outs[0]
+            found.append(Measurement("prefill", self._prefill(alone, chunk), alone.token_times_s[0] - alone.sent_s))
+        steady = _steady_step_s(outs)
+        if steady is None:
+            return found, None
+        step, _, mid = steady
+        # Context each sequence holds at the window's midpoint: its prompt and the tokens streamed by then.
+        context = sum(int(o.prompt_tokens or 0) + sum(1 for t in o.token_times_s if t <= mid) for o in outs)
+        return found, (step, context)
+
+
+def profile(target: str, plan: ProfilePlan, *, model: str, api_key: str | None = None, seed: int | None = None,
+            on_progress: Callable[[str], None] | None = None) -> EngineCalibration:
+    """Measure ``target`` per ``plan`` and fit; raises RuntimeError when a probe request fails."""
+    base = BenchConfig(targets=(target,), model=model).targets[0]
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(timeout=10.0, headers=headers) as client:
+        limits = read_engine_limits(base, plan, client)
+    tok = probe_remote(base, model=model, api_key=api_key)
+    sizing = PromptSizing()
+    if tok is not None:
+        try:
+            sizing = measure_sizing(tok, "completions")
+        except ValueError:
+            pass  # built-in sizing: the probes' lengths drift, the usage counts stay exact
+        finally:
+            tok.close()
+    profiler = Profiler(base, model, plan, sizing, api_key=api_key, seed=seed, on_progress=on_progress)
+    with asyncio.Runner() as runner:
+        measurements = runner.run(profiler.run(limits.max_num_batched_tokens))
+    fit = fit_steps(measurements)
+    # How far a probe's repeats lay apart (median over probes): a busy machine's noise, which no fit removes.
+    spread = statistics.median(profiler.spreads) if profiler.spreads else None
+    summary: dict[str, Any] = {**fit.summary(), "repeat_spread": spread, "prompt_sizing": sizing.source}
+    if profiler.skipped:
+        summary["skipped"] = profiler.skipped
+    return EngineCalibration(step=fit.coefficients, engine=limits, target=base, model=model, fit=summary,
+                             measurements=tuple(measurements))

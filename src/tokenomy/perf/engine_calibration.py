@@ -1,0 +1,131 @@
+"""A measured engine as the simulator's performance model: ``tokenomy perf profile`` writes it,
+``tokenomy sim --calibration FILE`` reads it.
+
+The file (JSON, schema ``tokenomy.perf-calibration/1``) holds the fitted step-time coefficients
+(:mod:`tokenomy.perf.stepfit`), the engine limits the profiler read from the target (block size,
+KV blocks, token budget per step, batch size), the fit's errors and every raw measurement, so a
+calibration can be refitted or audited. :class:`CalibratedPerfModel` prices steps with the
+fitted coefficients and sizes the KV cache as the engine reported it; everything else (KV bytes
+per token, links, prices) stays the catalog model's and GPU's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenomy.core.step import StepShape
+from tokenomy.perf.coefficients import Coefficients
+from tokenomy.perf.hardware import GPUSpec
+from tokenomy.perf.model import DEFAULT_ACTIVATION_RESERVE_BYTES, PerfModel
+from tokenomy.perf.models import ModelSpec
+from tokenomy.perf.stepfit import Measurement, StepCoefficients
+
+SCHEMA = "tokenomy.perf-calibration/1"
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the profiled engine was configured with (vLLM's names); None: not known."""
+
+    block_size_tokens: int | None = None
+    num_gpu_blocks: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in self.__dict__.items():
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"engine {name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EngineCalibration:
+    """One profiled engine: ``step`` coefficients, its ``engine`` limits, the fit's ``fit`` summary
+    and the ``measurements`` they came from; ``target`` and ``model`` say what was profiled."""
+
+    step: StepCoefficients
+    engine: EngineLimits = field(default_factory=EngineLimits)
+    target: str = ""
+    model: str = ""
+    fit: dict[str, Any] = field(default_factory=dict)
+    measurements: tuple[Measurement, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "target": self.target, "model": self.model, "step": self.step.to_dict(),
+            "engine": {k: v for k, v in self.engine.__dict__.items() if v is not None}, "fit": self.fit,
+            "measurements": [{"kind": m.kind, "time_s": m.time_s, "steps": [_shape_dict(s) for s in m.steps]}
+                             for m in self.measurements],
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "calibration") -> EngineCalibration:
+        if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
+            raise ValueError(f"{where}: not a {SCHEMA} file (written by `tokenomy perf profile`)")
+        try:
+            return cls(
+                step=StepCoefficients.from_dict(raw["step"]),
+                engine=EngineLimits(**raw.get("engine", {})),
+                target=str(raw.get("target", "")), model=str(raw.get("model", "")), fit=dict(raw.get("fit", {})),
+                measurements=tuple(Measurement(m["kind"], tuple(StepShape(**s) for s in m["steps"]), float(m["time_s"]))
+                                   for m in raw.get("measurements", [])),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: malformed calibration ({exc.__class__.__name__}: {exc})") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    def perf_model(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1) -> CalibratedPerfModel:
+        return CalibratedPerfModel(model, gpu, tp, self)
+
+
+def _shape_dict(s: StepShape) -> dict[str, float]:
+    return {k: getattr(s, k) for k in StepShape.__slots__ if getattr(s, k)}
+
+
+def load_calibration(path: str | Path) -> EngineCalibration:
+    """Read a calibration file; ValueError naming the file when it is missing or malformed."""
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except OSError as exc:
+        raise ValueError(f"--calibration {p}: cannot read ({exc.__class__.__name__})") from None
+    except json.JSONDecodeError:
+        raise ValueError(f"--calibration {p}: not valid JSON") from None
+    return EngineCalibration.from_dict(raw, f"--calibration {p}")
+
+
+class CalibratedPerfModel(PerfModel):
+    """:class:`PerfModel` whose steps cost what the profiled engine's fitted coefficients say and
+    whose KV cache holds what the engine reported (when it did; else the catalog's estimate)."""
+
+    __slots__ = ("calibration",)
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tp: int, calibration: EngineCalibration) -> None:
+        super().__init__(model, gpu, tp, Coefficients())
+        self.calibration = calibration
+
+    def step_time_s(self, shape: StepShape) -> float:
+        return self.calibration.step.step_time_s(shape)
+
+    def decode_run(self, batch: int, first_context_tokens: int, num_steps: int) -> tuple[list[float], list[float]]:
+        """Same contract as :meth:`PerfModel.decode_run`: step ``j`` reads ``first + batch * j`` tokens."""
+        if batch < 1 or num_steps < 1:
+            raise ValueError(f"batch and num_steps must be >= 1, got {batch} and {num_steps}")
+        shapes: Sequence[StepShape] = [StepShape(decode_seqs=batch, decode_context_tokens=first_context_tokens + batch * j)
+                                       for j in range(num_steps)]
+        return [self.step_time_s(s) for s in shapes], [self.step_flops(s) for s in shapes]
+
+    def kv_capacity_tokens(
+        self, gpu_memory_utilization: float = 0.9, activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES
+    ) -> int:
+        e = self.calibration.engine
+        if e.num_gpu_blocks is not None and e.block_size_tokens is not None:
+            return e.num_gpu_blocks * e.block_size_tokens
+        return super().kv_capacity_tokens(gpu_memory_utilization, activation_reserve_bytes)

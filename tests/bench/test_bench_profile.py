@@ -1,0 +1,88 @@
+"""`tokenomy perf profile` end to end against our emulator, whose true step times we know: the
+emulator prices every step with the roofline model, so the fitted calibration must reproduce it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tokenomy.cli.main import main
+from tokenomy.perf import PerfModel
+from tokenomy.perf.engine_calibration import load_calibration
+from tokenomy.perf.stepfit import decode_step, prefill_steps
+
+SLOW = 3.0
+"""Wall seconds per modelled second of the profiled emulator."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[str]:
+    port = _free_port()
+    # Modelled time runs SLOW times slower than the wall clock, so the HTTP and tokenizing work a
+    # client also times (and a busy test machine's hiccups) stay small next to the steps.
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.emulator", "--port", str(port), "--log-level", "warning",
+                             "--time-scale", str(SLOW)], stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, "the emulator exited"
+            try:
+                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the emulator did not become healthy"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.integration
+def test_profile_recovers_the_emulators_step_times(emulator: str, tmp_path: Path) -> None:
+    out = tmp_path / "cal.json"
+    rc = main(["perf", "profile", "--target", emulator, "--out", str(out), "--prompt-tokens", "64,512,2048,8192",
+               "--batches", "1,8,32", "--contexts", "256,2048", "--decode-tokens", "24", "--repeats", "1",
+               "--seed", "1", "--quiet"])
+    assert rc == 0
+    cal = load_calibration(out)
+    # The engine's limits come from the emulator itself.
+    assert cal.engine.block_size_tokens == 16 and cal.engine.max_num_batched_tokens == 8192
+    assert cal.engine.num_gpu_blocks and cal.engine.max_model_len == 32768
+    assert cal.model == "llama-3.1-8b" and cal.fit["points"] == len(cal.measurements) >= 10
+    # Shapes the profile never measured, priced by the fit and by the emulator's own model.
+    truth = PerfModel.from_names("llama-3.1-8b", "h100")
+    for steps in (prefill_steps(1000, 8192), prefill_steps(4000, 8192), (decode_step(16, 16 * 1000),),
+                  (decode_step(64, 64 * 500),)):
+        want = sum(truth.step_time_s(s) for s in steps)
+        got = sum(cal.step.step_time_s(s) for s in steps) / SLOW
+        assert got == pytest.approx(want, rel=0.2), steps
+
+
+@pytest.mark.integration
+def test_profile_of_an_unreachable_target_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["perf", "profile", "--target", f"http://127.0.0.1:{_free_port()}", "--model", "m", "--quiet"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "profile request" in err and "connect_error" in err and "Traceback" not in err
+    assert main(["perf", "profile", "--target", "ftp://x", "--model", "m"]) == 2
+    assert main(["perf", "profile", "--target", "http://x", "--model", "m", "--decode-tokens", "2"]) == 2
