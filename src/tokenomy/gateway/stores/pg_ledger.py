@@ -1,0 +1,150 @@
+"""The usage ledger in PostgreSQL (SQLAlchemy async, asyncpg): one ledger for every gateway replica.
+
+Same contract as the embedded ``SqlLedger``: one event per request id (``INSERT ... ON CONFLICT
+(request_id) DO NOTHING``, so a retried write never counts twice), durable before the client sees
+completion (``record`` returns once the transaction holding the event has committed), and writes
+are group-committed: events recorded while a commit is in flight go together in the next one, so
+concurrent requests share one round trip. A failed commit fails every request of its group;
+nothing is dropped silently.
+
+Spend is rebuilt from here at start-up (``spend_by_key``) for the budget store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import asdict, fields
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from tokenomy.gateway.ledger import UsageEvent, UsageFilter, usage_events
+from tokenomy.gateway.metering import SessionState
+
+log = logging.getLogger(__name__)
+_FIELDS = tuple(f.name for f in fields(UsageEvent))
+
+
+def async_pg_url(url: str) -> str:
+    """``postgresql://`` and ``postgres://`` URLs with the asyncpg driver."""
+    for prefix in ("postgresql+asyncpg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+asyncpg://" + url[len(prefix):]
+    raise ValueError(f"not a PostgreSQL URL: {url!r}")
+
+
+class PgLedger:
+    """``Ledger`` on PostgreSQL. Create it inside the event loop that will use it, then ``await
+    start()``; ``pool_size``: connections kept open (group commit needs one; reads use the rest)."""
+
+    def __init__(self, url: str, pool_size: int = 5, max_batch: int = 512, timeout_s: float = 5.0) -> None:
+        self.engine: AsyncEngine = create_async_engine(
+            async_pg_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True,
+            pool_timeout=timeout_s, connect_args={"timeout": timeout_s, "command_timeout": timeout_s})
+        self.max_batch = max_batch
+        self._pending: list[tuple[UsageEvent, asyncio.Future[None]]] = []
+        self._wake: asyncio.Event | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._insert = postgresql.insert(usage_events).on_conflict_do_nothing(index_elements=["request_id"])
+
+    async def start(self) -> PgLedger:
+        async with self.engine.begin() as conn:
+            await conn.run_sync(usage_events.metadata.create_all, tables=[usage_events])
+        self._wake = asyncio.Event()
+        self._writer = asyncio.get_running_loop().create_task(self._run(), name="pg-ledger-writer")
+        return self
+
+    async def record(self, event: UsageEvent, alone: bool = False) -> None:
+        """Store ``event`` durably (returns after its commit); a second event with the same id is ignored."""
+        if self._wake is None:
+            raise RuntimeError("PgLedger.start() was not awaited")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((event, fut))
+        self._wake.set()
+        await fut
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+                error: BaseException | None = None
+                try:
+                    async with self.engine.begin() as conn:
+                        await conn.execute(self._insert, [asdict(e) for e, _ in batch])
+                except asyncio.CancelledError:
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(RuntimeError("ledger closed before the event was committed"))
+                    raise
+                except Exception as e:  # every request of the group learns its event is not stored
+                    log.warning("ledger commit of %d events failed: %s", len(batch), e)
+                    error = e
+                for _, fut in batch:
+                    if not fut.done():
+                        if error is None:
+                            fut.set_result(None)
+                        else:
+                            fut.set_exception(error)
+
+    async def session_state(self, key_id: str, session_id: str) -> SessionState | None:
+        t = usage_events.c
+        stmt = (sa.select(t.turn, t.prompt_tokens, t.output_tokens)
+                .where(t.key_id == key_id, t.session_id == session_id, t.outcome == "ok")
+                .order_by(t.turn.desc()).limit(1))
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(stmt)).first()
+        return None if row is None else SessionState(int(row[0]), int(row[1]), int(row[2]))
+
+    async def exists(self, request_id: str) -> bool:
+        return await self.cost(request_id) is not None
+
+    async def cost(self, request_id: str) -> float | None:
+        """The recorded cost of ``request_id``, None when it has no event."""
+        t = usage_events.c
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(sa.select(t.cost_usd).where(t.request_id == request_id))).first()
+        return None if row is None else float(row[0])
+
+    async def spend_by_key(self, since_s: float) -> dict[str, float]:
+        """Each key's recorded cost since ``since_s`` (seeding the budget store)."""
+        c = usage_events.c
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(sa.select(c.key_id, sa.func.sum(c.cost_usd)).where(c.ts_s >= since_s)
+                                       .group_by(c.key_id))).all()
+        return {str(k): float(v or 0.0) for k, v in rows}
+
+    async def fetch(self, flt: UsageFilter) -> list[UsageEvent]:
+        t = usage_events.c
+        stmt = sa.select(usage_events)
+        if flt.tenant_prefix:
+            p = flt.tenant_prefix.strip("/")
+            stmt = stmt.where(sa.or_(t.tenant_path == p, t.tenant_path.startswith(p + "/", autoescape=True)))
+        for col, val in ((t.key_id, flt.key_id), (t.model, flt.model), (t.session_id, flt.session_id)):
+            if val is not None:
+                stmt = stmt.where(col == val)
+        if flt.since_s is not None:
+            stmt = stmt.where(t.ts_s >= flt.since_s)
+        if flt.until_s is not None:
+            stmt = stmt.where(t.ts_s < flt.until_s)
+        stmt = stmt.order_by(t.ts_s, t.request_id).limit(flt.limit)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(stmt)).all()
+        return [UsageEvent(**dict(zip(_FIELDS, row, strict=True))) for row in rows]
+
+    async def aclose(self) -> None:
+        if self._writer is not None:
+            for _ in range(1000):  # let queued events commit or fail first (bounded: 10 s)
+                if not self._pending:
+                    break
+                await asyncio.sleep(0.01)
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+            self._writer = None
+        await self.engine.dispose()
