@@ -193,6 +193,13 @@ class PostgresServer:
         finally:
             log.close()
         _wait_port(self.port, self.proc, timeout_s, "postgres")
+        deadline = time.monotonic() + timeout_s  # listening is not accepting: wait out start-up
+        isready = [str(self.bindir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port), "-U", "tokenomy",
+                   "-d", "postgres"]
+        while subprocess.run(isready, check=False, timeout=10).returncode != 0:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise TimeoutError(f"postgres on port {self.port} did not accept connections in {timeout_s:.0f} s")
+            time.sleep(0.05)
         return self
 
     def stop(self, remove: bool = True) -> None:
