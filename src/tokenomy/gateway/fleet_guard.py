@@ -77,7 +77,14 @@ class SpendLedger(Protocol):
 
     async def cost(self, request_id: str) -> float | None: ...
 
-    async def spend_by_key(self, since_s: float) -> dict[str, float]: ...
+    async def spend_snapshot(self, since_s: dict[str, float]) -> tuple[dict[str, dict[str, float]], str]: ...
+
+    def pop_xid(self, request_id: str) -> int | None: ...
+
+    @property
+    def failed_at_s(self) -> float | None:
+        """Monotonic time of the last failed commit; None once a commit succeeded."""
+        ...
 
 
 @dataclass(slots=True)
@@ -116,8 +123,7 @@ class FleetGuard(OpsGuard):
     async def seed(self) -> bool:
         """Write the ledger's spend for the current periods into Redis, once per Redis data set."""
         now = self.clock()
-        starts = period_starts_s(now)
-        by_period = {p: await self.ledger.spend_by_key(s) for p, s in starts.items()}
+        by_period, snapshot = await self.ledger.spend_snapshot(period_starts_s(now))
         tree = self.store.tree
         totals: dict[Charge, float] = defaultdict(float)
         for key in tree.nodes():
@@ -126,7 +132,7 @@ class FleetGuard(OpsGuard):
             for node_id in tree.path(key.id):
                 period = tree.get(node_id).limits.budget_period
                 totals[(node_id, period_key(period, now))] += by_period[period].get(key.id, 0.0)
-        seeded = await self.r_holds.seed(totals, self.owner)
+        seeded = await self.r_holds.seed(totals, snapshot)
         if seeded:
             log.info("fleet guard: seeded %d budget charges from the ledger", len(totals))
         return seeded
@@ -189,6 +195,14 @@ class FleetGuard(OpsGuard):
             raise GatewayError(401, "invalid or revoked API key", type="authentication_error",
                                code="invalid_api_key")
         path = self.store.tree.path_nodes(node.id)
+        failed = self.ledger.failed_at_s
+        if failed is not None and time.monotonic() - failed < self.shared.on_outage.retry_after_s:
+            # the ledger cannot record: serve nothing that could not be metered (after retry-after
+            # seconds requests go through again, and the first commit that works ends the outage)
+            self.metrics.refusals.labels("ledger_unavailable").inc()
+            raise GatewayError(503, "the usage ledger is unavailable; retry shortly", type="server_error",
+                               code="ledger_unavailable",
+                               headers={"retry-after": str(self.shared.on_outage.retry_after_s)})
         try:
             try:
                 return await self._admit_steps(request, node, path)
@@ -343,7 +357,8 @@ class FleetGuard(OpsGuard):
         now = self.clock()
         rid = admission.request_id
         try:
-            hold = await self.r_holds.settle(rid, usage.cost_usd)
+            charges = self._charges(flight.path, flight.started_s)[0]
+            hold = await self.r_holds.settle(rid, usage.cost_usd, self.ledger.pop_xid(rid), charges)
             await self.r_limits.correct_tokens(flight.grant, usage.prompt_tokens + usage.output_tokens, now)
             await self.r_limits.finish(flight.grant, rid)
             await self.r_breakers.finish(admission.key_id, flight.session_id, flight.worst_usd, usage.cost_usd)

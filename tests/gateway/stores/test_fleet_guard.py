@@ -69,7 +69,7 @@ def fleet(tmp_path: Path, redis_srv: RedisServer, pg_srv: PostgresServer, body: 
     team = setup.create_node(NodeKind.TEAM, "team", org.id)
     keys = {"budgeted": setup.create_key(team.id, "budgeted", NodeLimits(budget_usd=0.015))[1],
             "free": setup.create_key(team.id, "free", NodeLimits(rpm=1000))[1]}
-    cfg = SharedStoresConfig(redis_url=redis_srv.url, postgres_url=pg_srv.url, lease_s=2.0, **shared)
+    cfg = SharedStoresConfig(redis_url=redis_srv.url, postgres_url=pg_srv.url, lease_s=2.0, timeout_s=5.0, **shared)
     ops = ops_config(FakeConfig({"server_secret": SECRET}))
 
     async def main() -> Any:

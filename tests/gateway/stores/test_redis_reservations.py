@@ -131,9 +131,26 @@ def test_an_unseeded_redis_admits_nothing_until_seeded_once(redis_srv: RedisServ
     async def body(a: RedisReservations, b: RedisReservations) -> None:
         with pytest.raises(Unseeded):
             await a.reserve(hold("r1", 0.1), {KEY: 1.0}, T0)
-        assert await a.seed({KEY: 0.95}, "replica-a")  # spend from the ledger
-        assert not await b.seed({KEY: 0.0}, "replica-b")  # a second seed changes nothing
+        assert await a.seed({KEY: 0.95}, "1:1:")  # spend from the ledger
+        assert not await b.seed({KEY: 0.0}, "2:2:")  # a second seed changes nothing
         refusal = await b.reserve(hold("r1", 0.1), {KEY: 1.0}, T0)
         assert refusal is not None and refusal.spent_usd == 0.95
 
     run_with(redis_srv, body, replicas=2, seed=False)
+
+
+def test_after_redis_lost_its_data_a_settle_counts_exactly_what_the_rebuilt_spend_missed(redis_srv: RedisServer) -> None:
+    async def body(a: RedisReservations) -> None:
+        # spend rebuilt from a ledger snapshot that saw transactions < 100 and 100..104 but 102
+        assert await a.seed({KEY: 1.0}, "100:105:102")
+        charges = (KEY, TEAM)
+        assert await a.settle("seen", 0.1, ledger_xid=99, charges=charges) is None  # counted by the seed
+        assert await a.settle("in-progress", 0.2, ledger_xid=102, charges=charges) is not None
+        assert await a.settle("later", 0.4, ledger_xid=106, charges=charges) is not None
+        assert await a.settle("later", 0.4, ledger_xid=106, charges=charges) is None  # once
+        assert await a.settle("no-xid", 0.8, charges=charges) is None  # unknown: never guessed
+        spent, _ = await a.usage(KEY)
+        assert round(spent, 9) == 1.6
+        assert round((await a.usage(TEAM))[0], 9) == 0.6
+
+    run_with(redis_srv, body, seed=False)

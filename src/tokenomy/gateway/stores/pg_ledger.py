@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import asdict, fields
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -49,12 +51,21 @@ class PgLedger:
         self._wake: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
         self._insert = postgresql.insert(usage_events).on_conflict_do_nothing(index_elements=["request_id"])
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.failed_at_s: float | None = None  # monotonic time of the last failed commit, None after a good one
+        # request id -> the transaction id that committed its event, until ``pop_xid`` (the guard's
+        # settle) takes it; bounded (a request recorded but never settled must not grow it forever)
+        self._xids: dict[str, int] = {}
 
     async def start(self) -> PgLedger:
+        """Create the table when missing and start the writer (idempotent)."""
+        if self._writer is not None:
+            return self
         async with self.engine.begin() as conn:
             await conn.run_sync(usage_events.metadata.create_all, tables=[usage_events])
+        self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._writer = asyncio.get_running_loop().create_task(self._run(), name="pg-ledger-writer")
+        self._writer = self._loop.create_task(self._run(), name="pg-ledger-writer")
         return self
 
     async def record(self, event: UsageEvent, alone: bool = False) -> None:
@@ -77,14 +88,22 @@ class PgLedger:
                 try:
                     async with self.engine.begin() as conn:
                         await conn.execute(self._insert, [asdict(e) for e, _ in batch])
+                        xid = int((await conn.execute(sa.text("SELECT pg_current_xact_id()::text"))).scalar_one())
                 except asyncio.CancelledError:
                     for _, fut in batch:
                         if not fut.done():
                             fut.set_exception(RuntimeError("ledger closed before the event was committed"))
                     raise
-                except Exception as e:  # every request of the group learns its event is not stored
-                    log.warning("ledger commit of %d events failed: %s", len(batch), e)
-                    error = e
+                except Exception as exc:  # every request of the group learns its event is not stored
+                    log.warning("ledger commit of %d events failed: %s", len(batch), exc)
+                    error = exc
+                    self.failed_at_s = time.monotonic()
+                else:
+                    self.failed_at_s = None
+                    if len(self._xids) > 100_000:
+                        self._xids.clear()
+                    for ev, _ in batch:
+                        self._xids[ev.request_id] = xid
                 for _, fut in batch:
                     if not fut.done():
                         if error is None:
@@ -111,6 +130,25 @@ class PgLedger:
             row = (await conn.execute(sa.select(t.cost_usd).where(t.request_id == request_id))).first()
         return None if row is None else float(row[0])
 
+    def pop_xid(self, request_id: str) -> int | None:
+        """The ledger transaction that committed ``request_id``'s event (once), None if unknown."""
+        return self._xids.pop(request_id, None)
+
+    async def spend_snapshot(self, since_s: dict[str, float]) -> tuple[dict[str, dict[str, float]], str]:
+        """Each key's cost since each ``since_s[period]``, and the snapshot (``xmin:xmax:xip,...``)
+        the sums were read in, in one repeatable-read transaction."""
+        c = usage_events.c
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="REPEATABLE READ")
+            async with conn.begin():
+                snapshot = str((await conn.execute(sa.text("SELECT pg_current_snapshot()::text"))).scalar_one())
+                out: dict[str, dict[str, float]] = {}
+                for period, since in since_s.items():
+                    rows = (await conn.execute(sa.select(c.key_id, sa.func.sum(c.cost_usd))
+                                               .where(c.ts_s >= since).group_by(c.key_id))).all()
+                    out[period] = {str(k): float(v or 0.0) for k, v in rows}
+        return out, snapshot
+
     async def spend_by_key(self, since_s: float) -> dict[str, float]:
         """Each key's recorded cost since ``since_s`` (seeding the budget store)."""
         c = usage_events.c
@@ -136,6 +174,25 @@ class PgLedger:
         async with self.engine.connect() as conn:
             rows = (await conn.execute(stmt)).all()
         return [UsageEvent(**dict(zip(_FIELDS, row, strict=True))) for row in rows]
+
+    # --- the blocking part of the ``Ledger`` contract (called from worker threads) ----------------
+
+    def _blocking(self, coro: Any) -> Any:
+        if self._loop is None:
+            raise RuntimeError("PgLedger.start() was not awaited")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=60)
+
+    def query(self, flt: UsageFilter) -> list[UsageEvent]:
+        """``fetch`` for a worker thread (``GET /v1/usage`` runs ``ledger.query`` in one)."""
+        return list(self._blocking(self.fetch(flt)))
+
+    def cost_usd(self, request_id: str) -> float | None:
+        """``cost`` for a worker thread."""
+        cost: float | None = self._blocking(self.cost(request_id))
+        return cost
+
+    def close(self) -> None:
+        """Closing needs the event loop: ``aclose`` does it (the app's shutdown awaits it)."""
 
     async def aclose(self) -> None:
         if self._writer is not None:

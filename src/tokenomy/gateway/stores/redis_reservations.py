@@ -17,7 +17,9 @@ so a replica that was only slow (its hold reclaimed under it) still charges its 
 Spend is rebuilt from the ledger: ``seed`` writes the ledger's spend in one script, only when the
 Redis data set has not been seeded (``tk:seeded`` absent: a new or restarted Redis). Until then
 ``reserve`` answers ``Unseeded`` and the caller seeds first, so an empty Redis never admits
-against zero spend.
+against zero spend. ``tk:seeded`` keeps the PostgreSQL snapshot the spend was read in; a request
+admitted before Redis lost its data settles afterwards with its event's transaction id, and is
+charged exactly when that snapshot did not count it: nothing twice, nothing lost.
 
 Keys: ``tk:bu:{node}:{period}`` hash (spent, reserved); ``tk:hold:{request id}`` hash
 (charges, amount); ``tk:holds`` sorted set (request id by lease expiry); ``tk:rc:{request id}``
@@ -64,21 +66,45 @@ redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 return {'ok'}
 """
 
-# KEYS: hold, holds zset, reclaim marker; ARGV: request id, actual cost (settle) or '' (release),
-# prefix, mode ('finish' | 'reclaim' with ARGV[5] = now: only if the lease has passed)
+# KEYS: hold, holds zset, marker, seeded flag
+# ARGV: 1 request id, 2 actual cost (settle) or '' (release), 3 prefix,
+#       4 mode ('finish' | 'reclaim': only if the lease has passed at ARGV[5] = now), 6 marker ttl,
+#       7 the ledger transaction id of the request's event ('' unknown), 8 its charges json
+# Markers: a reclaimed hold leaves 'settled' or its charges (released: a late settle charges them).
+# A settle that finds neither hold nor marker comes after Redis lost its data: its cost is added
+# unless the ledger snapshot the spend was rebuilt from (tk:seeded = 'xmin:xmax:xip,...') saw it.
 _FINISH = """
 local rid, actual, prefix, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local function add_spent(charges_json)
+  for _, c in ipairs(cjson.decode(charges_json)) do
+    redis.call('HINCRBYFLOAT', prefix .. 'bu:' .. c[1] .. ':' .. c[2], 'spent', actual)
+  end
+end
+local function seen_by_seed(xid)
+  local snap = redis.call('GET', KEYS[4])
+  if snap == false then return false end
+  local xmin, xmax, xip = string.match(snap, '^(%d+):(%d+):(.*)$')
+  if xmin == nil then return false end
+  xid = tonumber(xid)
+  if xid < tonumber(xmin) then return true end
+  if xid >= tonumber(xmax) then return false end
+  for x in string.gmatch(xip, '%d+') do if tonumber(x) == xid then return false end end
+  return true
+end
 local h = redis.call('HMGET', KEYS[1], 'charges', 'amount')
 if h[1] == false then
-  if mode == 'finish' and actual ~= '' then
-    local charges = redis.call('GET', KEYS[3])
-    if charges then
-      redis.call('DEL', KEYS[3])
-      for _, c in ipairs(cjson.decode(charges)) do
-        redis.call('HINCRBYFLOAT', prefix .. 'bu:' .. c[1] .. ':' .. c[2], 'spent', actual)
-      end
-      return {'late', charges, '0'}
-    end
+  if mode ~= 'finish' or actual == '' then return {'none'} end
+  local marker = redis.call('GET', KEYS[3])
+  if marker == 'settled' or marker == 'done' then return {'none'} end
+  if marker then
+    redis.call('SET', KEYS[3], 'done', 'EX', ARGV[6])
+    add_spent(marker)
+    return {'late', marker, '0'}
+  end
+  if ARGV[7] ~= '' and ARGV[8] ~= '' and not seen_by_seed(ARGV[7]) then
+    redis.call('SET', KEYS[3], 'done', 'EX', ARGV[6])
+    add_spent(ARGV[8])
+    return {'late', ARGV[8], '0'}
   end
   return {'none'}
 end
@@ -95,7 +121,10 @@ for _, c in ipairs(cjson.decode(h[1])) do
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], rid)
-if mode == 'reclaim' and actual == '' then redis.call('SET', KEYS[3], h[1], 'EX', ARGV[6]) end
+if mode == 'reclaim' then
+  if actual == '' then redis.call('SET', KEYS[3], h[1], 'EX', ARGV[6])
+  else redis.call('SET', KEYS[3], 'settled', 'EX', ARGV[6]) end
+end
 return {'held', h[1], h[2]}
 """
 
@@ -137,11 +166,13 @@ class RedisReservations:
     async def is_seeded(self) -> bool:
         return bool(await self.redis.exists(self.seeded_key))
 
-    async def seed(self, spent: Mapping[Charge, float], owner: str) -> bool:
-        """Write the ledger's spend, unless Redis was seeded already (True when this call did)."""
+    async def seed(self, spent: Mapping[Charge, float], snapshot: str) -> bool:
+        """Write the ledger's spend, unless Redis was seeded already (True when this call did).
+        ``snapshot``: the ledger's ``pg_current_snapshot()`` the spend was read in (which events
+        it counted), or any other tag when none applies."""
         charges = list(spent)
         keys = [self.seeded_key, *(self._usage_key(c) for c in charges)]
-        return bool(await self._seed(keys=keys, args=[owner, *(repr(float(spent[c])) for c in charges)]))
+        return bool(await self._seed(keys=keys, args=[snapshot, *(repr(float(spent[c])) for c in charges)]))
 
     async def reserve(self, hold: Hold, budgets_usd: Mapping[Charge, float], now_s: float) -> Refusal | None:
         """Record ``hold`` with a lease to ``now_s + lease_s`` if it fits every budget (None),
@@ -158,19 +189,26 @@ class RedisReservations:
         charge = hold.charges[int(out[1]) - 1]
         return Refusal(charge, budgets_usd[charge], float(out[2]), float(out[3]))
 
-    async def _finish(self, request_id: str, actual: str, mode: str, now_s: float = 0.0) -> tuple[str, Hold | None]:
-        keys = [self._hold_key(request_id), self.holds_key, self._marker_key(request_id)]
+    async def _finish(self, request_id: str, actual: str, mode: str, now_s: float = 0.0, ledger_xid: int | None = None,
+                      charges: tuple[Charge, ...] = ()) -> tuple[str, Hold | None]:
+        keys = [self._hold_key(request_id), self.holds_key, self._marker_key(request_id), self.seeded_key]
         out = [_s(x) for x in await self._finish_script(
-            keys=keys, args=[request_id, actual, self.prefix, mode, repr(float(now_s)), _MARKER_TTL_S])]
+            keys=keys, args=[request_id, actual, self.prefix, mode, repr(float(now_s)), _MARKER_TTL_S,
+                             "" if ledger_xid is None else str(ledger_xid), json.dumps(charges) if charges else ""])]
         if out[0] in ("held", "late"):
             charges = tuple((str(n), str(p)) for n, p in json.loads(out[1]))
             return out[0], Hold(request_id, charges, float(out[2]), 0.0)
         return out[0], None
 
-    async def settle(self, request_id: str, actual_usd: float) -> Hold | None:
+    async def settle(self, request_id: str, actual_usd: float, ledger_xid: int | None = None,
+                     charges: tuple[Charge, ...] = ()) -> Hold | None:
         """Charge ``actual_usd`` and drop the hold; None when nothing was held (a second call).
-        A hold reclaimed under a slow replica is charged here all the same (amount 0)."""
-        return (await self._finish(request_id, repr(float(actual_usd)), "finish"))[1]
+
+        A hold reclaimed under a slow replica is charged here all the same (amount 0). A hold that
+        Redis lost (restarted empty) is charged to ``charges`` unless the ledger snapshot the spend
+        was rebuilt from already counted the event (``ledger_xid``: its ledger transaction id)."""
+        return (await self._finish(request_id, repr(float(actual_usd)), "finish", ledger_xid=ledger_xid,
+                                   charges=charges))[1]
 
     async def release(self, request_id: str) -> Hold | None:
         return (await self._finish(request_id, "", "finish"))[1]

@@ -39,7 +39,7 @@ class SharedStoresConfig(BaseModel):
     lease_s: float = Field(default=30.0, gt=0, description="a dead replica's slots and holds are reclaimed "
                                                            "this long after its last heartbeat")
     heartbeat_s: float | None = Field(default=None, gt=0, description="lease renewal period; None: lease_s / 3")
-    timeout_s: float = Field(default=0.5, gt=0, description="a Redis call slower than this counts as an outage")
+    timeout_s: float = Field(default=1.0, gt=0, description="a Redis call slower than this counts as an outage")
     redis_pool_size: int = Field(default=16, ge=1, description="Redis connections per replica")
     postgres_pool_size: int = Field(default=5, ge=1, description="PostgreSQL connections per replica")
     tenants_refresh_s: float = Field(default=1.0, gt=0, description="how often a replica reloads a changed "
