@@ -56,8 +56,8 @@ from _emulated import _stop, cluster, free_port
 
 from tokenomy.bench import BenchConfig, run_bench
 from tokenomy.core import SLO, RequestRecord, Session
-from tokenomy.gateway.backends import parse_prometheus
-from tokenomy.gateway.keys import new_api_key
+from tokenomy.gateway.ops.keys import new_api_key
+from tokenomy.gateway.routing.backends import parse_prometheus
 from tokenomy.metrics.summary import Summary
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.variants import make_variant

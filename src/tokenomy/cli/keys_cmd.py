@@ -34,7 +34,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from tokenomy.gateway.tenancy import NodeKind
+    from tokenomy.gateway.ops.tenancy import NodeKind
 
     store = open_store(args)
     print_nodes([n for n in store.tree.nodes() if n.kind is NodeKind.KEY], store.key_hints())
@@ -48,7 +48,7 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 def _new(args: argparse.Namespace) -> int:
-    from tokenomy.gateway.keys import new_api_key
+    from tokenomy.gateway.ops.keys import new_api_key
 
     print(new_api_key())
     return 0

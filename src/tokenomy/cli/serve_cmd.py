@@ -18,8 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from tokenomy.gateway.app import build_app
     from tokenomy.gateway.config import load_config
+    from tokenomy.gateway.http.app import build_app
 
     config = load_config(args.config)
     server = config.server

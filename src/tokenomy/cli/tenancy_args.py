@@ -26,7 +26,7 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
 def limits_from(args: argparse.Namespace) -> Any:
     from pydantic import ValidationError
 
-    from tokenomy.gateway.tenancy import NodeLimits
+    from tokenomy.gateway.ops.tenancy import NodeLimits
 
     data: dict[str, Any] = {"rpm": args.rpm, "tpm": args.tpm, "max_concurrent": args.max_concurrent,
                             "budget_usd": args.budget_usd, "budget_period": args.budget_period,
@@ -43,7 +43,7 @@ def limits_from(args: argparse.Namespace) -> Any:
 
 def open_store(args: argparse.Namespace) -> Any:
     from tokenomy.gateway.config import load_config
-    from tokenomy.gateway.ops_config import open_tenant_store
+    from tokenomy.gateway.ops.config import open_tenant_store
 
     config = load_config(args.config)
     return open_tenant_store(config, config.ledger.url)

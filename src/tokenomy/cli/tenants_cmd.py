@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from tokenomy.gateway.tenancy import NodeKind
+    from tokenomy.gateway.ops.tenancy import NodeKind
 
     store = open_store(args)
     print_nodes([n for n in store.tree.nodes() if n.kind is not NodeKind.KEY])
@@ -44,7 +44,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
-    from tokenomy.gateway.tenancy import NodeKind
+    from tokenomy.gateway.ops.tenancy import NodeKind
 
     node = open_store(args).create_node(NodeKind(args.kind), args.name, args.parent, limits_from(args))
     print(node.id)

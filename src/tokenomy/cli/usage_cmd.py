@@ -40,8 +40,9 @@ def run_usage(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from tokenomy.gateway.errors import GatewayError
-    from tokenomy.gateway.ledger import SqlLedger, UsageFilter
-    from tokenomy.gateway.usage_api import group_usage, parse_time
+    from tokenomy.gateway.metering.ledger import UsageFilter
+    from tokenomy.gateway.metering.usage_api import group_usage, parse_time
+    from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
     try:
         since, until = parse_time(args.since, "since"), parse_time(args.until, "until")

@@ -6,7 +6,7 @@ routes with ``session_affinity`` and writes its ledger to ``tokenomy-ledger.db``
 the working directory.
 
 Token operations (tenancy, limits, budgets, breakers, admission, alerts) keep their own section,
-``ops``; its schema belongs to :mod:`tokenomy.gateway.ops` when that module exists, and is passed
+``ops``; its schema belongs to :mod:`tokenomy.gateway.ops.ops_guard` when that module exists, and is passed
 through as a mapping otherwise.
 """
 
@@ -18,7 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tokenomy.gateway.routing_config import RoutingConfig
+from tokenomy.gateway.ops.config import OpsConfig
+from tokenomy.gateway.routing.config import RoutingConfig
 
 DEFAULT_MODEL = "llama-3.1-8b"  # what `tokenomy up` serves by default
 
@@ -155,16 +156,12 @@ def _one_line(exc: ValidationError) -> str:
 def config_from_dict(data: dict[str, Any], source: str = "config") -> GatewayConfig:
     """Validate a mapping; ValueError with one line naming the source and the bad field.
 
-    The ``ops`` section is checked against token operations' schema when that module exists.
+    The ``ops`` section is checked against token operations' schema (:class:`OpsConfig`).
     """
     try:
         config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
         raise ValueError(f"{source}: {_one_line(exc)}") from None
-    try:
-        from tokenomy.gateway.ops import OpsConfig
-    except ImportError:
-        return config
     try:
         OpsConfig.model_validate(dict(config.ops))
     except ValidationError as exc:

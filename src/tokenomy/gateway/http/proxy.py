@@ -1,0 +1,213 @@
+"""The request path: parse -> admit -> route -> forward -> meter -> record -> settle.
+
+:meth:`Proxy.handle` runs the steps in this order, each once, each in its own module::
+
+    parse    tokenomy.gateway.http.parse        body and headers -> ParsedRequest (400 on bad input)
+    admit    tokenomy.gateway.ops.guard         Guard.admit: key, limits, budget holds, breakers
+    route    tokenomy.gateway.routing.route     Routing.route: backend (P/D: remote prefill, AMPD gates)
+    forward  tokenomy.gateway.routing.upstream  the request to the backend (retry others on
+                                                connection errors); streams relay through
+                                                tokenomy.gateway.http.streaming
+    meter    tokenomy.gateway.http.flight       Completion.meter: token classes and cost
+    record   tokenomy.gateway.metering.ledger   Completion.record: the usage event, durable
+    (the client sees completion)
+    settle   tokenomy.gateway.ops.guard         Completion.settle: holds -> what was used
+
+(a stream settles before its final chunk; a plain response settles right after it is written,
+in the same task, so the next request a client sends finds the request settled.)
+
+A failure before any usage, or a client that leaves before its first token, ends in
+``guard.release``; a stream cut by ``guard.on_tokens`` or left by its client after tokens were
+delivered is recorded and settled for what was delivered. Settle/release happen exactly once.
+Streams: the backend is always asked for usage (``stream_options.include_usage``); the usage
+chunk is held until the ledger row is durable and passed on only if the client asked for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+
+import orjson
+from starlette.responses import Response
+
+from tokenomy.gateway.config import GatewayConfig
+from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.http.flight import Completion, Flight, JsonBytes, Ticket
+from tokenomy.gateway.http.parse import Incoming, ParsedRequest, parse_request, read_json
+from tokenomy.gateway.http.streaming import stream_response
+from tokenomy.gateway.metering.ledger import Ledger
+from tokenomy.gateway.metering.meter import usage_numbers
+from tokenomy.gateway.metering.prom import GatewayMetrics
+from tokenomy.gateway.ops.guard import AdmitRequest, Guard
+from tokenomy.gateway.routing.backends import BackendPool
+from tokenomy.gateway.routing.route import Route, Routing
+from tokenomy.gateway.routing.upstream import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeout,
+)
+
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+class Proxy:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        pool: BackendPool,
+        routing: Routing,
+        ledger: Ledger,
+        guard: Guard,
+        metrics: GatewayMetrics,
+        upstream: UpstreamPool,
+    ) -> None:
+        self.config = config
+        self.upstream = upstream
+        self.pool = pool
+        self.routing = routing
+        self.ledger = ledger
+        self.guard = guard
+        self.metrics = metrics
+        self.completion = Completion(config, pool, ledger, guard, metrics)
+        self.known_models = frozenset(config.models())
+
+    # -- the chain -------------------------------------------------------------------------
+    async def handle(self, request: Incoming, endpoint: str) -> Response:
+        t0 = time.perf_counter()
+        req = await self.parse(request, endpoint)
+        ticket = await self.admit(request, req)
+        try:
+            self._cap_body(req, ticket)
+            route = await self.routing.route(req)
+            return await self.forward(req, ticket, route, t0)  # then meter, record, settle
+        except BaseException as exc:
+            await self.completion.release(ticket, f"error: {type(exc).__name__}")
+            raise
+
+    async def parse(self, request: Incoming, endpoint: str) -> ParsedRequest:
+        """The request, validated; a request id already in the ledger is refused (409)."""
+        body = await read_json(request, self.config.server.max_body_bytes)
+        req = parse_request(request, body, endpoint, self.known_models)
+        if req.client_named_id and await self.ledger.exists(req.request_id):
+            raise GatewayError(409, f"request id {req.request_id!r} was already used; send a new one",
+                               "invalid_request_error", "duplicate_request_id", "x-request-id")
+        return req
+
+    async def admit(self, request: Incoming, req: ParsedRequest) -> Ticket:
+        """The Guard's admission (API key, rate limits, budget holds, breakers, priority)."""
+        auth = request.headers.get("authorization", "")
+        api_key = auth[7:].strip() if auth[:7].lower() == "bearer " else None
+        max_tokens = req.max_tokens or self.config.server.default_max_tokens
+        admission = await self.guard.admit(
+            AdmitRequest(
+                request_id=req.request_id,
+                api_key=api_key,
+                model=req.model,
+                prompt_tokens_estimate=req.prompt_tokens_estimate,
+                max_tokens=max_tokens,
+                session_id=req.session_id or None,
+                prompt_fingerprint=req.fingerprint,
+                now_s=time.time(),
+            )
+        )
+        return Ticket(admission)
+
+    def _cap_body(self, req: ParsedRequest, ticket: Ticket) -> None:
+        """The body's output cap set to what the admission allows; streams always ask for usage."""
+        body = req.body
+        max_tokens = req.max_tokens or self.config.server.default_max_tokens
+        cap = ticket.admission.output_token_cap
+        limit = min(max_tokens, cap) if cap is not None else max_tokens
+        key = "max_completion_tokens" if req.endpoint == "chat" and "max_completion_tokens" in body else "max_tokens"
+        body[key] = limit
+        if req.stream:
+            opts = dict(body.get("stream_options") or {})
+            opts["include_usage"] = True
+            body["stream_options"] = opts
+
+    async def forward(self, req: ParsedRequest, ticket: Ticket, route: Route, t0: float) -> Response:
+        """Send the request to the route's backend (another one after a connection error); a
+        stream relays, a plain answer is metered and recorded here and settled once written."""
+        if route.kv_transfer_params is not None:
+            req.body["kv_transfer_params"] = route.kv_transfer_params
+        payload = orjson.dumps(req.body)
+        headers = {"content-type": "application/json", "x-request-id": req.request_id}
+        tried: set[str] = set()
+        for _attempt in range(self.config.server.retries + 1):
+            backend = route.pick(req, frozenset(tried))
+            tried.add(backend.instance_id)
+            flight = Flight(req, ticket, route, backend, t0)
+            if backend.config.api_key:
+                headers["authorization"] = f"Bearer {backend.config.api_key}"
+            backend.dispatched(req.request_id, req.prompt_tokens_estimate)
+            up0 = time.perf_counter()
+            try:
+                resp = await self.upstream.request("POST", backend.url + _PATHS[req.endpoint], payload, headers)
+            except UpstreamConnectError as exc:
+                backend.finished(req.request_id, None, 0)
+                self.metrics.upstream_failures.labels(backend.instance_id).inc()
+                self.pool.mark_down(backend, time.monotonic(), str(exc))
+                continue
+            except UpstreamError as exc:
+                backend.finished(req.request_id, None, 0)
+                raise GatewayError(504 if isinstance(exc, UpstreamTimeout) else 502,
+                                   f"backend {backend.instance_id}: {exc}", "server_error", "upstream_error") from None
+            if resp.status_code != 200:
+                return await self._pass_error(flight, resp)
+            if req.stream:
+                flight.upstream_s = time.perf_counter() - up0
+                return stream_response(self.completion, flight, resp)
+            try:
+                await resp.read()
+            except UpstreamError as exc:
+                backend.finished(req.request_id, None, 0)
+                raise GatewayError(502, f"backend {backend.instance_id}: {exc}", "server_error",
+                                   "upstream_error") from None
+            flight.upstream_s = time.perf_counter() - up0
+            return await self._complete(flight, resp)
+        raise GatewayError(502, f"no backend for {req.model!r} could be reached", "server_error", "upstream_unreachable")
+
+    async def _pass_error(self, flight: Flight, resp: UpstreamResponse) -> Response:
+        """A backend's own refusal (e.g. 400 context too long) reaches the client as it was."""
+        try:
+            await resp.read()
+        except UpstreamError:
+            resp.content = b""
+        finally:
+            await resp.aclose()
+            flight.backend.finished(flight.req.request_id, None, 0)
+        status = resp.status_code if resp.status_code < 500 else 502
+        self.metrics.count_request(flight.req.model, status)
+        content = resp.content
+        try:
+            parsed = json.loads(content)
+            ok = isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            msg = f"backend {flight.backend.instance_id} answered {resp.status_code}"
+            content = json.dumps(GatewayError(status, msg, "server_error", "upstream_error").body()).encode()
+        await self.completion.release(flight.ticket, f"upstream {resp.status_code}")
+        return JsonBytes(content, status, {"x-request-id": flight.req.request_id})
+
+    async def _complete(self, flight: Flight, resp: UpstreamResponse) -> Response:
+        req = flight.req
+        try:
+            data = orjson.loads(resp.content)
+        except ValueError:
+            flight.backend.finished(req.request_id, None, 0)
+            raise GatewayError(502, "backend answered with invalid JSON", "server_error", "upstream_error") from None
+        usage = data.get("usage") if isinstance(data, dict) else None
+        prompt, out, cached = usage_numbers(usage, req.prompt_tokens_estimate, 0)
+        flight.backend.finished(req.request_id, req.stream_key, prompt + out)
+        up1 = time.perf_counter()
+        done = self.completion
+        ev, settled = await done.meter_and_record(flight, prompt, out, cached, status=200, outcome="ok",
+                                                  end_s=up1)
+        headers = {"x-request-id": req.request_id, **flight.admission.headers}
+        self.metrics.added_latency.observe(max(0.0, time.perf_counter() - flight.t0 - flight.upstream_s))
+        return JsonBytes(resp.content, 200, headers, after=functools.partial(done.settle, flight, ev, settled))

@@ -1,0 +1,184 @@
+"""Budgets per tenant node and period: worst-case reservation before dispatch, actual cost after.
+
+A request is charged to every node on its path (org, team, key), each in the node's own period
+(``day``: ``2026-12-01``, ``month``: ``2026-12``, UTC). Before dispatch, ``reserve`` holds the
+worst case — prompt estimate at the input price + ``max_tokens`` at the output price — against
+all of them at once through a ``Reservations`` store; a node without a budget is charged too
+(its spend is reported) but never refuses. ``settle`` replaces the hold by the actual cost,
+``release`` drops it. Spend never exceeds a budget as long as the actual cost of each request is
+at most its worst case (the request path's prompt estimate must not undercount).
+
+Threshold alerts: ``settle`` reports each configured fraction (50/80/100%) a node's spend crossed
+with this request; a refusal reports 100% once per node and period (the budget is exhausted for
+requests of that size).
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.tenancy import Node
+from tokenomy.gateway.stores.reservations import Charge, Hold, Reservations
+
+
+class PriceLike(Protocol):
+    """USD per million tokens (the gateway config's ``Price``)."""
+
+    @property
+    def input_per_mtok(self) -> float: ...
+
+    @property
+    def output_per_mtok(self) -> float: ...
+
+
+def worst_case_cost_usd(price: PriceLike, prompt_tokens: int, max_tokens: int) -> float:
+    """Every prompt token recomputed and every allowed output token generated."""
+    return (prompt_tokens * price.input_per_mtok + max_tokens * price.output_per_mtok) / 1e6
+
+
+def period_key(period: str, now_s: float) -> str:
+    """``2026-12-01`` (day) or ``2026-12`` (month) of ``now_s``, UTC."""
+    t = time.gmtime(now_s)
+    return f"{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}" if period == "day" else f"{t.tm_year:04d}-{t.tm_mon:02d}"
+
+
+def seconds_to_period_end(period: str, now_s: float) -> float:
+    if period == "day":
+        return 86400.0 - (now_s % 86400.0)
+    t = time.gmtime(now_s)
+    year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
+    return calendar.timegm((year, month, 1, 0, 0, 0)) - now_s
+
+
+@dataclass(frozen=True, slots=True)
+class Crossing:
+    """A node's spend passed ``threshold`` of its budget."""
+
+    node_id: str
+    period: str
+    threshold: float
+    spent_usd: float
+    budget_usd: float
+
+
+class Budgets:
+    """Budget policy over a ``Reservations`` store (which keeps the atomicity)."""
+
+    def __init__(self, store: Reservations, thresholds: Sequence[float] = (0.5, 0.8, 1.0),
+                 hold_ttl_s: float = 3600.0) -> None:
+        self.store = store
+        self.thresholds = tuple(sorted(thresholds))
+        self.hold_ttl_s = hold_ttl_s
+        self._exhausted: set[Charge] = set()
+        self.crossings: list[Crossing] = []  # drained by the owner (alerts)
+        self._day = -1
+        self._periods: dict[str, str] = {}
+        # per path (by identity: the tenant tree hands out one tuple per key until it changes),
+        # its charges and budgets for the current day
+        self._by_path: dict[int, tuple[Sequence[Node], tuple[Charge, ...], dict[Charge, float]]] = {}
+
+    def _plan(self, path: Sequence[Node], now_s: float) -> tuple[tuple[Charge, ...], dict[Charge, float]]:
+        day = int(now_s // 86400)
+        if day != self._day:  # period keys change only at UTC midnight
+            self._day = day
+            self._periods = {p: period_key(p, now_s) for p in ("day", "month")}
+            self._by_path.clear()
+        hit = self._by_path.get(id(path))
+        if hit is not None and hit[0] is path:
+            return hit[1], hit[2]
+        charges = tuple((n.id, self._periods[n.limits.budget_period]) for n in path)
+        budgets = {c: n.limits.budget_usd for c, n in zip(charges, path, strict=True) if n.limits.budget_usd is not None}
+        if isinstance(path, tuple):  # immutable: safe to remember (the tree's tuples are)
+            if len(self._by_path) >= 100_000:
+                self._by_path.clear()
+            self._by_path[id(path)] = (path, charges, budgets)  # holding ``path`` keeps its id unique
+        return charges, budgets
+
+    def charges(self, path: Sequence[Node], now_s: float) -> tuple[Charge, ...]:
+        return self._plan(path, now_s)[0]
+
+    def reserve(self, request_id: str, path: Sequence[Node], amount_usd: float, now_s: float) -> Hold:
+        """Hold ``amount_usd`` on every node of ``path`` or raise 429 ``budget_exceeded``.
+
+        A request that would fit once the requests in flight finish may fit again in a moment
+        (``retry-after: 1``); one that spend alone shuts out waits for the next period
+        (``retry-after`` to its start, ``x-should-retry: false``).
+        """
+        charges, budgets = self._plan(path, now_s)
+        hold = Hold(request_id, charges, amount_usd, now_s + self.hold_ttl_s)
+        refusal = self.store.reserve(hold, budgets)
+        if refusal is None:
+            return hold
+        node = next(n for c, n in zip(charges, path, strict=True) if c == refusal.charge)
+        if refusal.charge not in self._exhausted:
+            self._exhausted.add(refusal.charge)
+            self.crossings.append(Crossing(node.id, refusal.charge[1], 1.0, refusal.spent_usd, refusal.budget_usd))
+        left = max(0.0, refusal.budget_usd - refusal.spent_usd - refusal.reserved_usd)
+        period = node.limits.budget_period
+        if refusal.reserved_usd > 0 and refusal.spent_usd + amount_usd <= refusal.budget_usd:
+            why, headers = f" (${refusal.reserved_usd:.6f} is held by requests in flight)", {"retry-after": "1"}
+        else:
+            wait = max(1, math.ceil(seconds_to_period_end(period, now_s)))
+            why, headers = "", {"retry-after": str(wait), "x-should-retry": "false"}
+        raise GatewayError(
+            429, f"budget exceeded for {node.kind.value} {node.id}: this request may cost up to "
+            f"${amount_usd:.6f}, ${left:.6f} of ${refusal.budget_usd:.6f} is left this {period}{why}",
+            type="insufficient_quota", code="budget_exceeded", headers=headers)
+
+    def settle(self, request_id: str, actual_usd: float, path: Sequence[Node]) -> bool:
+        """Charge the actual cost (idempotent: False when nothing was held); thresholds crossed
+        by this request go to ``crossings``."""
+        hold = self.store.settle(request_id, actual_usd)
+        if hold is None:
+            return False
+        crossings = self.crossings
+        for charge, node in zip(hold.charges, path, strict=False):
+            budget = node.limits.budget_usd
+            if budget is None or budget <= 0 or charge[0] != node.id:
+                continue
+            spent, _ = self.store.usage(charge)
+            before, after = (spent - actual_usd) / budget, spent / budget
+            for t in self.thresholds:
+                if before + 1e-9 < t <= after + 1e-9:
+                    if t >= 1.0:
+                        if charge in self._exhausted:
+                            continue
+                        self._exhausted.add(charge)
+                    crossings.append(Crossing(node.id, charge[1], t, spent, budget))
+        return True
+
+    def release(self, request_id: str) -> bool:
+        return self.store.release(request_id) is not None
+
+    def remaining_fraction(self, path: Sequence[Node], now_s: float) -> float:
+        """The smallest share of a period budget left along the path (1.0: no budget applies)."""
+        frac = 1.0
+        for charge, node in zip(self.charges(path, now_s), path, strict=True):
+            budget = node.limits.budget_usd
+            if budget is None:
+                continue
+            if budget <= 0:
+                return 0.0
+            spent, reserved = self.store.usage(charge)
+            frac = min(frac, max(0.0, 1.0 - (spent + reserved) / budget))
+        return frac
+
+    def tier_priority(self, path: Sequence[Node], now_s: float) -> int | None:
+        """The lowest priority a budget tier imposes along the path, or None."""
+        out: int | None = None
+        for charge, node in zip(self.charges(path, now_s), path, strict=True):
+            budget = node.limits.budget_usd
+            if budget is None or not node.limits.budget_tiers:
+                continue
+            spent, _ = self.store.usage(charge)
+            used = 1.0 if budget <= 0 else spent / budget
+            for tier in node.limits.budget_tiers:
+                if used + 1e-9 >= tier.at_fraction:
+                    out = tier.priority if out is None else min(out, tier.priority)
+        return out
