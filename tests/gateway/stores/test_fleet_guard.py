@@ -15,14 +15,14 @@ from redis.asyncio import Redis
 from test_pg_ledger import event
 
 from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.fleet_guard import FleetGuard, redis_client
-from tokenomy.gateway.guard import AdmitRequest, SettledUsage
-from tokenomy.gateway.ops import ops_config
+from tokenomy.gateway.ops.config import ops_config
+from tokenomy.gateway.ops.fleet_guard import FleetGuard, redis_client
+from tokenomy.gateway.ops.guard import AdmitRequest, SettledUsage
+from tokenomy.gateway.ops.tenancy import NodeKind, NodeLimits
 from tokenomy.gateway.stores.pg_ledger import PgLedger
 from tokenomy.gateway.stores.servers import PostgresServer, RedisServer
 from tokenomy.gateway.stores.shared_config import SharedStoresConfig
-from tokenomy.gateway.tenancy import NodeKind, NodeLimits
-from tokenomy.gateway.tenancy_store import TenantStore, sqlite_engine
+from tokenomy.gateway.stores.tenancy_sql import TenantStore, sqlite_engine
 
 pytestmark = pytest.mark.integration
 SECRET = "s" * 32

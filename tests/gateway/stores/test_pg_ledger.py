@@ -10,7 +10,8 @@ import secrets
 import pytest
 import sqlalchemy as sa
 
-from tokenomy.gateway.ledger import UsageEvent, UsageFilter, usage_events
+from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
+from tokenomy.gateway.stores.ledger_sql import usage_events
 from tokenomy.gateway.stores.pg_ledger import PgLedger, async_pg_url
 from tokenomy.gateway.stores.servers import PostgresServer
 

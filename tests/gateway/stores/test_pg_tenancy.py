@@ -8,11 +8,11 @@ import threading
 import pytest
 import sqlalchemy as sa
 
+from tokenomy.gateway.ops.tenancy import NodeKind
+from tokenomy.gateway.ops.tenancy_seed import TenantSeed, apply_seeds
 from tokenomy.gateway.stores.pg_tenancy import PgTenantStore, pg_engine, pg_sync_url, seeding_lock
 from tokenomy.gateway.stores.servers import PostgresServer
-from tokenomy.gateway.tenancy import NodeKind
-from tokenomy.gateway.tenancy_seed import TenantSeed, apply_seeds
-from tokenomy.gateway.tenancy_store import NODES
+from tokenomy.gateway.stores.tenancy_sql import NODES
 
 pytestmark = pytest.mark.integration
 SECRET = b"s" * 32

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from tokenomy.gateway.breaker import BreakerConfig
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.breaker import BreakerConfig
 from tokenomy.gateway.stores.redis_breakers import RedisBreakers
 from tokenomy.gateway.stores.servers import RedisServer
 

@@ -13,9 +13,9 @@ import pytest
 from redis.asyncio import Redis
 
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.tenancy import NodeLimits
 from tokenomy.gateway.stores.redis_limits import RedisRateLimits
 from tokenomy.gateway.stores.servers import RedisServer
-from tokenomy.gateway.tenancy import NodeLimits
 
 pytestmark = pytest.mark.integration
 T0 = 1_800_000_000.0

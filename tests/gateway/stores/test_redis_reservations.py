@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from tokenomy.gateway.reservations import Hold
 from tokenomy.gateway.stores.redis_reservations import RedisReservations, Unseeded
+from tokenomy.gateway.stores.reservations import Hold
 from tokenomy.gateway.stores.servers import RedisServer
 
 pytestmark = pytest.mark.integration

@@ -31,6 +31,8 @@ from tokenomy.gateway.metering.prom import CONTENT_TYPE, GatewayMetrics
 from tokenomy.gateway.metering.usage_api import usage_endpoint
 from tokenomy.gateway.ops import ops_guard
 from tokenomy.gateway.ops.admin import build_admin_router
+from tokenomy.gateway.ops.config import ops_config
+from tokenomy.gateway.ops.fleet import build_fleet
 from tokenomy.gateway.ops.guard import Guard
 from tokenomy.gateway.routing.ampd_live import AmpdRouting
 from tokenomy.gateway.routing.backends import BackendPool
@@ -120,6 +122,11 @@ def build_app(
     admin: Any = None,
 ) -> GatewayApp:
     metrics = GatewayMetrics()
+    fleet = None
+    shared = ops_config(config).shared if guard is None and ledger is None else None
+    if shared is not None:  # a fleet replica: ledger and tenants in PostgreSQL, state in Redis
+        fleet = build_fleet(config, shared, registry=metrics.registry)
+        ledger, guard, admin = fleet.ledger, fleet.guard, build_admin_router(fleet.guard)
     own_ledger = ledger is None
     the_ledger: Ledger = ledger if ledger is not None else SqlLedger(
         config.ledger.url, config.ledger.synchronous, config.ledger.max_batch, config.ledger.writer
@@ -171,6 +178,8 @@ def build_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if fleet is not None:
+            await fleet.start()
         pool.start()
         gc.collect()
         gc.freeze()  # start-up objects live as long as the process: the collector need not scan them
@@ -183,9 +192,10 @@ def build_app(
                     await task
             await client.aclose()
             await upstream.aclose()
-            aclose = getattr(guard, "aclose", None)  # token operations: post queued alerts, stop the webhook
-            if aclose is not None:
-                await aclose()
+            if fleet is not None:
+                await fleet.aclose()
+            elif (aclose := getattr(guard, "aclose", None)) is not None:
+                await aclose()  # token operations: post queued alerts, stop the webhook
             if own_ledger:
                 the_ledger.close()
 

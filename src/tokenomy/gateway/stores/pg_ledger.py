@@ -23,8 +23,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from tokenomy.gateway.ledger import UsageEvent, UsageFilter, usage_events
-from tokenomy.gateway.metering import SessionState
+from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
+from tokenomy.gateway.metering.meter import SessionState
+from tokenomy.gateway.stores.ledger_sql import usage_events
 
 log = logging.getLogger(__name__)
 _FIELDS = tuple(f.name for f in fields(UsageEvent))

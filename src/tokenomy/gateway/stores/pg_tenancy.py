@@ -20,9 +20,9 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from tokenomy.gateway.keys import KeyIndex
-from tokenomy.gateway.tenancy import TenantTree
-from tokenomy.gateway.tenancy_store import META, METADATA, TenantStore
+from tokenomy.gateway.ops.keys import KeyIndex
+from tokenomy.gateway.ops.tenancy import TenantTree
+from tokenomy.gateway.stores.tenancy_sql import META, METADATA, TenantStore
 
 _SEED_LOCK = 0x746B_7365_6564  # "tkseed": one advisory lock id for the tenant seeding
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from tokenomy.gateway.breaker import BreakerConfig, Trip
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.breaker import BreakerConfig, Trip
 
 _COMMON = """
 local function num(h, f) return tonumber(redis.call('HGET', h, f)) end

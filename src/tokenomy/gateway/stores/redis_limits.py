@@ -24,8 +24,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.limits import _HEADER_NAMES, RPM, TPM, RateGrant, TokenBucket, openai_duration
-from tokenomy.gateway.tenancy import NodeLimits
+from tokenomy.gateway.ops.tenancy import NodeLimits
+from tokenomy.gateway.stores.limits import _HEADER_NAMES, RPM, TPM, RateGrant, TokenBucket, openai_duration
 
 # Bucket refill shared by the scripts: returns level after refilling to now, keeping what was used
 # when the capacity changed (as InProcessRateLimits does).

@@ -34,7 +34,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from tokenomy.gateway.reservations import Charge, Hold, Refusal
+from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal
 
 _EPS = 1e-12
 _MARKER_TTL_S = 86400

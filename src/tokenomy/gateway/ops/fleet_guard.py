@@ -37,26 +37,27 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from tokenomy.gateway.alerts import Alerter
-from tokenomy.gateway.budget import (
+from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.alerts import Alerter
+from tokenomy.gateway.ops.budget import (
     Crossing,
     PriceLike,
     period_key,
     seconds_to_period_end,
     worst_case_cost_usd,
 )
-from tokenomy.gateway.budget_seed import period_starts_s
-from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.guard import Admission, AdmitRequest, SettledUsage
-from tokenomy.gateway.ops import OpsConfig, OpsGuard, _Flight
-from tokenomy.gateway.ops_metrics import OpsMetrics
-from tokenomy.gateway.reservations import Charge, Hold, InProcessReservations
+from tokenomy.gateway.ops.config import OpsConfig
+from tokenomy.gateway.ops.guard import Admission, AdmitRequest, SettledUsage
+from tokenomy.gateway.ops.metrics import OpsMetrics
+from tokenomy.gateway.ops.ops_guard import OpsGuard, _Flight
+from tokenomy.gateway.ops.tenancy import Node, NodeKind
+from tokenomy.gateway.stores.budget_seed import period_starts_s
 from tokenomy.gateway.stores.redis_breakers import RedisBreakers
 from tokenomy.gateway.stores.redis_limits import RedisRateLimits
 from tokenomy.gateway.stores.redis_reservations import RedisReservations, Unseeded
+from tokenomy.gateway.stores.reservations import Charge, Hold, InProcessReservations
 from tokenomy.gateway.stores.shared_config import SharedStoresConfig
-from tokenomy.gateway.tenancy import Node, NodeKind
-from tokenomy.gateway.tenancy_store import TenantStore
+from tokenomy.gateway.stores.tenancy_sql import TenantStore
 
 log = logging.getLogger(__name__)
 _STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)

@@ -12,14 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tokenomy.gateway.fleet_guard import FleetGuard, redis_client
-from tokenomy.gateway.ops import ops_config
-from tokenomy.gateway.ops_config import GatewayConfigLike
-from tokenomy.gateway.ops_metrics import OpsMetrics
+from tokenomy.gateway.ops.config import GatewayConfigLike, ops_config
+from tokenomy.gateway.ops.fleet_guard import FleetGuard, redis_client
+from tokenomy.gateway.ops.metrics import OpsMetrics
+from tokenomy.gateway.ops.tenancy_seed import apply_seeds
 from tokenomy.gateway.stores.pg_ledger import PgLedger
 from tokenomy.gateway.stores.pg_tenancy import PgTenantStore, pg_engine, seeding_lock
 from tokenomy.gateway.stores.shared_config import SharedStoresConfig
-from tokenomy.gateway.tenancy_seed import apply_seeds
 
 
 @dataclass
