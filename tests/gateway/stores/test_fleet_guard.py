@@ -119,7 +119,7 @@ def test_200_concurrent_requests_over_3_replicas_on_a_50_request_budget(tmp_path
         assert len(served) == 50
         key_id = guards[0].store.authenticate(keys["budgeted"]).id  # type: ignore[union-attr]
         ledger_sum = (await ledger.spend_by_key(0.0))[key_id]
-        charge = (key_id, guards[0]._charges(guards[0].store.tree.path_nodes(key_id), clock())[0][-1][1])
+        charge = (key_id, guards[0].shared_budgets.charges(guards[0].store.tree.path_nodes(key_id), clock())[0][-1][1])
         spent, reserved = await guards[1].r_holds.usage(charge)
         assert round(ledger_sum, 9) == round(spent, 9) == 0.015 and reserved == 0.0
 
@@ -166,7 +166,7 @@ def test_a_dead_replicas_holds_are_reclaimed_within_the_lease(tmp_path: Path, re
         clock.advance(2.5)  # past the 2 s lease
         assert await live.heartbeat() == {"settled": 1, "released": 1}
         key_id = done.key_id
-        charge = live._charges(live.store.tree.path_nodes(key_id), clock())[0][-1]
+        charge = live.shared_budgets.charges(live.store.tree.path_nodes(key_id), clock())[0][-1]
         assert await live.r_holds.usage(charge) == (0.002, 0.0)
 
     fleet(tmp_path, redis_srv, pg_srv, body)

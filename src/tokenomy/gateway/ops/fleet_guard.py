@@ -26,7 +26,6 @@ import logging
 import math
 import secrets
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,22 +39,19 @@ from redis.exceptions import RedisError
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.alerts import Alerter
 from tokenomy.gateway.ops.budget import (
-    Crossing,
     PriceLike,
-    period_key,
-    seconds_to_period_end,
     worst_case_cost_usd,
 )
 from tokenomy.gateway.ops.config import OpsConfig
+from tokenomy.gateway.ops.fleet_budget import SharedBudgets
 from tokenomy.gateway.ops.guard import Admission, AdmitRequest, SettledUsage
 from tokenomy.gateway.ops.metrics import OpsMetrics
 from tokenomy.gateway.ops.ops_guard import OpsGuard, _Flight
-from tokenomy.gateway.ops.tenancy import Node, NodeKind
-from tokenomy.gateway.stores.budget_seed import period_starts_s
+from tokenomy.gateway.ops.tenancy import Node
 from tokenomy.gateway.stores.redis_breakers import RedisBreakers
 from tokenomy.gateway.stores.redis_limits import RedisRateLimits
 from tokenomy.gateway.stores.redis_reservations import RedisReservations, Unseeded
-from tokenomy.gateway.stores.reservations import Charge, Hold, InProcessReservations
+from tokenomy.gateway.stores.reservations import InProcessReservations
 from tokenomy.gateway.stores.shared_config import SharedStoresConfig
 from tokenomy.gateway.stores.tenancy_sql import TenantStore
 
@@ -108,8 +104,11 @@ class FleetGuard(OpsGuard):
         self.owner = secrets.token_hex(8)
         self.r_limits = RedisRateLimits(redis, lease_s=shared.lease_s)
         self.r_holds = RedisReservations(redis, lease_s=shared.lease_s)
+        self.shared_budgets = SharedBudgets(self.r_holds, config.alerts.budget_thresholds)
         self.r_breakers = RedisBreakers(redis, config.breaker)
-        self._exhausted: set[Charge] = set()
+        # trips and crossings land in the lists the in-process guard drains into alerts and metrics
+        self.shared_budgets.crossings = self.budgets.crossings
+        self.r_breakers.trips = self.breakers.trips
         self._heartbeat: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -123,20 +122,7 @@ class FleetGuard(OpsGuard):
 
     async def seed(self) -> bool:
         """Write the ledger's spend for the current periods into Redis, once per Redis data set."""
-        now = self.clock()
-        by_period, snapshot = await self.ledger.spend_snapshot(period_starts_s(now))
-        tree = self.store.tree
-        totals: dict[Charge, float] = defaultdict(float)
-        for key in tree.nodes():
-            if key.kind is not NodeKind.KEY:
-                continue
-            for node_id in tree.path(key.id):
-                period = tree.get(node_id).limits.budget_period
-                totals[(node_id, period_key(period, now))] += by_period[period].get(key.id, 0.0)
-        seeded = await self.r_holds.seed(totals, snapshot)
-        if seeded:
-            log.info("fleet guard: seeded %d budget charges from the ledger", len(totals))
-        return seeded
+        return await self.shared_budgets.seed(self.store.tree, self.ledger, self.clock())
 
     async def _beat(self) -> None:
         while True:
@@ -243,7 +229,7 @@ class FleetGuard(OpsGuard):
         try:
             grant = await self.r_limits.acquire([(n.id, n.limits) for n in path], tokens, now, rid)
             try:
-                await self._reserve(rid, path, worst, now)
+                await self.shared_budgets.reserve(rid, path, worst, now)
             except BaseException:
                 await self.r_limits.correct_tokens(grant, 0, now)
                 await self.r_limits.finish(grant, rid)
@@ -252,7 +238,7 @@ class FleetGuard(OpsGuard):
             await self.r_breakers.finish(node.id, request.session_id, worst, 0.0, undo_turn=True)
             raise
         self.metrics.reserved_usd.inc(worst)
-        tier = await self._tier_priority(path, now)
+        tier = await self.shared_budgets.tier_priority(path, now)
         priority = eff.priority if tier is None else min(eff.priority, tier)
         admission = Admission(rid, node.id, tuple(n.id for n in path), request.model, priority=priority,
                               reserved_cost_usd=worst, reserved_tokens=tokens, output_token_cap=cap,
@@ -260,47 +246,6 @@ class FleetGuard(OpsGuard):
         flight = _FleetFlight(now, path, request.session_id, worst, grant, None)
         self._flights[rid] = flight
         return admission, flight
-
-    def _charges(self, path: tuple[Node, ...], now_s: float) -> tuple[tuple[Charge, ...], dict[Charge, float]]:
-        charges = tuple((n.id, period_key(n.limits.budget_period, now_s)) for n in path)
-        budgets = {c: n.limits.budget_usd for c, n in zip(charges, path, strict=True) if n.limits.budget_usd is not None}
-        return charges, budgets
-
-    async def _reserve(self, rid: str, path: tuple[Node, ...], amount: float, now_s: float) -> None:
-        charges, budgets = self._charges(path, now_s)
-        hold = Hold(rid, charges, amount, now_s + self.shared.lease_s)
-        refusal = await self.r_holds.reserve(hold, budgets, now_s)  # Unseeded: the caller seeds
-        if refusal is None:
-            return
-        node = next(n for c, n in zip(charges, path, strict=True) if c == refusal.charge)
-        if refusal.charge not in self._exhausted:
-            self._exhausted.add(refusal.charge)
-            self.budgets.crossings.append(Crossing(node.id, refusal.charge[1], 1.0, refusal.spent_usd,
-                                                   refusal.budget_usd))
-        left = max(0.0, refusal.budget_usd - refusal.spent_usd - refusal.reserved_usd)
-        period = node.limits.budget_period
-        if refusal.reserved_usd > 0 and refusal.spent_usd + amount <= refusal.budget_usd:
-            why, headers = f" (${refusal.reserved_usd:.6f} is held by requests in flight)", {"retry-after": "1"}
-        else:
-            wait = max(1, math.ceil(seconds_to_period_end(period, now_s)))
-            why, headers = "", {"retry-after": str(wait), "x-should-retry": "false"}
-        raise GatewayError(
-            429, f"budget exceeded for {node.kind.value} {node.id}: this request may cost up to "
-            f"${amount:.6f}, ${left:.6f} of ${refusal.budget_usd:.6f} is left this {period}{why}",
-            type="insufficient_quota", code="budget_exceeded", headers=headers)
-
-    async def _tier_priority(self, path: tuple[Node, ...], now_s: float) -> int | None:
-        out: int | None = None
-        for charge, node in zip(self._charges(path, now_s)[0], path, strict=True):
-            budget = node.limits.budget_usd
-            if budget is None or not node.limits.budget_tiers:
-                continue
-            spent, _ = await self.r_holds.usage(charge)
-            used = 1.0 if budget <= 0 else spent / budget
-            for tier in node.limits.budget_tiers:
-                if used + 1e-9 >= tier.at_fraction:
-                    out = tier.priority if out is None else min(out, tier.priority)
-        return out
 
     async def _output_cap_shared(self, key_id: str, session_id: str | None, price: PriceLike, prompt_tokens: int,
                                  now: float) -> int | None:
@@ -358,13 +303,11 @@ class FleetGuard(OpsGuard):
         now = self.clock()
         rid = admission.request_id
         try:
-            charges = self._charges(flight.path, flight.started_s)[0]
-            hold = await self.r_holds.settle(rid, usage.cost_usd, self.ledger.pop_xid(rid), charges)
+            await self.shared_budgets.settle(rid, usage.cost_usd, flight.path, flight.started_s,
+                                             self.ledger.pop_xid(rid))
             await self.r_limits.correct_tokens(flight.grant, usage.prompt_tokens + usage.output_tokens, now)
             await self.r_limits.finish(flight.grant, rid)
             await self.r_breakers.finish(admission.key_id, flight.session_id, flight.worst_usd, usage.cost_usd)
-            if hold is not None:
-                await self._crossings(hold, flight.path, usage.cost_usd)
         except _STORE_ERRORS as e:  # the ledger row is durable: the lease's reclaim settles the hold
             log.warning("settling %s in the shared store failed (%s); its lease will settle it", rid, e)
         self._leave(flight)
@@ -374,21 +317,6 @@ class FleetGuard(OpsGuard):
             self._alert("spend_rate", admission.key_id, f"spending ${rate:.2f}/h, {reason}", now,
                         {"usd_per_hour": rate, "reason": reason})
         self._drain_events()
-
-    async def _crossings(self, hold: Hold, path: tuple[Node, ...], actual_usd: float) -> None:
-        for charge, node in zip(hold.charges, path, strict=False):
-            budget = node.limits.budget_usd
-            if budget is None or budget <= 0 or charge[0] != node.id:
-                continue
-            spent, _ = await self.r_holds.usage(charge)
-            before, after = (spent - actual_usd) / budget, spent / budget
-            for t in self.budgets.thresholds:
-                if before + 1e-9 < t <= after + 1e-9:
-                    if t >= 1.0:
-                        if charge in self._exhausted:
-                            continue
-                        self._exhausted.add(charge)
-                    self.budgets.crossings.append(Crossing(node.id, charge[1], t, spent, budget))
 
     async def release(self, admission: Admission, reason: str) -> None:
         flight = self._flights.get(admission.request_id)
