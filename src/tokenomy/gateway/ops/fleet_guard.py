@@ -110,6 +110,8 @@ class FleetGuard(OpsGuard):
         self.shared_budgets.crossings = self.budgets.crossings
         self.r_breakers.trips = self.breakers.trips
         self._heartbeat: asyncio.Task[None] | None = None
+        # settles Redis did not take (down): (request id, cost, path, admitted at, ledger xid)
+        self._unsettled: list[tuple[str, float, tuple[Node, ...], float, int | None]] = []
         self._background: set[asyncio.Task[Any]] = set()
 
     # --- start-up and heartbeat ------------------------------------------------------------------
@@ -133,8 +135,12 @@ class FleetGuard(OpsGuard):
                 log.warning("fleet guard heartbeat failed: %s", e)
 
     async def heartbeat(self) -> dict[str, int]:
-        """Renew this replica's slots and holds; reclaim expired holds of any replica."""
+        """Retry settles Redis missed; renew this replica's slots and holds; reclaim expired holds
+        of any replica."""
         now = self.clock()
+        while self._unsettled:
+            await self.shared_budgets.settle(*self._unsettled[0])
+            self._unsettled.pop(0)
         mine = [(rid, f) for rid, f in self._flights.items() if isinstance(f, _FleetFlight) and not f.local]
         await self.r_limits.renew([(rid, f.grant.node_ids) for rid, f in mine], now)
         await self.r_holds.renew([rid for rid, _ in mine], now)
@@ -302,14 +308,18 @@ class FleetGuard(OpsGuard):
         self._flights.pop(admission.request_id, None)
         now = self.clock()
         rid = admission.request_id
+        charge = (rid, usage.cost_usd, flight.path, flight.started_s, self.ledger.pop_xid(rid))
         try:
-            await self.shared_budgets.settle(rid, usage.cost_usd, flight.path, flight.started_s,
-                                             self.ledger.pop_xid(rid))
+            await self.shared_budgets.settle(*charge)
+        except _STORE_ERRORS as e:  # retried by the heartbeat until Redis answers (idempotent)
+            log.warning("settling %s in the shared store failed (%s); retrying from the heartbeat", rid, e)
+            self._unsettled.append(charge)
+        try:
             await self.r_limits.correct_tokens(flight.grant, usage.prompt_tokens + usage.output_tokens, now)
             await self.r_limits.finish(flight.grant, rid)
             await self.r_breakers.finish(admission.key_id, flight.session_id, flight.worst_usd, usage.cost_usd)
-        except _STORE_ERRORS as e:  # the ledger row is durable: the lease's reclaim settles the hold
-            log.warning("settling %s in the shared store failed (%s); its lease will settle it", rid, e)
+        except _STORE_ERRORS as e:  # slots end with their lease
+            log.warning("finishing %s in the shared store failed (%s)", rid, e)
         self._leave(flight)
         anomaly = self.spend_rate.add(admission.key_id, usage.cost_usd, now)
         if anomaly is not None:

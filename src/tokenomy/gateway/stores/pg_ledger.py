@@ -23,11 +23,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
 from tokenomy.gateway.metering.meter import SessionState
 from tokenomy.gateway.stores.ledger_sql import usage_events
 
 log = logging.getLogger(__name__)
+_DOWN = (OSError, sa.exc.DBAPIError, sa.exc.TimeoutError, asyncio.TimeoutError)  # PostgreSQL away or too slow
 _FIELDS = tuple(f.name for f in fields(UsageEvent))
 
 
@@ -62,7 +64,8 @@ class PgLedger:
         """Create the table when missing and start the writer (idempotent)."""
         if self._writer is not None:
             return self
-        async with self.engine.begin() as conn:
+        async with self.engine.begin() as conn:  # replicas starting together: one creates, the others wait
+            await conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('tokenomy ledger ddl'))"))
             await conn.run_sync(usage_events.metadata.create_all, tables=[usage_events])
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
@@ -117,12 +120,25 @@ class PgLedger:
         stmt = (sa.select(t.turn, t.prompt_tokens, t.output_tokens)
                 .where(t.key_id == key_id, t.session_id == session_id, t.outcome == "ok")
                 .order_by(t.turn.desc()).limit(1))
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(stmt)).first()
+        try:
+            async with self.engine.connect() as conn:
+                row = (await conn.execute(stmt)).first()
+        except _DOWN as e:
+            raise self._unavailable(e) from None
         return None if row is None else SessionState(int(row[0]), int(row[1]), int(row[2]))
 
     async def exists(self, request_id: str) -> bool:
-        return await self.cost(request_id) is not None
+        try:
+            return await self.cost(request_id) is not None
+        except _DOWN as e:
+            raise self._unavailable(e) from None
+
+    def _unavailable(self, e: BaseException) -> GatewayError:
+        """What a request that needs the ledger gets while PostgreSQL is away (503, never a 500)."""
+        log.warning("ledger unavailable: %s", e)
+        self.failed_at_s = time.monotonic()
+        return GatewayError(503, "the usage ledger is unavailable; retry shortly", type="server_error",
+                            code="ledger_unavailable", headers={"retry-after": "2"})
 
     async def cost(self, request_id: str) -> float | None:
         """The recorded cost of ``request_id``, None when it has no event."""

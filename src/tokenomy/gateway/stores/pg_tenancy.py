@@ -13,6 +13,7 @@ PostgreSQL advisory lock), so a tenant is never created twice.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from tokenomy.gateway.ops.keys import KeyIndex
 from tokenomy.gateway.ops.tenancy import TenantTree
 from tokenomy.gateway.stores.tenancy_sql import META, METADATA, TenantStore
 
+log = logging.getLogger(__name__)
 _SEED_LOCK = 0x746B_7365_6564  # "tkseed": one advisory lock id for the tenant seeding
 
 
@@ -36,7 +38,8 @@ def pg_sync_url(url: str) -> str:
 
 
 def pg_engine(url: str, pool_size: int = 2) -> Engine:
-    return sa.create_engine(pg_sync_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    return sa.create_engine(pg_sync_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True,
+                            connect_args={"connect_timeout": 2})
 
 
 @contextmanager
@@ -79,7 +82,11 @@ class PgTenantStore(TenantStore):
         if now < self._next_check:
             return
         self._next_check = now + self.refresh_s
-        with self.engine.connect() as conn:
-            version = conn.execute(sa.select(META.c.version).where(META.c.id == 1)).scalar_one()
+        try:
+            with self.engine.connect() as conn:
+                version = conn.execute(sa.select(META.c.version).where(META.c.id == 1)).scalar_one()
+        except sa.exc.OperationalError as e:  # PostgreSQL away: keep the tree we have, look again later
+            log.warning("tenant tree: cannot check for changes (%s); keeping the loaded tree", e.orig or e)
+            return
         if version != self._version:
             self.reload()
