@@ -88,11 +88,14 @@ class SharedBudgets:
         hold = await self.store.settle(rid, actual_usd, ledger_xid, charges)
         if hold is None:
             return
+        spent_after = self.store.last_spent
         for charge, node in zip(hold.charges, path, strict=False):
             budget = node.limits.budget_usd
             if budget is None or budget <= 0 or charge[0] != node.id:
                 continue
-            spent, _ = await self.store.usage(charge)
+            spent = spent_after.get(charge)
+            if spent is None:
+                spent, _ = await self.store.usage(charge)
             before, after = (spent - actual_usd) / budget, spent / budget
             for t in self.thresholds:
                 if before + 1e-9 < t <= after + 1e-9:

@@ -314,10 +314,11 @@ class FleetGuard(OpsGuard):
         except _STORE_ERRORS as e:  # retried by the heartbeat until Redis answers (idempotent)
             log.warning("settling %s in the shared store failed (%s); retrying from the heartbeat", rid, e)
             self._unsettled.append(charge)
-        try:
-            await self.r_limits.correct_tokens(flight.grant, usage.prompt_tokens + usage.output_tokens, now)
-            await self.r_limits.finish(flight.grant, rid)
-            await self.r_breakers.finish(admission.key_id, flight.session_id, flight.worst_usd, usage.cost_usd)
+        try:  # independent steps: one round trip's wait for all three
+            await asyncio.gather(
+                self.r_limits.correct_tokens(flight.grant, usage.prompt_tokens + usage.output_tokens, now),
+                self.r_limits.finish(flight.grant, rid),
+                self.r_breakers.finish(admission.key_id, flight.session_id, flight.worst_usd, usage.cost_usd))
         except _STORE_ERRORS as e:  # slots end with their lease
             log.warning("finishing %s in the shared store failed (%s)", rid, e)
         self._leave(flight)

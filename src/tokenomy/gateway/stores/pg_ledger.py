@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import time
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import Any
 
+import asyncpg
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from tokenomy.gateway.errors import GatewayError
@@ -31,6 +32,9 @@ from tokenomy.gateway.stores.ledger_sql import usage_events
 log = logging.getLogger(__name__)
 _DOWN = (OSError, sa.exc.DBAPIError, sa.exc.TimeoutError, asyncio.TimeoutError)  # PostgreSQL away or too slow
 _FIELDS = tuple(f.name for f in fields(UsageEvent))
+_ROW = operator.attrgetter(*_FIELDS)
+_INSERT_SQL = (f"INSERT INTO usage_events ({', '.join(_FIELDS)}) VALUES "
+               f"({', '.join(f'${i + 1}' for i in range(len(_FIELDS)))}) ON CONFLICT (request_id) DO NOTHING")
 
 
 def async_pg_url(url: str) -> str:
@@ -53,7 +57,9 @@ class PgLedger:
         self._pending: list[tuple[UsageEvent, asyncio.Future[None]]] = []
         self._wake: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
-        self._insert = postgresql.insert(usage_events).on_conflict_do_nothing(index_elements=["request_id"])
+        self._dsn = "postgresql://" + async_pg_url(url).split("://", 1)[1]
+        self._con: asyncpg.Connection | None = None  # the writer's
+        self.timeout_s = timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self.failed_at_s: float | None = None  # monotonic time of the last failed commit, None after a good one
         # request id -> the transaction id that committed its event, until ``pop_xid`` (the guard's
@@ -90,9 +96,7 @@ class PgLedger:
                 batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
                 error: BaseException | None = None
                 try:
-                    async with self.engine.begin() as conn:
-                        await conn.execute(self._insert, [asdict(e) for e, _ in batch])
-                        xid = int((await conn.execute(sa.text("SELECT pg_current_xact_id()::text"))).scalar_one())
+                    xid = await self._commit([e for e, _ in batch])
                 except asyncio.CancelledError:
                     for _, fut in batch:
                         if not fut.done():
@@ -114,6 +118,17 @@ class PgLedger:
                             fut.set_result(None)
                         else:
                             fut.set_exception(error)
+
+    async def _commit(self, events: list[UsageEvent]) -> int:
+        """Insert ``events`` in one transaction on the writer's own asyncpg connection (the hot
+        path: SQLAlchemy's statement layer would cost more CPU than the database); its xid."""
+        con = self._con
+        if con is None or con.is_closed():
+            con = self._con = await asyncpg.connect(self._dsn, timeout=self.timeout_s,
+                                                    command_timeout=self.timeout_s)
+        async with con.transaction():
+            await con.executemany(_INSERT_SQL, [_ROW(e) for e in events])
+            return int(await con.fetchval("SELECT pg_current_xact_id()::text"))
 
     async def session_state(self, key_id: str, session_id: str) -> SessionState | None:
         t = usage_events.c
@@ -221,4 +236,8 @@ class PgLedger:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
             self._writer = None
+        if self._con is not None:
+            with contextlib.suppress(Exception):
+                await self._con.close(timeout=5)
+            self._con = None
         await self.engine.dispose()

@@ -113,11 +113,13 @@ if mode == 'reclaim' then
   if lease ~= nil and lease > tonumber(ARGV[5]) then return {'renewed'} end
 end
 local amount = tonumber(h[2])
-for _, c in ipairs(cjson.decode(h[1])) do
+local spent = {}
+for i, c in ipairs(cjson.decode(h[1])) do
   local key = prefix .. 'bu:' .. c[1] .. ':' .. c[2]
   local reserved = tonumber(redis.call('HGET', key, 'reserved')) or 0
   redis.call('HSET', key, 'reserved', tostring(math.max(0, reserved - amount)))
-  if actual ~= '' then redis.call('HINCRBYFLOAT', key, 'spent', actual) end
+  if actual ~= '' then spent[i] = redis.call('HINCRBYFLOAT', key, 'spent', actual)
+  else spent[i] = redis.call('HGET', key, 'spent') or '0' end
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], rid)
@@ -125,7 +127,9 @@ if mode == 'reclaim' then
   if actual == '' then redis.call('SET', KEYS[3], h[1], 'EX', ARGV[6])
   else redis.call('SET', KEYS[3], 'settled', 'EX', ARGV[6]) end
 end
-return {'held', h[1], h[2]}
+local out = {'held', h[1], h[2]}
+for _, x in ipairs(spent) do out[#out + 1] = x end
+return out
 """
 
 # KEYS: seeded flag, then one usage key per charge; ARGV: owner, then each charge's spend
@@ -152,6 +156,7 @@ class RedisReservations:
         self._finish_script = redis.register_script(_FINISH)
         self._seed = redis.register_script(_SEED)
         self.seeded_key = f"{prefix}seeded"
+        self.last_spent: dict[Charge, float] = {}  # each charge's spend right after the last settle/release
         self.holds_key = f"{prefix}holds"
 
     def _usage_key(self, charge: Charge) -> str:
@@ -197,6 +202,7 @@ class RedisReservations:
                              "" if ledger_xid is None else str(ledger_xid), json.dumps(charges) if charges else ""])]
         if out[0] in ("held", "late"):
             charges = tuple((str(n), str(p)) for n, p in json.loads(out[1]))
+            self.last_spent = {c: float(x) for c, x in zip(charges, out[3:], strict=False)}
             return out[0], Hold(request_id, charges, float(out[2]), 0.0)
         return out[0], None
 
