@@ -39,6 +39,7 @@ from tokenomy.gateway.routing.backends import BackendPool
 from tokenomy.gateway.routing.build import build_routing
 from tokenomy.gateway.routing.upstream import UpstreamPool
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
+from tokenomy.gateway.stores.redis_routing import RedisSessionBindings
 from tokenomy.policy.router import make_router
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,8 @@ def build_app(
     routing = build_routing(config.routing, pool, upstream, router, client)
     if isinstance(routing, AmpdRouting):
         metrics.watch_ampd(routing.live)
+        if fleet is not None and shared is not None:  # one session, one decode instance, fleet-wide
+            routing.live.bindings = RedisSessionBindings(fleet.guard.redis, ttl_s=shared.binding_ttl_s)
     proxy = Proxy(config, pool, routing, the_ledger, guard, metrics, upstream)
     openapi = spec(config.models())
 
