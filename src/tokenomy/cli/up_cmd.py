@@ -15,7 +15,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import yaml
+from pydantic import ValidationError
+
 from tokenomy.cli.main import CLIError
+from tokenomy.cli.up_fleet import FleetSpec, LocalFleet, split_fleet
 from tokenomy.emulator.cluster import DEFAULT_CLUSTER, ClusterSpec, Instance, Pool, expand, load_cluster
 from tokenomy.emulator.launcher import LaunchError, LocalCluster
 
@@ -40,12 +44,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_up)
 
 
+def fleet_of(path: Path | None) -> FleetSpec | None:
+    """The cluster file's ``fleet:`` section (gateway replicas, Redis, PostgreSQL), if any."""
+    if path is None or not Path(path).exists():
+        return None
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        return split_fleet(data)[1] if isinstance(data, dict) else None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ValueError(f"{path}: fleet.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+
+
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     shape = args.instances is not None or args.prefill is not None or args.decode is not None
     if args.cluster is not None:
         if shape:
             raise CLIError("--instances/--prefill/--decode cannot be combined with a cluster file")
-        spec = load_cluster(args.cluster)
+        spec = load_cluster(args.cluster, ignore=("fleet",))
     elif shape:
         pools = [Pool.model_validate({"role": role, "count": n}) for role, n in
                  (("mixed", args.instances), ("prefill", args.prefill), ("decode", args.decode)) if n]
@@ -81,6 +97,8 @@ def run_up(args: argparse.Namespace) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     cluster = LocalCluster(instances, ready_timeout_s=args.ready_timeout)
+    fleet_spec = fleet_of(args.cluster)
+    fleet = None if fleet_spec is None else LocalFleet(fleet_spec, instances)
     table = sys.stderr if args.json == "-" else sys.stdout  # keep stdout pure JSON for scripts
     try:
         cluster.start()
@@ -91,7 +109,10 @@ def run_up(args: argparse.Namespace) -> int:
         for inst in instances:
             print(f"{inst.role:8s} {inst.instance_id:12s} {inst.url}  ({inst.model} on {inst.gpu} x{inst.tp})",
                   file=table, flush=True)
-        payload = json.dumps(listing(instances))
+        gateways = [] if fleet is None else [r.url for r in fleet.start()]
+        for url in gateways:
+            print(f"gateway  replica      {url}  (one Redis and one PostgreSQL shared)", file=table, flush=True)
+        payload = json.dumps({**listing(instances), **({"gateways": gateways} if fleet is not None else {})})
         if args.json == "-":
             print(payload, flush=True)
         elif args.json:
@@ -100,6 +121,9 @@ def run_up(args: argparse.Namespace) -> int:
             tmp.replace(args.json)  # appears whole: scripts may poll for the file
         print(f"tokenomy up: {len(instances)} instance(s) ready; Ctrl-C to stop", file=sys.stderr, flush=True)
         while not stop.wait(0.5):
+            if fleet is not None and fleet.dead():
+                print(f"tokenomy up: gateway replica {fleet.dead()[0].url} exited; stopping", file=sys.stderr, flush=True)
+                return 1
             dead = cluster.dead()
             if dead:
                 inst, rc = dead[0]
@@ -108,6 +132,8 @@ def run_up(args: argparse.Namespace) -> int:
                 return 1
         return 0
     finally:
+        if fleet is not None:
+            fleet.stop()
         cluster.stop()
         for s, h in previous.items():
             signal.signal(s, h)
