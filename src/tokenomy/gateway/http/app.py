@@ -31,6 +31,7 @@ from tokenomy.gateway.metering.prom import CONTENT_TYPE, GatewayMetrics
 from tokenomy.gateway.metering.usage_api import usage_endpoint
 from tokenomy.gateway.ops import ops_guard
 from tokenomy.gateway.ops.admin import build_admin_router
+from tokenomy.gateway.ops.budget_metrics import BudgetGauges
 from tokenomy.gateway.ops.config import ops_config
 from tokenomy.gateway.ops.fleet import build_fleet
 from tokenomy.gateway.ops.guard import Guard
@@ -75,6 +76,19 @@ def build_guard(config: GatewayConfig, metrics: GatewayMetrics, ledger: Ledger) 
     guard = ops_guard.build_guard(config, db_url=config.ledger.url, registry=metrics.registry,
                                   ledger_cost_usd=ledger.cost_usd)
     return guard, build_admin_router(guard)
+
+
+def _console(guard: Any, ledger: Ledger, pool: BackendPool, routing: Any) -> Any:
+    """The operator's console (docs/console.md), on the same guard, ledger and backends; None
+    when the ledger is not an SQL one (the console reads it with SQL)."""
+    from tokenomy.gateway.console import ConsoleDeps, ConsoleQueries, build_console
+
+    engine = getattr(ledger, "engine", None)
+    if engine is None:
+        log.warning("console off: the ledger %s has no SQL engine", type(ledger).__name__)
+        return None
+    ampd = routing.live if isinstance(routing, AmpdRouting) else None
+    return build_console(ConsoleDeps(guard, ConsoleQueries(engine), pool, ampd))
 
 
 class _Incoming:
@@ -213,6 +227,10 @@ def build_app(
     ]
     if admin is not None:
         routes.append(Mount("/admin", app=admin))
+        console = _console(guard, the_ledger, pool, routing)
+        if console is not None:
+            routes.append(Mount("/console", app=console))
+        metrics.registry.register(BudgetGauges(guard))
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

@@ -23,6 +23,8 @@ from tokenomy.gateway.metering.ledger import UsageEvent
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 _LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+# TTFT as clients see it; 2.0 s is the TTFT SLO the alert rules assume (deploy/prometheus/alerts.yml)
+_TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 class _Sums(Collector):
@@ -67,7 +69,21 @@ class _AmpdGates(Collector):
                 held.add_metric([gate, backend], g.held)
                 if gate == "decode":
                     reordered.add_metric([backend], g.reordered)
-        yield from (waiting, held, reordered)
+        counts = self.live.counts
+        placements = CounterMetricFamily("tokenomy_gateway_ampd_placements",
+                                         "Turns whose (incremental) prefill AMPD placed, local or remote",
+                                         labels=["placement"])
+        for where in ("local", "remote"):
+            placements.add_metric([where], counts.placements[where])
+        prefill_reordered = CounterMetricFamily(
+            "tokenomy_gateway_ampd_prefill_reordered", "Prefill releases that overtook older queued turns",
+            labels=["backend"])
+        deferrals = CounterMetricFamily("tokenomy_gateway_ampd_deferrals",
+                                        "Queued prefills overtaken by a reordered release", labels=["backend"])
+        for backend in list(self.live.queues):
+            prefill_reordered.add_metric([backend], counts.prefill_reordered[backend])
+            deferrals.add_metric([backend], counts.deferrals[backend])
+        yield from (waiting, held, reordered, placements, prefill_reordered, deferrals)
 
 
 class GatewayMetrics:
@@ -87,6 +103,9 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.ttft = Histogram("tokenomy_gateway_ttft_seconds",
+                              "Time to first token of answered requests, as the client saw it at the gateway",
+                              buckets=_TTFT_BUCKETS_S, registry=r)
         self.in_flight = Gauge("tokenomy_gateway_in_flight", "Requests in flight per backend", ["backend"], registry=r)
         self.healthy = Gauge("tokenomy_gateway_backend_healthy", "1 when the backend is in rotation", ["backend"], registry=r)
 
@@ -99,6 +118,8 @@ class GatewayMetrics:
 
     def observe_event(self, ev: UsageEvent) -> None:
         m = ev.model
+        if ev.ttft_s is not None and ev.outcome == "ok":
+            self.ttft.observe(ev.ttft_s)
         tokens, cost = self.sums.tokens, self.sums.cost
         for cls, n in (
             ("input", ev.input_tokens),

@@ -79,6 +79,16 @@ class Trip:
     until_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class SessionStatus:
+    turns: int
+    spent_usd: float
+    open: bool
+    code: str
+    reason: str
+    open_until_s: float | None
+
+
 class Breakers:
     """Per-session and per-key breaker state. Not thread-safe; one event loop owns it."""
 
@@ -167,6 +177,16 @@ class Breakers:
             return None
         s = self._session(key_id, session_id)
         return max(0.0, self.config.session_budget_usd - s.spent_usd - s.in_flight_usd)
+
+    def session_status(self, key_id: str, session_id: str, now_s: float) -> SessionStatus | None:
+        """A session's breaker as the console shows it (None: not tracked); reads, never refreshes
+        the session's place in the LRU order."""
+        s = self._sessions.get((key_id, session_id))
+        if s is None:
+            return None
+        is_open = now_s < s.open_until_s
+        return SessionStatus(s.turns, s.spent_usd, is_open, s.open_code if is_open else "",
+                             s.open_reason if is_open else "", s.open_until_s if is_open else None)
 
     def _velocity(self, key: _State, s: _State | None, key_id: str, session_id: str | None, n: int,
                   now_s: float) -> bool:

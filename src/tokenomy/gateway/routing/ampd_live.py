@@ -58,6 +58,7 @@ from redis.exceptions import RedisError
 
 from tokenomy.core import SLO, Request, Role
 from tokenomy.gateway.http.parse import ParsedRequest
+from tokenomy.gateway.routing.ampd_counts import AmpdCounts
 from tokenomy.gateway.routing.ampd_gates import DecodeGate, GatedPrefillQueue
 from tokenomy.gateway.routing.backends import Backend, BackendPool
 from tokenomy.gateway.routing.config import RoutingConfig
@@ -130,6 +131,7 @@ class AmpdLive:
         self.queues: dict[str, GatedPrefillQueue] = {}
         self.gates: dict[str, DecodeGate] = {}
         self.decisions: deque[Mapping[str, Any]] = deque(maxlen=_TRACE_MEMORY)
+        self.counts = AmpdCounts()  # every decision, counted (for /metrics)
         self._queued_on: dict[str, GatedPrefillQueue] = {}  # request id -> queue it was released by
         self._no_retain: set[str] = set()  # backends that answered 404 to a retention hint
         self._pins: dict[str, _Pin] = {}  # request id -> the KEEP hint sent for it
@@ -154,6 +156,7 @@ class AmpdLive:
 
     def _record(self, event: Mapping[str, Any]) -> None:
         self.decisions.append(event)
+        self.counts.add(event)
         log.debug("ampd decision %s", event)
 
     def _queue(self, backend: Backend) -> GatedPrefillQueue:
