@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import sqlalchemy as sa
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -83,8 +84,8 @@ def _console(guard: Any, ledger: Ledger, pool: BackendPool, routing: Any) -> Any
     when the ledger is not an SQL one (the console reads it with SQL)."""
     from tokenomy.gateway.console import ConsoleDeps, ConsoleQueries, build_console
 
-    engine = getattr(ledger, "engine", None)
-    if engine is None:
+    engine = getattr(ledger, "sync_engine", None) or getattr(ledger, "engine", None)  # a fleet's: psycopg
+    if not isinstance(engine, sa.Engine):
         log.warning("console off: the ledger %s has no SQL engine", type(ledger).__name__)
         return None
     ampd = routing.live if isinstance(routing, AmpdRouting) else None

@@ -12,10 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy as sa
+
 from tokenomy.gateway.ops.config import GatewayConfigLike, ops_config
 from tokenomy.gateway.ops.fleet_guard import FleetGuard, redis_client
 from tokenomy.gateway.ops.metrics import OpsMetrics
 from tokenomy.gateway.ops.tenancy_seed import apply_seeds
+from tokenomy.gateway.stores.ledger_sql import usage_events
 from tokenomy.gateway.stores.pg_ledger import PgLedger
 from tokenomy.gateway.stores.pg_tenancy import PgTenantStore, pg_engine, seeding_lock
 from tokenomy.gateway.stores.shared_config import SharedStoresConfig
@@ -49,10 +52,14 @@ def build_fleet(config: GatewayConfigLike, shared: SharedStoresConfig, *, regist
         raise ValueError("ops.server_secret: a fleet needs one secret shared by every replica")
     engine = pg_engine(shared.postgres_url)
     store = PgTenantStore(engine, ops.server_secret.encode(), refresh_s=shared.tenants_refresh_s)
-    with seeding_lock(engine):
+    with seeding_lock(engine):  # one replica at a time: tenants, the ledger's table and indexes
         store.reload()
         apply_seeds(store, ops.tenants)
+        usage_events.metadata.create_all(engine, tables=[usage_events])
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE INDEX IF NOT EXISTS ix_usage_ts ON usage_events (ts_s)"))
     ledger = PgLedger(shared.postgres_url, pool_size=shared.postgres_pool_size)
+    ledger.sync_engine = engine
     guard = FleetGuard(ops, store, config.price, redis_client(shared), ledger, shared, clock=clock,
                        metrics=OpsMetrics(registry) if registry is not None else None)
     return FleetParts(guard, ledger)

@@ -61,6 +61,7 @@ class PgLedger:
         self._con: asyncpg.Connection | None = None  # the writer's
         self.timeout_s = timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.sync_engine: sa.Engine | None = None  # for blocking readers (the console), when the owner sets one
         self.failed_at_s: float | None = None  # monotonic time of the last failed commit, None after a good one
         # request id -> the transaction id that committed its event, until ``pop_xid`` (the guard's
         # settle) takes it; bounded (a request recorded but never settled must not grow it forever)
