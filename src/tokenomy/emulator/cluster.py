@@ -114,8 +114,9 @@ class Instance(BaseModel):
         return args
 
 
-def load_cluster(path: Path) -> ClusterSpec:
-    """Read and check a cluster file; ValueError naming the file and the bad key."""
+def load_cluster(path: Path, ignore: tuple[str, ...] = ()) -> ClusterSpec:
+    """Read and check a cluster file; ValueError naming the file and the bad key. ``ignore``: top-level
+    sections another part reads (``tokenomy up``'s ``fleet:``)."""
     import yaml
 
     try:
@@ -125,6 +126,7 @@ def load_cluster(path: Path) -> ClusterSpec:
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {exc}") from None
     try:
+        data = {k: v for k, v in (data or {}).items() if k not in ignore} if isinstance(data, dict) else data
         return ClusterSpec.model_validate(data if data is not None else {})
     except ValidationError as exc:
         err = exc.errors()[0]

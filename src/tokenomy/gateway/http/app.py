@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import sqlalchemy as sa
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -32,6 +33,8 @@ from tokenomy.gateway.metering.usage_api import usage_endpoint
 from tokenomy.gateway.ops import ops_guard
 from tokenomy.gateway.ops.admin import build_admin_router
 from tokenomy.gateway.ops.budget_metrics import BudgetGauges
+from tokenomy.gateway.ops.config import ops_config
+from tokenomy.gateway.ops.fleet import build_fleet
 from tokenomy.gateway.ops.guard import Guard
 from tokenomy.gateway.routing.ampd_live import AmpdRouting
 from tokenomy.gateway.routing.backends import BackendPool
@@ -39,6 +42,7 @@ from tokenomy.gateway.routing.build import build_routing
 from tokenomy.gateway.routing.tls import host_port, tls_contexts
 from tokenomy.gateway.routing.upstream import Upstream, UpstreamPool, UpstreamTimeouts
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
+from tokenomy.gateway.stores.redis_routing import RedisSessionBindings
 from tokenomy.policy.router import make_router
 
 log = logging.getLogger(__name__)
@@ -95,8 +99,8 @@ def _console(guard: Any, ledger: Ledger, pool: BackendPool, routing: Any) -> Any
     when the ledger is not an SQL one (the console reads it with SQL)."""
     from tokenomy.gateway.console import ConsoleDeps, ConsoleQueries, build_console
 
-    engine = getattr(ledger, "engine", None)
-    if engine is None:
+    engine = getattr(ledger, "sync_engine", None) or getattr(ledger, "engine", None)  # a fleet's: psycopg
+    if not isinstance(engine, sa.Engine):
         log.warning("console off: the ledger %s has no SQL engine", type(ledger).__name__)
         return None
     ampd = routing.live if isinstance(routing, AmpdRouting) else None
@@ -149,6 +153,11 @@ def build_app(
     admin: Any = None,
 ) -> GatewayApp:
     metrics = GatewayMetrics()
+    fleet = None
+    shared = ops_config(config).shared if guard is None and ledger is None else None
+    if shared is not None:  # a fleet replica: ledger and tenants in PostgreSQL, state in Redis
+        fleet = build_fleet(config, shared, registry=metrics.registry)
+        ledger, guard, admin = fleet.ledger, fleet.guard, build_admin_router(fleet.guard)
     own_ledger = ledger is None
     the_ledger: Ledger = ledger if ledger is not None else SqlLedger(
         config.ledger.url, config.ledger.synchronous, config.ledger.max_batch, config.ledger.writer
@@ -167,6 +176,8 @@ def build_app(
     routing = build_routing(config.routing, pool, upstream, router, client)
     if isinstance(routing, AmpdRouting):
         metrics.watch_ampd(routing.live)
+        if fleet is not None and shared is not None:  # one session, one decode instance, fleet-wide
+            routing.live.bindings = RedisSessionBindings(fleet.guard.redis, ttl_s=shared.binding_ttl_s)
     proxy = Proxy(config, pool, routing, the_ledger, guard, metrics, upstream)
     openapi = spec(config.models())
 
@@ -203,6 +214,8 @@ def build_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if fleet is not None:
+            await fleet.start()
         pool.start()
         gc.collect()
         gc.freeze()  # start-up objects live as long as the process: the collector need not scan them
@@ -217,9 +230,10 @@ def build_app(
             for c in tls_clients.values():
                 await c.aclose()
             await upstream.aclose()
-            aclose = getattr(guard, "aclose", None)  # token operations: post queued alerts, stop the webhook
-            if aclose is not None:
-                await aclose()
+            if fleet is not None:
+                await fleet.aclose()
+            elif (aclose := getattr(guard, "aclose", None)) is not None:
+                await aclose()  # token operations: post queued alerts, stop the webhook
             if own_ledger:
                 the_ledger.close()
 

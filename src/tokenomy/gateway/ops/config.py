@@ -17,6 +17,7 @@ from tokenomy.gateway.ops.alerts import AlertsConfig
 from tokenomy.gateway.ops.breaker import BreakerConfig
 from tokenomy.gateway.ops.budget import PriceLike
 from tokenomy.gateway.ops.tenancy_seed import TenantSeed
+from tokenomy.gateway.stores.shared_config import SharedStoresConfig
 from tokenomy.gateway.stores.tenancy_sql import TenantStore, sqlite_engine, stored_secret
 
 
@@ -44,6 +45,9 @@ class OpsConfig(BaseModel):
     breaker: BreakerConfig = BreakerConfig()
     admission: AdmissionConfig = AdmissionConfig()
     alerts: AlertsConfig = AlertsConfig()
+    shared: SharedStoresConfig | None = Field(
+        default=None, description="a fleet replica: state in Redis, ledger and tenants in PostgreSQL "
+                                  "(docs/gateway-ops.md, 'Running a fleet'); None: the embedded stores")
 
 
 class GatewayConfigLike(Protocol):

@@ -54,8 +54,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from redis.exceptions import RedisError
 
-from tokenomy.core import SLO, Role
+from tokenomy.core import SLO, Request, Role
 from tokenomy.gateway.http.parse import ParsedRequest
 from tokenomy.gateway.routing.ampd_counts import AmpdCounts
 from tokenomy.gateway.routing.ampd_gates import DecodeGate, GatedPrefillQueue
@@ -64,6 +65,7 @@ from tokenomy.gateway.routing.config import RoutingConfig
 from tokenomy.gateway.routing.prefill import PrefillHop
 from tokenomy.gateway.routing.route import DecodeRoute, core_request, decode_candidates, role_candidates
 from tokenomy.gateway.routing.upstream import Upstream
+from tokenomy.gateway.stores.redis_routing import RedisSessionBindings
 from tokenomy.policy.ampd import (
     AdmissionTask,
     AmpdPolicies,
@@ -76,6 +78,7 @@ from tokenomy.policy.ampd import (
     ToolLatencyConfig,
     build_ampd_policies,
 )
+from tokenomy.policy.ampd.binding import SessionBinder
 from tokenomy.policy.ampd.reorder import ReorderConfig
 from tokenomy.policy.router import Router
 
@@ -141,6 +144,7 @@ class AmpdLive:
         # then sized exactly and only its new part estimated (a whole-prompt ratio lags on real
         # tokenizers and can size a small increment as none)
         self._last_prompt: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self.bindings: RedisSessionBindings | None = None  # a fleet's shared session bindings
 
     @classmethod
     def build(cls, config: RoutingConfig, pool: BackendPool, http: httpx.AsyncClient) -> AmpdLive:
@@ -182,7 +186,7 @@ class AmpdLive:
         prompt = self.prompt_tokens(req)
         request = core_request(req, now, prompt_tokens=prompt)
         if p.binder is not None:
-            decode_id = p.binder.bind(request, decodes, now).instance_id
+            decode_id = await self._bind(p.binder, request, decodes, now)
         else:
             decode_id = min(decodes, key=lambda b: (b.in_flight, b.instance_id)).instance_id
         decode = self.pool.by_id[decode_id]
@@ -208,6 +212,30 @@ class AmpdLive:
                                     request.prompt_tokens - cached, cached))
         self._queued_on[req.request_id] = q
         return decode_id, order, reason, request.history_tokens
+
+    async def _bind(self, binder: SessionBinder, request: Request, decodes: list[Backend], now: float) -> str:
+        """The binder's decision, made fleet-wide when ``bindings`` (a shared store) is set: a
+        session bound by another replica keeps that binding; racing first bindings agree on one."""
+        sid, shared = request.session_id, self.bindings
+        if not sid or shared is None:
+            return binder.bind(request, decodes, now).instance_id
+        try:
+            held = await shared.get(sid)
+            if held is not None:
+                binder.adopt(sid, held)
+            decision = binder.bind(request, decodes, now)
+            chosen = decision.instance_id
+            if decision.new_binding:
+                chosen = await shared.claim(sid, chosen)
+            elif decision.rebound:
+                chosen = await shared.move(sid, decision.from_instance, chosen)
+        except (RedisError, OSError) as e:  # the shared store is away: this replica's binding
+            log.warning("session bindings unavailable (%s): binding %s locally", e, sid)
+            return binder.bind(request, decodes, now).instance_id
+        if chosen not in self.pool.by_id:
+            return decision.instance_id
+        binder.adopt(sid, chosen)
+        return chosen
 
     async def admit(self, req: ParsedRequest, decode_id: str, *, remote: bool, arrival_s: float) -> None:
         """Wait for the decode admission gate of ``decode_id`` (no gate: return at once).

@@ -5,14 +5,24 @@ state                  interface                          implementations (chose
 =====================  =================================  ==========================================
 budget holds/spend     ``reservations.Reservations``      ``InProcessReservations`` (``ops.reservations:
                                                           memory``), ``reservations_sql.SqlReservations``
-                                                          (``sql``, the default)
-RPM/TPM, concurrency   ``limits.RateLimits``              ``InProcessRateLimits`` (always, today)
-usage ledger           ``metering.ledger.Ledger``         ``ledger_sql.SqlLedger`` (``ledger.url``)
-tenants and keys       ``tenancy_sql.TenantStore``        SQL only (``ops.db_url``, else the ledger's)
+                                                          (``sql``, the default); a fleet (``ops.shared``):
+                                                          ``redis_reservations.RedisReservations``
+RPM/TPM, concurrency   ``limits.RateLimits``              ``InProcessRateLimits``; a fleet:
+                                                          ``redis_limits.RedisRateLimits``
+breaker state          ``ops.breaker.Breakers``           in process; a fleet: ``redis_breakers.RedisBreakers``
+session bindings,      (routing)                          a fleet: ``redis_routing.RedisSessionBindings``,
+in-flight counts                                          ``redis_routing.RedisInFlight``
+usage ledger           ``metering.ledger.Ledger``         ``ledger_sql.SqlLedger`` (``ledger.url``); a fleet:
+                                                          ``pg_ledger.PgLedger`` (PostgreSQL, asyncpg)
+tenants and keys       ``tenancy_sql.TenantStore``        SQL (``ops.db_url``, else the ledger's); a fleet:
+                                                          ``pg_tenancy.PgTenantStore``
 =====================  =================================  ==========================================
 
-The interfaces are synchronous except the ledger's ``record``/``session_state``/``exists``: each
-atomic step (reserve = check every charge and add; settle/release idempotent per request id;
+The embedded interfaces are synchronous except the ledger's ``record``/``session_state``/``exists``:
+each atomic step (reserve = check every charge and add; settle/release idempotent per request id;
 acquire = check every bucket and charge) runs inside one call with nothing awaited between check
-and charge. ``budget_seed`` rebuilds spend from the ledger at start-up.
+and charge. The fleet's stores are async and keep the same atomicity inside the server: one Lua
+script per step (Redis), one transaction per group commit (PostgreSQL); ``ops.fleet_guard`` uses
+them. ``budget_seed`` rebuilds spend from the ledger at start-up. ``servers`` starts a local
+``redis-server`` and PostgreSQL (tests, ``tokenomy up`` with a fleet).
 """

@@ -133,6 +133,10 @@ class SessionBinder:
     def bound_instance(self, session_id: str) -> str | None:
         return self._bound.get(session_id)
 
+    def adopt(self, session_id: str, instance_id: str) -> None:
+        """Take a binding made elsewhere (another gateway replica, through a shared store)."""
+        self._bound[session_id] = instance_id
+
     def unbind(self, session_id: str) -> None:
         """Forget a session (it ended); unknown ids are ignored."""
         self._bound.pop(session_id, None)

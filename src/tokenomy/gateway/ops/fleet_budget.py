@@ -1,0 +1,120 @@
+"""Budgets for a fleet: ``ops.budget.Budgets``' policy over the Redis hold store (async).
+
+The same charges (every node of the key's path, each in its own period), refusals (429
+``budget_exceeded``, ``retry-after: 1`` while requests in flight hold the rest, else to the period's
+end), threshold crossings and budget tiers; the atomic step (check every node, hold on every node)
+is ``RedisReservations.reserve``'s one script. ``seed`` rebuilds Redis's spend from the ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Protocol
+
+from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.budget import Crossing, period_key, seconds_to_period_end
+from tokenomy.gateway.ops.tenancy import Node, NodeKind, TenantTree
+from tokenomy.gateway.stores.budget_seed import period_starts_s
+from tokenomy.gateway.stores.redis_reservations import RedisReservations
+from tokenomy.gateway.stores.reservations import Charge, Hold
+
+log = logging.getLogger(__name__)
+
+
+class SpendSnapshots(Protocol):
+    async def spend_snapshot(self, since_s: dict[str, float]) -> tuple[dict[str, dict[str, float]], str]: ...
+
+
+class SharedBudgets:
+    """Budget policy over ``RedisReservations``; ``crossings`` is drained by the guard (alerts)."""
+
+    def __init__(self, store: RedisReservations, thresholds: Sequence[float] = (0.5, 0.8, 1.0)) -> None:
+        self.store = store
+        self.thresholds = tuple(sorted(thresholds))
+        self.crossings: list[Crossing] = []
+        self._exhausted: set[Charge] = set()
+
+    @staticmethod
+    def charges(path: Sequence[Node], now_s: float) -> tuple[tuple[Charge, ...], dict[Charge, float]]:
+        charges = tuple((n.id, period_key(n.limits.budget_period, now_s)) for n in path)
+        budgets = {c: n.limits.budget_usd for c, n in zip(charges, path, strict=True) if n.limits.budget_usd is not None}
+        return charges, budgets
+
+    async def seed(self, tree: TenantTree, ledger: SpendSnapshots, now_s: float) -> bool:
+        """Write the ledger's spend for the current periods, once per Redis data set."""
+        by_period, snapshot = await ledger.spend_snapshot(period_starts_s(now_s))
+        totals: dict[Charge, float] = defaultdict(float)
+        for key in tree.nodes():
+            if key.kind is not NodeKind.KEY:
+                continue
+            for node_id in tree.path(key.id):
+                period = tree.get(node_id).limits.budget_period
+                totals[(node_id, period_key(period, now_s))] += by_period[period].get(key.id, 0.0)
+        seeded = await self.store.seed(totals, snapshot)
+        if seeded:
+            log.info("fleet budgets: seeded %d charges from the ledger", len(totals))
+        return seeded
+
+    async def reserve(self, rid: str, path: Sequence[Node], amount: float, now_s: float) -> None:
+        """Hold ``amount`` on every node of ``path`` or raise 429 ``budget_exceeded`` (``Unseeded``:
+        the caller seeds and retries)."""
+        charges, budgets = self.charges(path, now_s)
+        refusal = await self.store.reserve(Hold(rid, charges, amount, now_s + self.store.lease_s), budgets, now_s)
+        if refusal is None:
+            return
+        node = next(n for c, n in zip(charges, path, strict=True) if c == refusal.charge)
+        if refusal.charge not in self._exhausted:
+            self._exhausted.add(refusal.charge)
+            self.crossings.append(Crossing(node.id, refusal.charge[1], 1.0, refusal.spent_usd, refusal.budget_usd))
+        left = max(0.0, refusal.budget_usd - refusal.spent_usd - refusal.reserved_usd)
+        period = node.limits.budget_period
+        if refusal.reserved_usd > 0 and refusal.spent_usd + amount <= refusal.budget_usd:
+            why, headers = f" (${refusal.reserved_usd:.6f} is held by requests in flight)", {"retry-after": "1"}
+        else:
+            wait = max(1, math.ceil(seconds_to_period_end(period, now_s)))
+            why, headers = "", {"retry-after": str(wait), "x-should-retry": "false"}
+        raise GatewayError(
+            429, f"budget exceeded for {node.kind.value} {node.id}: this request may cost up to "
+            f"${amount:.6f}, ${left:.6f} of ${refusal.budget_usd:.6f} is left this {period}{why}",
+            type="insufficient_quota", code="budget_exceeded", headers=headers)
+
+    async def settle(self, rid: str, actual_usd: float, path: Sequence[Node], admitted_s: float,
+                     ledger_xid: int | None) -> None:
+        """Charge the actual cost once; thresholds it crossed go to ``crossings``."""
+        charges = self.charges(path, admitted_s)[0]
+        hold = await self.store.settle(rid, actual_usd, ledger_xid, charges)
+        if hold is None:
+            return
+        spent_after = self.store.last_spent
+        for charge, node in zip(hold.charges, path, strict=False):
+            budget = node.limits.budget_usd
+            if budget is None or budget <= 0 or charge[0] != node.id:
+                continue
+            spent = spent_after.get(charge)
+            if spent is None:
+                spent, _ = await self.store.usage(charge)
+            before, after = (spent - actual_usd) / budget, spent / budget
+            for t in self.thresholds:
+                if before + 1e-9 < t <= after + 1e-9:
+                    if t >= 1.0:
+                        if charge in self._exhausted:
+                            continue
+                        self._exhausted.add(charge)
+                    self.crossings.append(Crossing(node.id, charge[1], t, spent, budget))
+
+    async def tier_priority(self, path: Sequence[Node], now_s: float) -> int | None:
+        """The lowest priority a budget tier imposes along the path, or None."""
+        out: int | None = None
+        for charge, node in zip(self.charges(path, now_s)[0], path, strict=True):
+            budget = node.limits.budget_usd
+            if budget is None or not node.limits.budget_tiers:
+                continue
+            spent, _ = await self.store.usage(charge)
+            used = 1.0 if budget <= 0 else spent / budget
+            for tier in node.limits.budget_tiers:
+                if used + 1e-9 >= tier.at_fraction:
+                    out = tier.priority if out is None else min(out, tier.priority)
+        return out

@@ -1,0 +1,226 @@
+"""RPM/TPM buckets and concurrency slots in Redis: exact across gateway replicas.
+
+Same semantics as the in-process ``InProcessRateLimits`` (continuous token buckets of ``capacity``
+per minute, one per node and kind; all-or-nothing over the key's path), but every ``acquire`` is
+one Lua script that checks every node of the path and then charges them all, so no interleaving
+of replicas can let a key through twice. The clock is the caller's ``now_s`` (replicas need
+synchronised clocks: a skew of d seconds refills d/60 of a bucket early).
+
+Concurrency slots are members of a sorted set per node scored by a *lease* expiry: the replica
+that holds a slot renews it (``renew``, from its heartbeat) while the request runs and removes it
+in ``finish``; a dead replica stops renewing, and the next ``acquire`` on that node drops its
+slots once their lease has passed. So a crashed replica leaks no slot for longer than the lease.
+
+Keys (prefix ``tk:``): ``tk:rl:{node}:{requests|tokens}`` hash (level, ts, cap), expiring once a
+bucket would have refilled anyway; ``tk:cc:{node}`` sorted set of request ids.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+
+from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.tenancy import NodeLimits
+from tokenomy.gateway.stores.limits import _HEADER_NAMES, RPM, TPM, RateGrant, TokenBucket, openai_duration
+
+# Bucket refill shared by the scripts: returns level after refilling to now, keeping what was used
+# when the capacity changed (as InProcessRateLimits does).
+_REFILL = """
+local function refill(key, cap, now)
+  local h = redis.call('HMGET', key, 'level', 'ts', 'cap')
+  local level, ts, old = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+  if level == nil then return cap, now end
+  if old ~= cap then level = cap - (old - level) end
+  if now > ts then
+    level = math.min(cap, level + (now - ts) * cap / 60.0)
+    ts = now
+  end
+  return level, ts
+end
+"""
+
+# KEYS: per node i (1-based) its rpm bucket, tpm bucket and concurrency set
+# ARGV: now, tokens, request_id, lease_until, then per node: rpm cap, tpm cap, max concurrent (-1: none)
+# Check every node, then charge every node: all or nothing.
+_ACQUIRE = _REFILL + """
+local now, tokens, rid, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local n = #KEYS / 3
+local plan = {}
+for i = 1, n do
+  local base = 4 + 3 * (i - 1)
+  local cc = KEYS[3 * i]
+  local maxc = tonumber(ARGV[base + 3])
+  redis.call('ZREMRANGEBYSCORE', cc, '-inf', now)
+  if maxc >= 0 and redis.call('ZCARD', cc) >= maxc then return {'concurrency', i, tostring(maxc)} end
+  for k = 1, 2 do
+    local cap = tonumber(ARGV[base + k])
+    if cap >= 0 then
+      local amount = 1.0
+      if k == 2 then amount = tokens end
+      local level, ts = refill(KEYS[3 * (i - 1) + k], cap, now)
+      if amount > level then
+        if amount > cap or cap <= 0 then return {'never', i, tostring(k)} end
+        return {'wait', i, tostring(k), tostring((amount - level) * 60.0 / cap)}
+      end
+      plan[#plan + 1] = {KEYS[3 * (i - 1) + k], cap, level - amount, ts}
+    end
+  end
+end
+local out = {'ok'}
+for _, p in ipairs(plan) do
+  redis.call('HSET', p[1], 'level', tostring(p[3]), 'ts', tostring(p[4]), 'cap', tostring(p[2]))
+  redis.call('PEXPIRE', p[1], 61000 + math.ceil((p[2] - p[3]) * 60000.0 / math.max(p[2], 1)))
+  out[#out + 1] = p[1]
+  out[#out + 1] = tostring(p[3])
+end
+for i = 1, n do
+  redis.call('ZADD', KEYS[3 * i], lease, rid)
+  redis.call('PEXPIRE', KEYS[3 * i], 86400000)
+end
+return out
+"""
+
+
+# KEYS: tpm bucket keys; ARGV: now, delta (actual - estimate)
+_CORRECT = _REFILL + """
+local now, delta = tonumber(ARGV[1]), tonumber(ARGV[2])
+for _, key in ipairs(KEYS) do
+  local cap = tonumber(redis.call('HGET', key, 'cap'))
+  if cap ~= nil then
+    local level, ts = refill(key, cap, now)
+    level = math.min(cap, level - delta)
+    redis.call('HSET', key, 'level', tostring(level), 'ts', tostring(ts))
+    redis.call('PEXPIRE', key, 61000 + math.ceil(math.max(0, cap - level) * 60000.0 / math.max(cap, 1)))
+  end
+end
+return 1
+"""
+
+# KEYS: buckets to read; ARGV: now, then each key's cap
+_READ = _REFILL + """
+local now = tonumber(ARGV[1])
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = tostring((refill(key, tonumber(ARGV[1 + i]), now))) end
+return out
+"""
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+class RedisRateLimits:
+    """``RateLimits`` in Redis (async). ``lease_s``: how long a concurrency slot outlives a replica
+    that stopped renewing it."""
+
+    def __init__(self, redis: Redis, lease_s: float = 30.0, prefix: str = "tk:") -> None:
+        self.redis = redis
+        self.lease_s = lease_s
+        self.prefix = prefix
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._correct = redis.register_script(_CORRECT)
+        self._read = redis.register_script(_READ)
+        self._grant_rid: dict[int, str] = {}
+
+    def _bucket_key(self, node_id: str, kind: str) -> str:
+        return f"{self.prefix}rl:{node_id}:{kind}"
+
+    def _cc_key(self, node_id: str) -> str:
+        return f"{self.prefix}cc:{node_id}"
+
+    async def acquire(self, path: Sequence[tuple[str, NodeLimits]], tokens: int, now_s: float,
+                      request_id: str) -> RateGrant:
+        """Charge one request and ``tokens`` on every node of ``path`` and take a concurrency slot
+        on each, or raise a 429 GatewayError and change nothing."""
+        keys: list[str] = []
+        args: list[Any] = [repr(float(now_s)), tokens, request_id, repr(float(now_s + self.lease_s))]
+        caps: dict[str, tuple[int, str]] = {}
+        for node_id, lim in path:
+            rk, tk = self._bucket_key(node_id, RPM), self._bucket_key(node_id, TPM)
+            keys += [rk, tk, self._cc_key(node_id)]
+            args += [-1 if lim.rpm is None else lim.rpm, -1 if lim.tpm is None else lim.tpm,
+                     -1 if lim.max_concurrent is None else lim.max_concurrent]
+            if lim.rpm is not None:
+                caps[rk] = (lim.rpm, RPM)
+            if lim.tpm is not None:
+                caps[tk] = (lim.tpm, TPM)
+        out = [_s(x) for x in await self._acquire(keys=keys, args=args)]
+        if out[0] != "ok":
+            raise await self._refusal(out, path, tokens, now_s)
+        levels = {out[i]: float(out[i + 1]) for i in range(1, len(out), 2)}
+        headers = _headers([(levels[k], cap, kind) for k, (cap, kind) in caps.items() if k in levels])
+        return RateGrant(tuple(n for n, _ in path), tokens, headers)
+
+    async def _refusal(self, out: list[str], path: Sequence[tuple[str, NodeLimits]], tokens: int,
+                       now_s: float) -> GatewayError:
+        what, i = out[0], int(out[1]) - 1
+        node_id, lim = path[i]
+        if what == "concurrency":
+            return GatewayError(429, f"too many concurrent requests for {node_id} (limit {out[2]})",
+                                type="rate_limit_error", code="concurrency_limit", headers={"retry-after": "1"})
+        kind = RPM if out[2] == "1" else TPM
+        cap = lim.rpm if kind == RPM else lim.tpm
+        if what == "never":
+            amount = 1 if kind == RPM else tokens
+            return GatewayError(429, f"request needs {amount} {kind} but {node_id} allows {cap} per minute",
+                                type="rate_limit_error", code=f"{kind}_over_limit")
+        wait = float(out[3])
+        return GatewayError(429, f"rate limit reached for {node_id}: {cap} {kind} per minute",
+                            type="rate_limit_error", code="rate_limit_rpm" if kind == RPM else "rate_limit_tpm",
+                            headers={"retry-after": str(max(1, math.ceil(wait))),
+                                     **await self.headers(path, now_s)})
+
+    async def headers(self, path: Sequence[tuple[str, NodeLimits]], now_s: float) -> dict[str, str]:
+        keys: list[str] = []
+        caps: list[tuple[int, str]] = []
+        for node_id, lim in path:
+            for kind, cap in ((RPM, lim.rpm), (TPM, lim.tpm)):
+                if cap is not None:
+                    keys.append(self._bucket_key(node_id, kind))
+                    caps.append((cap, kind))
+        if not keys:
+            return {}
+        levels = await self._read(keys=keys, args=[repr(float(now_s)), *(c for c, _ in caps)])
+        return _headers([(float(_s(lv)), cap, kind) for lv, (cap, kind) in zip(levels, caps, strict=True)])
+
+    async def correct_tokens(self, grant: RateGrant, actual_tokens: int, now_s: float) -> None:
+        """Replace the TPM estimate charged by ``grant`` with ``actual_tokens``."""
+        keys = [self._bucket_key(n, TPM) for n in grant.node_ids]
+        await self._correct(keys=keys, args=[repr(float(now_s)), actual_tokens - grant.tokens])
+
+    async def finish(self, grant: RateGrant, request_id: str) -> None:
+        """Give back the request's concurrency slots (idempotent)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for n in grant.node_ids:
+                pipe.zrem(self._cc_key(n), request_id)
+            await pipe.execute()
+
+    async def renew(self, flights: Iterable[tuple[str, Sequence[str]]], now_s: float) -> None:
+        """Extend the lease of each (request id, node ids) still running on this replica."""
+        until = now_s + self.lease_s
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for rid, node_ids in flights:
+                for n in node_ids:
+                    pipe.zadd(self._cc_key(n), {rid: until}, xx=True)
+            await pipe.execute()
+
+    async def in_flight(self, node_id: str, now_s: float) -> int:
+        """Concurrency slots held on ``node_id`` whose lease has not passed."""
+        return int(await self.redis.zcount(self._cc_key(node_id), f"({now_s!r}", "+inf"))
+
+
+def _headers(buckets: Sequence[tuple[float, int, str]]) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-*`` for the tightest bucket of each kind."""
+    out: dict[str, str] = {}
+    for kind, names in _HEADER_NAMES:
+        tight = [(level, cap) for level, cap, k in buckets if k == kind]
+        if tight:
+            level, cap = min(tight)
+            out[names[0]] = str(cap)
+            out[names[1]] = str(max(0, math.floor(level)))
+            out[names[2]] = openai_duration(TokenBucket(float(cap), level, 0.0).reset_s())
+    return out

@@ -1,0 +1,262 @@
+"""Budget holds in Redis: ``spent + reserved <= budget`` kept exactly across gateway replicas.
+
+Each call is one Lua script, so no interleaving of replicas can overspend:
+
+* ``reserve``: check every budgeted (node, period) of the hold, then add the hold to all of them
+  (all or nothing); a request id that already holds is accepted again without a second charge.
+* ``settle`` / ``release``: remove the hold (once: a second call finds none and changes nothing),
+  moving its actual cost into ``spent`` (settle) or only returning the reservation (release).
+
+Leases: a hold is scored in ``tk:holds`` by its lease expiry, which the replica that took it
+renews from its heartbeat while the request runs. A dead replica stops renewing; ``reclaim`` (run
+by every replica's heartbeat) finishes holds whose lease has passed: settled at the ledger's cost
+when the request reached the ledger, else released. A released-by-reclaim hold leaves a marker,
+so a replica that was only slow (its hold reclaimed under it) still charges its actual cost at
+``settle``, once.
+
+Spend is rebuilt from the ledger: ``seed`` writes the ledger's spend in one script, only when the
+Redis data set has not been seeded (``tk:seeded`` absent: a new or restarted Redis). Until then
+``reserve`` answers ``Unseeded`` and the caller seeds first, so an empty Redis never admits
+against zero spend. ``tk:seeded`` keeps the PostgreSQL snapshot the spend was read in; a request
+admitted before Redis lost its data settles afterwards with its event's transaction id, and is
+charged exactly when that snapshot did not count it: nothing twice, nothing lost.
+
+Keys: ``tk:bu:{node}:{period}`` hash (spent, reserved); ``tk:hold:{request id}`` hash
+(charges, amount); ``tk:holds`` sorted set (request id by lease expiry); ``tk:rc:{request id}``
+reclaim markers (a day).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from redis.asyncio import Redis
+
+from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal
+
+_EPS = 1e-12
+_MARKER_TTL_S = 86400
+
+
+class Unseeded(RuntimeError):
+    """Redis holds no spend yet (new or restarted): seed it from the ledger, then retry."""
+
+
+# KEYS: seeded flag, hold, holds zset, then one usage key per charge
+# ARGV: request id, amount, lease until, charges json, then per charge its budget (-1: none)
+_RESERVE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'unseeded'} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'ok'} end
+local amount = tonumber(ARGV[2])
+for i = 4, #KEYS do
+  local budget = tonumber(ARGV[i + 1])
+  if budget >= 0 then
+    local h = redis.call('HMGET', KEYS[i], 'spent', 'reserved')
+    local spent, reserved = tonumber(h[1]) or 0, tonumber(h[2]) or 0
+    if spent + reserved + amount > budget + 1e-12 then
+      return {'refused', tostring(i - 3), tostring(spent), tostring(reserved)}
+    end
+  end
+end
+for i = 4, #KEYS do redis.call('HINCRBYFLOAT', KEYS[i], 'reserved', ARGV[2]) end
+redis.call('HSET', KEYS[2], 'charges', ARGV[4], 'amount', ARGV[2], 'lease', ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+return {'ok'}
+"""
+
+# KEYS: hold, holds zset, marker, seeded flag
+# ARGV: 1 request id, 2 actual cost (settle) or '' (release), 3 prefix,
+#       4 mode ('finish' | 'reclaim': only if the lease has passed at ARGV[5] = now), 6 marker ttl,
+#       7 the ledger transaction id of the request's event ('' unknown), 8 its charges json
+# Markers: a reclaimed hold leaves 'settled' or its charges (released: a late settle charges them).
+# A settle that finds neither hold nor marker comes after Redis lost its data: its cost is added
+# unless the ledger snapshot the spend was rebuilt from (tk:seeded = 'xmin:xmax:xip,...') saw it.
+_FINISH = """
+local rid, actual, prefix, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local function add_spent(charges_json)
+  for _, c in ipairs(cjson.decode(charges_json)) do
+    redis.call('HINCRBYFLOAT', prefix .. 'bu:' .. c[1] .. ':' .. c[2], 'spent', actual)
+  end
+end
+local function seen_by_seed(xid)
+  local snap = redis.call('GET', KEYS[4])
+  if snap == false then return false end
+  local xmin, xmax, xip = string.match(snap, '^(%d+):(%d+):(.*)$')
+  if xmin == nil then return false end
+  xid = tonumber(xid)
+  if xid < tonumber(xmin) then return true end
+  if xid >= tonumber(xmax) then return false end
+  for x in string.gmatch(xip, '%d+') do if tonumber(x) == xid then return false end end
+  return true
+end
+local h = redis.call('HMGET', KEYS[1], 'charges', 'amount')
+if h[1] == false then
+  if mode ~= 'finish' or actual == '' then return {'none'} end
+  local marker = redis.call('GET', KEYS[3])
+  if marker == 'settled' or marker == 'done' then return {'none'} end
+  if marker then
+    redis.call('SET', KEYS[3], 'done', 'EX', ARGV[6])
+    add_spent(marker)
+    return {'late', marker, '0'}
+  end
+  if ARGV[7] ~= '' and ARGV[8] ~= '' and not seen_by_seed(ARGV[7]) then
+    redis.call('SET', KEYS[3], 'done', 'EX', ARGV[6])
+    add_spent(ARGV[8])
+    return {'late', ARGV[8], '0'}
+  end
+  return {'none'}
+end
+if mode == 'reclaim' then
+  local lease = tonumber(redis.call('ZSCORE', KEYS[2], rid))
+  if lease ~= nil and lease > tonumber(ARGV[5]) then return {'renewed'} end
+end
+local amount = tonumber(h[2])
+local spent = {}
+for i, c in ipairs(cjson.decode(h[1])) do
+  local key = prefix .. 'bu:' .. c[1] .. ':' .. c[2]
+  local reserved = tonumber(redis.call('HGET', key, 'reserved')) or 0
+  redis.call('HSET', key, 'reserved', tostring(math.max(0, reserved - amount)))
+  if actual ~= '' then spent[i] = redis.call('HINCRBYFLOAT', key, 'spent', actual)
+  else spent[i] = redis.call('HGET', key, 'spent') or '0' end
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], rid)
+if mode == 'reclaim' then
+  if actual == '' then redis.call('SET', KEYS[3], h[1], 'EX', ARGV[6])
+  else redis.call('SET', KEYS[3], 'settled', 'EX', ARGV[6]) end
+end
+local out = {'held', h[1], h[2]}
+for _, x in ipairs(spent) do out[#out + 1] = x end
+return out
+"""
+
+# KEYS: seeded flag, then one usage key per charge; ARGV: owner, then each charge's spend
+_SEED = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') == false then return 0 end
+for i = 2, #KEYS do redis.call('HSET', KEYS[i], 'spent', ARGV[i]) end
+return 1
+"""
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+class RedisReservations:
+    """``Reservations`` in Redis (async); ``lease_s``: how long a hold outlives a replica that
+    stopped renewing it."""
+
+    def __init__(self, redis: Redis, lease_s: float = 30.0, prefix: str = "tk:") -> None:
+        self.redis = redis
+        self.lease_s = lease_s
+        self.prefix = prefix
+        self._reserve = redis.register_script(_RESERVE)
+        self._finish_script = redis.register_script(_FINISH)
+        self._seed = redis.register_script(_SEED)
+        self.seeded_key = f"{prefix}seeded"
+        self.last_spent: dict[Charge, float] = {}  # each charge's spend right after the last settle/release
+        self.holds_key = f"{prefix}holds"
+
+    def _usage_key(self, charge: Charge) -> str:
+        return f"{self.prefix}bu:{charge[0]}:{charge[1]}"
+
+    def _hold_key(self, request_id: str) -> str:
+        return f"{self.prefix}hold:{request_id}"
+
+    def _marker_key(self, request_id: str) -> str:
+        return f"{self.prefix}rc:{request_id}"
+
+    async def is_seeded(self) -> bool:
+        return bool(await self.redis.exists(self.seeded_key))
+
+    async def seed(self, spent: Mapping[Charge, float], snapshot: str) -> bool:
+        """Write the ledger's spend, unless Redis was seeded already (True when this call did).
+        ``snapshot``: the ledger's ``pg_current_snapshot()`` the spend was read in (which events
+        it counted), or any other tag when none applies."""
+        charges = list(spent)
+        keys = [self.seeded_key, *(self._usage_key(c) for c in charges)]
+        return bool(await self._seed(keys=keys, args=[snapshot, *(repr(float(spent[c])) for c in charges)]))
+
+    async def reserve(self, hold: Hold, budgets_usd: Mapping[Charge, float], now_s: float) -> Refusal | None:
+        """Record ``hold`` with a lease to ``now_s + lease_s`` if it fits every budget (None),
+        else change nothing and say why. Raises ``Unseeded`` when Redis has no spend yet."""
+        keys = [self.seeded_key, self._hold_key(hold.request_id), self.holds_key,
+                *(self._usage_key(c) for c in hold.charges)]
+        args = [hold.request_id, repr(float(hold.amount_usd)), repr(float(now_s + self.lease_s)),
+                json.dumps(hold.charges), *(repr(float(budgets_usd.get(c, -1.0))) for c in hold.charges)]
+        out = [_s(x) for x in await self._reserve(keys=keys, args=args)]
+        if out[0] == "ok":
+            return None
+        if out[0] == "unseeded":
+            raise Unseeded("Redis holds no budget state yet")
+        charge = hold.charges[int(out[1]) - 1]
+        return Refusal(charge, budgets_usd[charge], float(out[2]), float(out[3]))
+
+    async def _finish(self, request_id: str, actual: str, mode: str, now_s: float = 0.0, ledger_xid: int | None = None,
+                      charges: tuple[Charge, ...] = ()) -> tuple[str, Hold | None]:
+        keys = [self._hold_key(request_id), self.holds_key, self._marker_key(request_id), self.seeded_key]
+        out = [_s(x) for x in await self._finish_script(
+            keys=keys, args=[request_id, actual, self.prefix, mode, repr(float(now_s)), _MARKER_TTL_S,
+                             "" if ledger_xid is None else str(ledger_xid), json.dumps(charges) if charges else ""])]
+        if out[0] in ("held", "late"):
+            charges = tuple((str(n), str(p)) for n, p in json.loads(out[1]))
+            self.last_spent = {c: float(x) for c, x in zip(charges, out[3:], strict=False)}
+            return out[0], Hold(request_id, charges, float(out[2]), 0.0)
+        return out[0], None
+
+    async def settle(self, request_id: str, actual_usd: float, ledger_xid: int | None = None,
+                     charges: tuple[Charge, ...] = ()) -> Hold | None:
+        """Charge ``actual_usd`` and drop the hold; None when nothing was held (a second call).
+
+        A hold reclaimed under a slow replica is charged here all the same (amount 0). A hold that
+        Redis lost (restarted empty) is charged to ``charges`` unless the ledger snapshot the spend
+        was rebuilt from already counted the event (``ledger_xid``: its ledger transaction id)."""
+        return (await self._finish(request_id, repr(float(actual_usd)), "finish", ledger_xid=ledger_xid,
+                                   charges=charges))[1]
+
+    async def release(self, request_id: str) -> Hold | None:
+        return (await self._finish(request_id, "", "finish"))[1]
+
+    async def renew(self, request_ids: Iterable[str], now_s: float) -> None:
+        """Extend the lease of holds still in flight on this replica."""
+        until = now_s + self.lease_s
+        mapping = {rid: until for rid in request_ids}
+        if mapping:
+            await self.redis.zadd(self.holds_key, dict(mapping), xx=True)
+
+    async def reclaim(self, now_s: float, ledger_cost_usd: Callable[[str], Awaitable[float | None]],
+                      limit: int = 200) -> dict[str, int]:
+        """Finish holds whose lease has passed (a dead replica's): settled at the ledger's cost
+        when the request reached the ledger, else released. Safe to run on every replica."""
+        rids = [_s(r) for r in await self.redis.zrangebyscore(self.holds_key, "-inf", repr(float(now_s)),
+                                                              start=0, num=limit)]
+        counts = {"settled": 0, "released": 0}
+        for rid in rids:
+            cost = await ledger_cost_usd(rid)
+            actual = "" if cost is None else repr(float(cost))
+            status, _ = await self._finish(rid, actual, "reclaim", now_s)
+            if status == "held":
+                counts["released" if cost is None else "settled"] += 1
+        return counts
+
+    async def usage(self, charge: Charge) -> tuple[float, float]:
+        """(spent_usd, reserved_usd) of one node in one period."""
+        spent, reserved = await self._hmget(self._usage_key(charge), "spent", "reserved")
+        return float(spent or 0.0), float(reserved or 0.0)
+
+    async def _hmget(self, key: str, *names: str) -> list[str | None]:
+        values: list[Any] = await self.redis.hmget(key, list(names))
+        return [None if v is None else _s(v) for v in values]
+
+    async def holds(self) -> list[Hold]:
+        out: list[Hold] = []
+        pairs: list[Any] = await self.redis.zrange(self.holds_key, 0, -1, withscores=True)
+        for rid_b, lease in pairs:
+            rid = _s(rid_b)
+            charges_json, amount = await self._hmget(self._hold_key(rid), "charges", "amount")
+            if charges_json is not None:
+                charges = tuple((str(n), str(p)) for n, p in json.loads(charges_json))
+                out.append(Hold(rid, charges, float(amount or 0.0), float(lease)))
+        return out

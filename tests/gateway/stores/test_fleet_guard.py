@@ -1,0 +1,172 @@
+"""Three ``FleetGuard`` replicas on one real redis-server and one PostgreSQL ledger: budgets and
+limits hold across them, and a Redis outage does what ``ops.shared.on_outage`` says."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from test_pg_ledger import event
+
+from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.config import ops_config
+from tokenomy.gateway.ops.fleet_guard import FleetGuard, redis_client
+from tokenomy.gateway.ops.guard import AdmitRequest, SettledUsage
+from tokenomy.gateway.ops.tenancy import NodeKind, NodeLimits
+from tokenomy.gateway.stores.pg_ledger import PgLedger
+from tokenomy.gateway.stores.servers import PostgresServer, RedisServer
+from tokenomy.gateway.stores.shared_config import SharedStoresConfig
+from tokenomy.gateway.stores.tenancy_sql import TenantStore, sqlite_engine
+
+pytestmark = pytest.mark.integration
+SECRET = "s" * 32
+
+
+class FakeClock:
+    def __init__(self, t: float = 1_795_000_000.0) -> None:  # 2026-11-18 UTC, mid-month
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt_s: float) -> None:
+        self.t += dt_s
+
+
+@dataclass(frozen=True)
+class FlatPrice:
+    input_per_mtok: float = 1.0
+    cached_input_per_mtok: float = 0.25
+    output_per_mtok: float = 2.0
+
+
+@dataclass
+class FakeConfig:
+    ops: dict[str, Any] = field(default_factory=dict)
+
+    def price(self, model: str) -> FlatPrice:
+        return FlatPrice()
+
+
+def request(key: str, rid: str, prompt: int = 100, max_tokens: int = 100) -> AdmitRequest:
+    return AdmitRequest(rid, key, "m", prompt, max_tokens)
+
+
+def fleet(tmp_path: Path, redis_srv: RedisServer, pg_srv: PostgresServer, body: Callable[..., Awaitable[Any]],
+          replicas: int = 3, **shared: Any) -> Any:
+    """Run ``body(guards, keys, ledger, clock)`` with ``replicas`` FleetGuards sharing one tenant
+    database, one Redis (flushed first) and one PostgreSQL ledger."""
+    clock = FakeClock()
+    store_url = f"sqlite:///{tmp_path / 'tenants.db'}"
+    setup = TenantStore(sqlite_engine(store_url), SECRET.encode())
+    org = setup.create_node(NodeKind.ORG, "acme", None)
+    team = setup.create_node(NodeKind.TEAM, "team", org.id)
+    keys = {"budgeted": setup.create_key(team.id, "budgeted", NodeLimits(budget_usd=0.015))[1],
+            "free": setup.create_key(team.id, "free", NodeLimits(rpm=1000))[1]}
+    cfg = SharedStoresConfig(redis_url=redis_srv.url, postgres_url=pg_srv.url, lease_s=2.0, timeout_s=5.0, **shared)
+    ops = ops_config(FakeConfig({"server_secret": SECRET}))
+
+    async def main() -> Any:
+        flush = Redis.from_url(redis_srv.url)
+        await flush.flushdb()
+        await flush.aclose()
+        ledger = await PgLedger(pg_srv.url).start()
+        clients = [redis_client(cfg) for _ in range(replicas)]
+        guards = [FleetGuard(ops, TenantStore(sqlite_engine(store_url), SECRET.encode()), FakeConfig().price,
+                             c, ledger, cfg, clock=clock) for c in clients]
+        try:
+            for g in guards:
+                await g.start()
+            return await body(guards, keys, ledger, clock)
+        finally:
+            for g in guards:
+                await g.aclose()
+            for c in clients:
+                await c.aclose()
+            await ledger.aclose()
+
+    return asyncio.run(main())
+
+
+def test_200_concurrent_requests_over_3_replicas_on_a_50_request_budget(tmp_path: Path, redis_srv: RedisServer,
+                                                                         pg_srv: PostgresServer) -> None:
+    # each request: 100 prompt tokens at $1/M + 100 output tokens at $2/M = $0.0003 worst case,
+    # and it costs that much: a $0.015 budget pays for exactly 50
+    async def body(guards: list[FleetGuard], keys: dict[str, str], ledger: PgLedger, clock: FakeClock) -> None:
+        tag = secrets.token_hex(3)
+        served: list[str] = []
+
+        async def one(i: int) -> None:
+            g = guards[i % 3]
+            rid = f"{tag}-{i}"
+            try:
+                adm = await g.admit(request(keys["budgeted"], rid))
+            except GatewayError as e:
+                assert e.code == "budget_exceeded"
+                return
+            await asyncio.sleep(0)  # let the other requests race for the budget meanwhile
+            await ledger.record(event(rid, adm.key_id, 0.0003))
+            await g.settle(adm, SettledUsage(100, 100, 0, 0.0003))
+            served.append(rid)
+
+        await asyncio.gather(*(one(i) for i in range(200)))
+        assert len(served) == 50
+        key_id = guards[0].store.authenticate(keys["budgeted"]).id  # type: ignore[union-attr]
+        ledger_sum = (await ledger.spend_by_key(0.0))[key_id]
+        charge = (key_id, guards[0].shared_budgets.charges(guards[0].store.tree.path_nodes(key_id), clock())[0][-1][1])
+        spent, reserved = await guards[1].r_holds.usage(charge)
+        assert round(ledger_sum, 9) == round(spent, 9) == 0.015 and reserved == 0.0
+
+    fleet(tmp_path, redis_srv, pg_srv, body)
+
+
+def test_redis_down_fails_budgeted_keys_closed_and_serves_unbudgeted_locally_then_recovers(
+        tmp_path: Path, redis_srv: RedisServer, pg_srv: PostgresServer) -> None:
+    async def body(guards: list[FleetGuard], keys: dict[str, str], ledger: PgLedger, clock: FakeClock) -> None:
+        g = guards[0]
+        tag = secrets.token_hex(3)
+        adm = await g.admit(request(keys["budgeted"], f"{tag}-1", max_tokens=6000))  # worst $0.0121
+        await ledger.record(event(f"{tag}-1", adm.key_id, 0.012))
+        await g.settle(adm, SettledUsage(100, 6000, 0, 0.012))
+        redis_srv.kill()
+        try:
+            with pytest.raises(GatewayError) as e:
+                await g.admit(request(keys["budgeted"], f"{tag}-2"))
+            assert (e.value.status, e.value.code, e.value.headers["retry-after"]) == (503, "store_unavailable", "2")
+            local = await g.admit(request(keys["free"], f"{tag}-3"))  # unbudgeted: this replica's own limits
+            await g.settle(local, SettledUsage(100, 100, 0, 0.0003))
+        finally:
+            redis_srv.start()  # comes back empty
+        # spend is rebuilt from the ledger: $0.012 of $0.015 is gone; a $0.0021 request fits,
+        # a $0.0121 one does not
+        adm = await g.admit(request(keys["budgeted"], f"{tag}-4", max_tokens=1000))
+        await g.release(adm, "test")
+        with pytest.raises(GatewayError) as e:
+            await guards[2].admit(request(keys["budgeted"], f"{tag}-5", max_tokens=6000))
+        assert e.value.code == "budget_exceeded"
+
+    fleet(tmp_path, redis_srv, pg_srv, body)
+
+
+def test_a_dead_replicas_holds_are_reclaimed_within_the_lease(tmp_path: Path, redis_srv: RedisServer,
+                                                              pg_srv: PostgresServer) -> None:
+    async def body(guards: list[FleetGuard], keys: dict[str, str], ledger: PgLedger, clock: FakeClock) -> None:
+        dead, live = guards[0], guards[1]
+        tag = secrets.token_hex(3)
+        done = await dead.admit(request(keys["free"], f"{tag}-done", max_tokens=10_000))
+        await dead.admit(request(keys["free"], f"{tag}-lost", max_tokens=10_000))
+        await ledger.record(event(f"{tag}-done", done.key_id, 0.002))  # it completed, then the replica died
+        dead._flights.clear()  # a dead replica renews nothing
+        clock.advance(2.5)  # past the 2 s lease
+        assert await live.heartbeat() == {"settled": 1, "released": 1}
+        key_id = done.key_id
+        charge = live.shared_budgets.charges(live.store.tree.path_nodes(key_id), clock())[0][-1]
+        assert await live.r_holds.usage(charge) == (0.002, 0.0)
+
+    fleet(tmp_path, redis_srv, pg_srv, body)
