@@ -9,13 +9,18 @@ is ``RedisReservations.reserve``'s one script. ``seed`` rebuilds Redis's spend f
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Protocol
 
-from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.ops.budget import Crossing, period_key, seconds_to_period_end
+from tokenomy.gateway.ops.budget import (
+    Crossing,
+    RefusalEvent,
+    crossed,
+    node_label,
+    period_key,
+    refusal_error,
+)
 from tokenomy.gateway.ops.tenancy import Node, NodeKind, TenantTree
 from tokenomy.gateway.stores.budget_seed import period_starts_s
 from tokenomy.gateway.stores.redis_reservations import RedisReservations
@@ -35,6 +40,7 @@ class SharedBudgets:
         self.store = store
         self.thresholds = tuple(sorted(thresholds))
         self.crossings: list[Crossing] = []
+        self.refusals: list[RefusalEvent] = []
         self._exhausted: set[Charge] = set()
 
     @staticmethod
@@ -68,18 +74,9 @@ class SharedBudgets:
         node = next(n for c, n in zip(charges, path, strict=True) if c == refusal.charge)
         if refusal.charge not in self._exhausted:
             self._exhausted.add(refusal.charge)
-            self.crossings.append(Crossing(node.id, refusal.charge[1], 1.0, refusal.spent_usd, refusal.budget_usd))
-        left = max(0.0, refusal.budget_usd - refusal.spent_usd - refusal.reserved_usd)
-        period = node.limits.budget_period
-        if refusal.reserved_usd > 0 and refusal.spent_usd + amount <= refusal.budget_usd:
-            why, headers = f" (${refusal.reserved_usd:.6f} is held by requests in flight)", {"retry-after": "1"}
-        else:
-            wait = max(1, math.ceil(seconds_to_period_end(period, now_s)))
-            why, headers = "", {"retry-after": str(wait), "x-should-retry": "false"}
-        raise GatewayError(
-            429, f"budget exceeded for {node.kind.value} {node.id}: this request may cost up to "
-            f"${amount:.6f}, ${left:.6f} of ${refusal.budget_usd:.6f} is left this {period}{why}",
-            type="insufficient_quota", code="budget_exceeded", headers=headers)
+            self.refusals.append(RefusalEvent(node.id, node_label(node), refusal.charge[1], node.limits.budget_period,
+                                              refusal.spent_usd, refusal.reserved_usd, refusal.budget_usd, amount))
+        raise refusal_error(node, refusal, amount, now_s)
 
     async def settle(self, rid: str, actual_usd: float, path: Sequence[Node], admitted_s: float,
                      ledger_xid: int | None) -> None:
@@ -96,14 +93,9 @@ class SharedBudgets:
             spent = spent_after.get(charge)
             if spent is None:
                 spent, _ = await self.store.usage(charge)
-            before, after = (spent - actual_usd) / budget, spent / budget
-            for t in self.thresholds:
-                if before + 1e-9 < t <= after + 1e-9:
-                    if t >= 1.0:
-                        if charge in self._exhausted:
-                            continue
-                        self._exhausted.add(charge)
-                    self.crossings.append(Crossing(node.id, charge[1], t, spent, budget))
+            for t in crossed(self.thresholds, spent, actual_usd, budget):
+                self.crossings.append(Crossing(node.id, charge[1], t, spent, budget, node_label(node),
+                                               node.limits.budget_period))
 
     async def tier_priority(self, path: Sequence[Node], now_s: float) -> int | None:
         """The lowest priority a budget tier imposes along the path, or None."""

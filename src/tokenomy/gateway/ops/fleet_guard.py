@@ -110,6 +110,7 @@ class FleetGuard(OpsGuard):
         self.r_breakers = RedisBreakers(redis, config.breaker)
         # trips and crossings land in the lists the in-process guard drains into alerts and metrics
         self.shared_budgets.crossings = self.budgets.crossings
+        self.shared_budgets.refusals = self.budgets.refusals
         self.r_breakers.trips = self.breakers.trips
         self._heartbeat: asyncio.Task[None] | None = None
         # settles Redis did not take (down): (request id, cost, path, admitted at, ledger xid)

@@ -70,6 +70,10 @@ class PgTenantStore(TenantStore):
         self.refresh_s = refresh_s
         self._clock = clock
         self._next_check = -float("inf")
+        # TenantStore.authenticate's own gate; refresh_if_changed below keeps its own too (admin reads call it)
+        self.refresh_interval_s = refresh_s
+        self.clock = clock
+        self._next_refresh_s = -float("inf")
         with seeding_lock(engine):
             METADATA.create_all(engine)
             with engine.begin() as conn:

@@ -134,8 +134,10 @@ class SessionBinder:
         return self._bound.get(session_id)
 
     def adopt(self, session_id: str, instance_id: str) -> None:
-        """Take a binding made elsewhere (another gateway replica, through a shared store)."""
+        """Take a binding made elsewhere (another gateway replica, through a shared store); it
+        counts as used now (its idle clock starts at the next :meth:`bind`)."""
         self._bound[session_id] = instance_id
+        self._bound.move_to_end(session_id)
 
     def unbind(self, session_id: str) -> None:
         """Forget a session (it ended); unknown ids are ignored."""
@@ -148,7 +150,7 @@ class SessionBinder:
         ttl, cap = self.config.idle_ttl_s, self.config.max_sessions
         while self._bound:
             sid = next(iter(self._bound))
-            if len(self._bound) <= cap and self._seen_s[sid] + ttl > now:
+            if len(self._bound) <= cap and self._seen_s.get(sid, now) + ttl > now:
                 return
             self.unbind(sid)
 
