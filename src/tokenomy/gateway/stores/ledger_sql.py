@@ -119,6 +119,24 @@ class _Checkpointer:
         self._thread.join(timeout=10)
 
 
+def usage_select(flt: UsageFilter) -> sa.Select[Any]:
+    """The ledger rows a usage query asks for (SQLite and PostgreSQL alike), oldest first."""
+    t = usage_events.c
+    stmt = sa.select(usage_events)
+    if flt.tenant_prefix:
+        p = flt.tenant_prefix.strip("/")
+        stmt = stmt.where(sa.or_(t.tenant_path == p, t.tenant_path.startswith(p + "/", autoescape=True)))
+    for col, val in ((t.key_id, flt.key_id), (t.model, flt.model), (t.session_id, flt.session_id)):
+        if val is not None:
+            stmt = stmt.where(col == val)
+    if flt.since_s is not None:
+        stmt = stmt.where(t.ts_s >= flt.since_s)
+    if flt.until_s is not None:
+        stmt = stmt.where(t.ts_s < flt.until_s)
+    stmt = stmt.order_by(t.ts_s, t.request_id).limit(flt.limit)
+    return stmt
+
+
 class SqlLedger:
     """SQLAlchemy ledger with group commit (see the module docstring for the two writers)."""
 
@@ -292,21 +310,8 @@ class SqlLedger:
         return None if row is None else float(row[0])
 
     def query(self, flt: UsageFilter) -> list[UsageEvent]:
-        t = usage_events.c
-        stmt = sa.select(usage_events)
-        if flt.tenant_prefix:
-            p = flt.tenant_prefix.strip("/")
-            stmt = stmt.where(sa.or_(t.tenant_path == p, t.tenant_path.startswith(p + "/", autoescape=True)))
-        for col, val in ((t.key_id, flt.key_id), (t.model, flt.model), (t.session_id, flt.session_id)):
-            if val is not None:
-                stmt = stmt.where(col == val)
-        if flt.since_s is not None:
-            stmt = stmt.where(t.ts_s >= flt.since_s)
-        if flt.until_s is not None:
-            stmt = stmt.where(t.ts_s < flt.until_s)
-        stmt = stmt.order_by(t.ts_s, t.request_id).limit(flt.limit)
         with self.engine.connect() as conn:
-            return [UsageEvent(**dict(zip(_FIELDS, row, strict=True))) for row in conn.execute(stmt)]
+            return [UsageEvent(**dict(zip(_FIELDS, row, strict=True))) for row in conn.execute(usage_select(flt))]
 
     def close(self) -> None:
         if self._closed:

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
 from tokenomy.gateway.metering.meter import SessionState
-from tokenomy.gateway.stores.ledger_sql import usage_events
+from tokenomy.gateway.stores.ledger_sql import usage_events, usage_select
 
 log = logging.getLogger(__name__)
 _DOWN = (OSError, sa.exc.DBAPIError, sa.exc.TimeoutError, asyncio.TimeoutError)  # PostgreSQL away or too slow
@@ -191,19 +191,7 @@ class PgLedger:
         return {str(k): float(v or 0.0) for k, v in rows}
 
     async def fetch(self, flt: UsageFilter) -> list[UsageEvent]:
-        t = usage_events.c
-        stmt = sa.select(usage_events)
-        if flt.tenant_prefix:
-            p = flt.tenant_prefix.strip("/")
-            stmt = stmt.where(sa.or_(t.tenant_path == p, t.tenant_path.startswith(p + "/", autoescape=True)))
-        for col, val in ((t.key_id, flt.key_id), (t.model, flt.model), (t.session_id, flt.session_id)):
-            if val is not None:
-                stmt = stmt.where(col == val)
-        if flt.since_s is not None:
-            stmt = stmt.where(t.ts_s >= flt.since_s)
-        if flt.until_s is not None:
-            stmt = stmt.where(t.ts_s < flt.until_s)
-        stmt = stmt.order_by(t.ts_s, t.request_id).limit(flt.limit)
+        stmt = usage_select(flt)
         async with self.engine.connect() as conn:
             rows = (await conn.execute(stmt)).all()
         return [UsageEvent(**dict(zip(_FIELDS, row, strict=True))) for row in rows]
