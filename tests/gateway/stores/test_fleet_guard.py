@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 from redis.asyncio import Redis
 from test_pg_ledger import event
 
+from helpers.ops_factory import SECRET, FakeClock, FakeConfig
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.config import ops_config
 from tokenomy.gateway.ops.fleet_guard import FleetGuard, redis_client
@@ -25,35 +25,6 @@ from tokenomy.gateway.stores.shared_config import SharedStoresConfig
 from tokenomy.gateway.stores.tenancy_sql import TenantStore, sqlite_engine
 
 pytestmark = pytest.mark.integration
-SECRET = "s" * 32
-
-
-class FakeClock:
-    def __init__(self, t: float = 1_795_000_000.0) -> None:  # 2026-11-18 UTC, mid-month
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, dt_s: float) -> None:
-        self.t += dt_s
-
-
-@dataclass(frozen=True)
-class FlatPrice:
-    input_per_mtok: float = 1.0
-    cached_input_per_mtok: float = 0.25
-    output_per_mtok: float = 2.0
-
-
-@dataclass
-class FakeConfig:
-    ops: dict[str, Any] = field(default_factory=dict)
-
-    def price(self, model: str) -> FlatPrice:
-        return FlatPrice()
-
-
 def request(key: str, rid: str, prompt: int = 100, max_tokens: int = 100) -> AdmitRequest:
     return AdmitRequest(rid, key, "m", prompt, max_tokens)
 
