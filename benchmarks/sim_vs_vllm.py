@@ -134,7 +134,7 @@ def main() -> int:
     ap.add_argument("--vllm-python", default=None)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="vLLM CPU's default token budget")
     ap.add_argument("--max-num-seqs", type=int, default=128, help="vLLM CPU's default batch limit")
-    ap.add_argument("--kv-cache-gib", type=float, default=1.0)
+    ap.add_argument("--kv-cache-gib", type=int, default=1, help="whole GiB (vLLM CPU takes whole GiB only)")
     ap.add_argument("--ready-timeout", type=float, default=300.0)
     ap.add_argument("--repeats", type=int, default=3, help="profile repeats per probe")
     ap.add_argument("--slo-ttft", type=float, default=0.5)
