@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from helpers.ports import free_port_base
 from tokenomy.gateway.ops.keys import new_api_key
 from tokenomy.gateway.routing.backends import parse_prometheus
 from tokenomy.vllm.launch import find_vllm_python
@@ -37,27 +37,6 @@ def need_vllm_python() -> str:
         pytest.skip(f"real vLLM is not installed ({exc})")
 
 
-def free_port_base(count: int) -> int:
-    """A base with ``count`` consecutive ports free on 127.0.0.1 now."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise RuntimeError("no free ports")
 
 
 @contextmanager

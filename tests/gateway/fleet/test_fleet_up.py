@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from helpers.gateway_core_support import free_port
+from helpers.ports import free_port_base
 from tokenomy.gateway.ops.keys import new_api_key
 
 pytestmark = pytest.mark.integration
@@ -25,13 +25,13 @@ def test_tokenomy_up_starts_a_fleet_and_stops_it(tmp_path: Path) -> None:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump({
         "pools": [{"role": "mixed", "count": 1}], "engine": {"time_scale": 0.2},
-        "fleet": {"replicas": 2, "port_base": free_port(), "gateway": {
+        "fleet": {"replicas": 2, "port_base": free_port_base(2), "gateway": {
             "prices": {"llama-3.1-8b": {"input_per_mtok": 1.0, "cached_input_per_mtok": 1.0, "output_per_mtok": 2.0}},
             "ops": {"tenants": [{"org": "o", "teams": [{"name": "t", "keys": [
                 {"name": "k", "key": key, "limits": {"budget_usd": 0.0001}}]}]}]}}},  # room for 2 of these
     }))
     out = tmp_path / "up.json"
-    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.up_cmd", str(cluster), "--port-base", str(free_port()),
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.up_cmd", str(cluster), "--port-base", str(free_port_base(1)),
                              "--json", str(out)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     try:
