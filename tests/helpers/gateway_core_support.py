@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,15 +23,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from helpers.ports import free_port_base
+from helpers.prefix_cache import shared_prefix
 from tokenomy.gateway.config import DEFAULT_MODEL
 
 MODEL = DEFAULT_MODEL
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port on 127.0.0.1 below the kernel's ephemeral range (:mod:`helpers.ports`)."""
+    return free_port_base(1)
 
 
 @dataclass
@@ -56,15 +56,7 @@ class FakeUpstream:
         return (p if isinstance(p, str) else " ".join(map(str, p))).split()
 
     def _cached(self, prompt: list[str]) -> int:
-        best = 0
-        for prev in self.seen:
-            n = 0
-            for a, b in zip(prev, prompt, strict=False):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
-        best = min(best, len(prompt) - 1)
+        best = min(shared_prefix(self.seen, prompt), len(prompt) - 1)
         return max(0, best - best % self.block_tokens)
 
     def app(self) -> Starlette:
