@@ -16,6 +16,7 @@ def test_the_package_has_no_import_cycle() -> None:
     graph = import_graph(tokenomy)
     assert len(graph) >= 200
     assert "tokenomy.perf.hf_config" in graph["tokenomy.perf.models"]  # the walk sees imports
+    assert "tokenomy.cli.sim_cmd" in graph["tokenomy.cli.main"]  # and importlib's, by their prefix
     assert find_cycle(graph) is None
 
 
@@ -29,15 +30,18 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_the_graph_counts_lazy_relative_and_type_checking_imports(tmp_path: Path) -> None:
+def test_the_graph_counts_lazy_relative_type_checking_and_importlib_imports(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("def f() -> None:\n    from pkg.sub import b\n")
+    (pkg / "c.py").write_text("import importlib\n\nfor n in 'ab':\n    importlib.import_module(f'pkg.sub.{n}')\n"
+                             "importlib.import_module('pkg.a')\n")
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .. import a\n")
     package = ModuleType("pkg")
     package.__file__ = str(pkg / "__init__.py")
     graph = import_graph(package)
-    assert graph == {"pkg": set(), "pkg.a": {"pkg.sub.b"}, "pkg.sub": set(), "pkg.sub.b": {"pkg.a"}}
+    assert graph == {"pkg": set(), "pkg.a": {"pkg.sub.b"}, "pkg.c": {"pkg.sub.b", "pkg.a"}, "pkg.sub": set(),
+                     "pkg.sub.b": {"pkg.a"}}
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.a"]

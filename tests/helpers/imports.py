@@ -31,7 +31,8 @@ def package_files(package: ModuleType) -> dict[str, Path]:
 
 def import_graph(package: ModuleType) -> dict[str, set[str]]:
     """Module -> the modules of ``package`` it imports, counting every import: at module level, inside
-    functions and under ``TYPE_CHECKING`` alike (a lazy import hides a cycle, it does not break it)."""
+    functions, under ``TYPE_CHECKING`` and through ``importlib.import_module`` alike (a lazy import
+    hides a cycle, it does not break it)."""
     files = package_files(package)
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
@@ -46,8 +47,26 @@ def import_graph(package: ModuleType) -> dict[str, set[str]]:
                     module = ".".join([*base[:len(base) - node.level + 1], *([module] if module else [])])
                 for a in node.names:  # `from pkg import module` imports the module
                     deps.add(f"{module}.{a.name}" if f"{module}.{a.name}" in files else module)
+            elif (target := _import_module_target(node)) is not None:
+                name_, exact = target
+                deps.update(m for m in files if m == name_ or (not exact and m.startswith(name_)))
         graph[name] = {d for d in deps if d in files and d != name}
     return graph
+
+
+def _import_module_target(node: ast.AST) -> tuple[str, bool] | None:
+    """``(name, exact)`` of an ``importlib.import_module(...)`` call: a literal name is exact; an
+    f-string such as ``f"pkg.{name}"`` stands for every module its literal head starts."""
+    if not (isinstance(node, ast.Call) and node.args and (
+            (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+            or (isinstance(node.func, ast.Name) and node.func.id == "import_module"))):
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value, True
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(head := arg.values[0], ast.Constant):
+        return str(head.value), False
+    return None
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
