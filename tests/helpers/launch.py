@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import httpx
 
+from helpers.polling import wait_for
 from helpers.ports import free_port_base
 
 
@@ -28,16 +28,16 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
 
 def wait_until(check: Callable[[], object], proc: subprocess.Popen[bytes], what: str, timeout_s: float = 60.0) -> None:
     """Poll ``check()`` every 0.1 s (an HTTP or OS error counts as "not yet") until it is truthy;
-    ``RuntimeError`` when ``proc`` exits first or after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    ``RuntimeError`` when ``proc`` exits first, ``AssertionError`` after ``timeout_s``."""
+
+    def ready() -> object:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with status {proc.returncode}")
         with contextlib.suppress(httpx.HTTPError, OSError, ValueError):
-            if check():
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} not ready in {timeout_s:g} s")
+            return check()
+        return False
+
+    wait_for(ready, timeout_s, interval_s=0.1, what=what)
 
 
 def healthy(url: str) -> Callable[[], bool]:
