@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from helpers.prefix_cache import shared_prefix
+
 BLOCK = 16
 _TOKEN = re.compile(r" ?[A-Za-z]+|\S")
 
@@ -80,15 +82,7 @@ class FakeEngine:
         return str(body["prompt"])
 
     def hit_tokens(self, toks: list[str]) -> int:
-        best = 0
-        for seq in self.cached:
-            n = 0
-            for a, b in zip(seq, toks, strict=False):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
-        return best // BLOCK * BLOCK
+        return shared_prefix(self.cached, toks) // BLOCK * BLOCK
 
     def answer(self, body: dict[str, Any]) -> tuple[int, list[str], dict[str, Any]]:
         """(status, answer words, usage) of one request; remembers prompt + answer for caching."""

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from helpers.launch import emulator
 from tokenomy.bench.text import WORDS
 from tokenomy.cli.main import main
 from tokenomy.workload import write_sessions
@@ -22,32 +18,9 @@ from .factories import agent_sessions
 
 @pytest.fixture
 def emulator_url() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     # A fast modelled clock (a hundredth of the wall time) keeps the test short.
-    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.emulator", "--port", str(port),
-                             "--time-scale", "0.01", "--log-level", "warning"], stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, "the emulator exited"
-            try:
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the emulator did not become healthy"
-            time.sleep(0.2)
+    with emulator("--time-scale", "0.01", "--log-level", "warning") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.integration

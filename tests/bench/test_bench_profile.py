@@ -3,16 +3,13 @@ emulator prices every step with the roofline model, so the fitted calibration mu
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from helpers.launch import emulator
+from helpers.ports import free_port_base
 from tokenomy.cli.main import main
 from tokenomy.perf import PerfModel
 from tokenomy.perf.engine_calibration import load_calibration
@@ -22,45 +19,18 @@ SLOW = 3.0
 """Wall seconds per modelled second of the profiled emulator."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def emulator() -> Iterator[str]:
-    port = _free_port()
+def emulator_url() -> Iterator[str]:
     # Modelled time runs SLOW times slower than the wall clock, so the HTTP and tokenizing work a
     # client also times (and a busy test machine's hiccups) stay small next to the steps.
-    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.emulator", "--port", str(port), "--log-level", "warning",
-                             "--time-scale", str(SLOW)], stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, "the emulator exited"
-            try:
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the emulator did not become healthy"
-            time.sleep(0.2)
+    with emulator("--log-level", "warning", "--time-scale", str(SLOW)) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.integration
-def test_profile_recovers_the_emulators_step_times(emulator: str, tmp_path: Path) -> None:
+def test_profile_recovers_the_emulators_step_times(emulator_url: str, tmp_path: Path) -> None:
     out = tmp_path / "cal.json"
-    rc = main(["perf", "profile", "--target", emulator, "--out", str(out), "--prompt-tokens", "64,512,2048,8192",
+    rc = main(["perf", "profile", "--target", emulator_url, "--out", str(out), "--prompt-tokens", "64,512,2048,8192",
                "--batches", "1,8,32", "--contexts", "256,2048", "--decode-tokens", "24", "--repeats", "1",
                "--seed", "1", "--quiet"])
     assert rc == 0
@@ -80,7 +50,7 @@ def test_profile_recovers_the_emulators_step_times(emulator: str, tmp_path: Path
 
 @pytest.mark.integration
 def test_profile_of_an_unreachable_target_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["perf", "profile", "--target", f"http://127.0.0.1:{_free_port()}", "--model", "m", "--quiet"])
+    rc = main(["perf", "profile", "--target", f"http://127.0.0.1:{free_port_base(1)}", "--model", "m", "--quiet"])
     assert rc == 2
     err = capsys.readouterr().err
     assert "profile request" in err and "connect_error" in err and "Traceback" not in err

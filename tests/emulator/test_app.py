@@ -298,7 +298,7 @@ def test_a_decode_request_may_only_name_a_loopback_or_allowed_kv_peer(client: Te
                                                  "kv_transfer_params": {**params, "remote_host": host}})
         assert r.status_code in (400, 403) and r.json()["error"]["param"] == "kv_transfer_params", host
     config = EmulatorConfig(time_scale=FAST, instance_id="unit-1", port=9, kv_peers=("prefill.internal",))
-    from tokenomy.emulator.service import allowed_peer
+    from tokenomy.emulator.pd import allowed_peer
 
     assert allowed_peer("127.0.0.1", ()) and allowed_peer("::1", ()) and allowed_peer("localhost", ())
     assert allowed_peer("prefill.internal", config.kv_peers) and not allowed_peer("10.0.0.8", config.kv_peers)

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from helpers.launch import emulator, emulators
 from tokenomy.perf import PerfModel
 
 from .conftest import metric
-from .servers import emulator, emulators
 
 pytestmark = pytest.mark.integration
 

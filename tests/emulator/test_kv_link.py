@@ -8,8 +8,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from helpers.launch import emulator
+from helpers.ports import free_port_base
+
 from .conftest import metric
-from .servers import emulator, free_port_base
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +37,7 @@ def pull_body(i: int, dead_port: int) -> dict[str, object]:
 
 
 async def pull_together(url: str, n: int, start: int) -> list[int]:
-    dead = free_port_base()
+    dead = free_port_base(1)
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         replies = await asyncio.gather(*(client.post("/v1/completions", json=pull_body(start + i, dead))
                                          for i in range(n)))

@@ -15,11 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from helpers.ports import free_port_base
 from helpers.procs import group_members
 from tokenomy.cli import main as cli_main
 from tokenomy.emulator.cluster import DEFAULT_CLUSTER, expand, load_cluster
-
-from .servers import free_port_base
 
 
 def _children(pid: int) -> list[int]:

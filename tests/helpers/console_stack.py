@@ -10,14 +10,14 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from helpers.gateway_core_support import free_port
+from helpers.launch import serving, started, wait_until
+from helpers.ports import free_port_base
 from tokenomy.gateway.ops.keys import new_api_key
 
 MODEL = "llama-3.1-8b"
@@ -31,28 +31,6 @@ class Stack:
     engines: dict[str, str]  # instance id -> URL
     seeded_key: str
     tmp: Path
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_for(check: Callable[[], object], proc: subprocess.Popen[bytes], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{what} exited with status {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError, OSError, ValueError):
-            if check():
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not ready in {timeout_s}s")
 
 
 def chat(client: httpx.Client, key: str, session: str, messages: list[dict[str, str]],
@@ -83,17 +61,12 @@ def runaway(client: httpx.Client, key: str, session: str) -> httpx.Response:
 @contextlib.contextmanager
 def live_stack(tmp: Path) -> Iterator[Stack]:
     out = tmp / "cluster.json"
-    base = free_port()
-    while base > 65000:
-        base = free_port()
-    up = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.up_cmd", "--prefill", "1", "--decode", "1",
-                           "--port-base", str(base), "--time-scale", "0.1", "--json", str(out)],
-                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    gw: subprocess.Popen[bytes] | None = None
-    try:
-        wait_for(out.exists, up, "tokenomy up")
+    with started([sys.executable, "-m", "tokenomy.cli.up_cmd", "--prefill", "1", "--decode", "1",
+                  "--port-base", str(free_port_base(2)), "--time-scale", "0.1", "--json", str(out)],
+                 stdout=subprocess.DEVNULL) as up:
+        wait_until(out.exists, up, "tokenomy up")
         engines = {i["id"]: i["url"] for i in json.loads(out.read_text())["instances"]}
-        key, port = new_api_key(), free_port()
+        key, port = new_api_key(), free_port_base(1)
         cfg = tmp / "gateway.yaml"
         cfg.write_text(json.dumps({
             "server": {"port": port},
@@ -108,16 +81,11 @@ def live_stack(tmp: Path) -> Iterator[Stack]:
                                  "teams": [{"name": "agents", "keys": [{"name": "ci-bot", "key": key}]}]},
                                 {"org": "globex", "teams": [{"name": "research"}]}]},
         }))
-        gw = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg), "--log-level",
-                               "warning"], stdin=subprocess.DEVNULL, cwd=tmp)
         url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: httpx.get(url + "/health", timeout=2).status_code == 200, gw, "gateway")
-        with httpx.Client(base_url=url, timeout=60) as client:
-            agent_session(client, key, "trip-planner-1")
-            r = runaway(client, key, "runaway-agent")
-            assert (r.status_code, r.json()["error"]["code"]) == (429, "breaker_repetition"), r.text
-        yield Stack(url, engines, key, tmp)
-    finally:
-        if gw is not None:
-            stop(gw)
-        stop(up)
+        with serving([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg), "--log-level", "warning"],
+                     url, "gateway", cwd=tmp):
+            with httpx.Client(base_url=url, timeout=60) as client:
+                agent_session(client, key, "trip-planner-1")
+                r = runaway(client, key, "runaway-agent")
+                assert (r.status_code, r.json()["error"]["code"]) == (429, "breaker_repetition"), r.text
+            yield Stack(url, engines, key, tmp)

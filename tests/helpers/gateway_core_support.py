@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,15 +22,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from helpers.polling import wait_for
+from helpers.ports import free_port_base
+from helpers.prefix_cache import shared_prefix
 from tokenomy.gateway.config import DEFAULT_MODEL
 
 MODEL = DEFAULT_MODEL
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port on 127.0.0.1 below the kernel's ephemeral range (:mod:`helpers.ports`)."""
+    return free_port_base(1)
 
 
 @dataclass
@@ -56,15 +56,7 @@ class FakeUpstream:
         return (p if isinstance(p, str) else " ".join(map(str, p))).split()
 
     def _cached(self, prompt: list[str]) -> int:
-        best = 0
-        for prev in self.seen:
-            n = 0
-            for a, b in zip(prev, prompt, strict=False):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
-        best = min(best, len(prompt) - 1)
+        best = min(shared_prefix(self.seen, prompt), len(prompt) - 1)
         return max(0, best - best % self.block_tokens)
 
     def app(self) -> Starlette:
@@ -144,24 +136,15 @@ def serve(app: Any, port: int | None = None, timeout_s: float = 10.0, **options:
                                            lifespan="on", loop="asyncio", **options))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+
+    def started() -> bool:
+        if not thread.is_alive():
+            raise RuntimeError(f"server on port {port} did not start")
+        return bool(server.started)
+
     try:
-        deadline = time.monotonic() + timeout_s
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"server on port {port} did not start")
-            time.sleep(0.01)
+        wait_for(started, timeout_s, interval_s=0.01, what=f"the server on port {port} to start")
         yield f"{'https' if options.get('ssl_certfile') else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout_s)
-
-
-def wait_for(pred: Any, timeout_s: float = 5.0) -> Any:
-    """``pred()``'s first truthy value, polled every 20 ms; AssertionError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")

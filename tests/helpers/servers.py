@@ -8,9 +8,10 @@ skips with the reason, except in CI (``CI=true``), where it fails: CI installs b
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -22,6 +23,8 @@ from tokenomy.gateway.stores.servers import (
     start_redis,
 )
 
+_S = TypeVar("_S")
+
 
 def _missing(e: ServerMissing) -> None:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
@@ -30,26 +33,24 @@ def _missing(e: ServerMissing) -> None:
 
 
 @contextmanager
-def redis_server(workdir: Path) -> Iterator[RedisServer]:
+def _running(start: Callable[[], _S], stop: Callable[[_S], None]) -> Iterator[_S]:
+    """The server ``start()`` gives, stopped with ``stop`` after the block; a missing one skips (fails in CI)."""
     try:
-        server = start_redis(workdir)
+        server = start()
     except ServerMissing as e:
         _missing(e)
         raise
     try:
         yield server
     finally:
-        server.kill()
+        stop(server)
 
 
-@contextmanager
-def postgres_server() -> Iterator[PostgresServer]:
-    try:
-        server = start_postgres()
-    except ServerMissing as e:
-        _missing(e)
-        raise
-    try:
-        yield server
-    finally:
-        server.stop(remove=True)
+def redis_server(workdir: Path) -> AbstractContextManager[RedisServer]:
+    """A fresh ``redis-server`` whose files live in ``workdir``; killed afterwards."""
+    return _running(lambda: start_redis(workdir), RedisServer.kill)
+
+
+def postgres_server() -> AbstractContextManager[PostgresServer]:
+    """A fresh PostgreSQL cluster; stopped and removed afterwards."""
+    return _running(start_postgres, lambda server: server.stop(remove=True))

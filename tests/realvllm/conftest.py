@@ -23,8 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from realvllm_support import MODEL, free_port_base, need_vllm_python
+from realvllm_support import MODEL, need_vllm_python
 
+from helpers.launch import stop
+from helpers.ports import free_port_base
 from tokenomy.emulator.launcher import port_free
 
 REUSE_ENV = "TOKENOMY_TEST_VLLM_INSTANCES"
@@ -73,11 +75,6 @@ def vllm_urls(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         assert {i["engine"] for i in instances} == {"vllm"} and {i["model"] for i in instances} == {MODEL}
         yield {i["id"]: i["url"] for i in instances}
     finally:
-        up.terminate()
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait()
+        stop(up, timeout_s=60)
     # a clean stop: every instance's API server (and with it its engine process) is gone
     assert all(port_free("127.0.0.1", p) for p in ports), "a vLLM instance outlived tokenomy up"

@@ -1,4 +1,4 @@
-"""Helpers of the real-vLLM tests: ports, the gateway process, metric deltas (fixtures: conftest.py)."""
+"""Helpers of the real-vLLM tests: the gateway process, metric deltas (fixtures: conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from helpers.launch import serving
 from helpers.ports import free_port_base
 from tokenomy.gateway.ops.keys import new_api_key
 from tokenomy.gateway.routing.backends import parse_prometheus
@@ -37,8 +37,6 @@ def need_vllm_python() -> str:
         pytest.skip(f"real vLLM is not installed ({exc})")
 
 
-
-
 @contextmanager
 def gateway(tmp_path: Path, backends: list[dict[str, str]], routing: dict[str, Any] | None = None,
             log_level: str = "warning") -> Iterator[tuple[str, str]]:
@@ -56,31 +54,13 @@ def gateway(tmp_path: Path, backends: list[dict[str, str]], routing: dict[str, A
         "ops": {"server_secret": "real-vllm-secret-0123", "reservations": "memory", "tenants": [
             {"org": "o", "teams": [{"name": "t", "keys": [{"name": "k", "key": key}]}]}]},
     }))
-    with (tmp_path / "gateway.log").open("ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg), "--log-level", log_level],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gateway exited with status {proc.returncode}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("gateway not healthy in 30 s")
-            time.sleep(0.1)
+    argv = [sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg), "--log-level", log_level]
+    with (
+        (tmp_path / "gateway.log").open("ab") as log,
+        serving(argv, url, "the gateway", timeout_s=30, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path),
+    ):
         yield url, key
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -11,16 +11,15 @@ listed in docs/emulator.md, with the reason.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from realvllm_support import MODEL, free_port_base
+from realvllm_support import MODEL
+
+from helpers.launch import emulator
 
 pytestmark = pytest.mark.integration
 
@@ -43,33 +42,9 @@ METRIC_TYPES = {
 @pytest.fixture(scope="module")
 def emulator_url(tiny_model: Path) -> Iterator[str]:
     """Our emulator with the tiny model's tokenizer, vLLM CPU's block size and context."""
-    port = free_port_base(1)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tokenomy.emulator", "--host", "127.0.0.1", "--port", str(port),
-         "--served-model-name", MODEL, "--tokenizer", str(tiny_model / "tokenizer.json"), "--block-size", "128",
-         "--max-model-len", "4096", "--time-scale", "0.05"], stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"emulator exited with status {proc.returncode}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("emulator not healthy in 30 s")
-            time.sleep(0.1)
+    with emulator("--host", "127.0.0.1", "--served-model-name", MODEL, "--tokenizer", str(tiny_model / "tokenizer.json"),
+                  "--block-size", "128", "--max-model-len", "4096", "--time-scale", "0.05") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(params=["emulator", "vllm"])

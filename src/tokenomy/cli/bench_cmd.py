@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tokenomy.bench import BenchConfig, BenchReport, PromptSizing, TurnResult, run_bench
 from tokenomy.bench.plot import plot_timeline
 from tokenomy.bench.sizing import FileTokenizer, measure_sizing, probe_remote
-from tokenomy.cli.main import CLIError
+from tokenomy.cli.common import CLIError
 from tokenomy.core import SLO, Session
 from tokenomy.metrics.report import render_table, write_json
 from tokenomy.workload.registry import SYNTHETIC, load_workload

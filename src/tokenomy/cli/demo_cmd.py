@@ -7,7 +7,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from tokenomy.cli.main import CLIError, build_parser
+from tokenomy.cli import sim_cmd
+from tokenomy.cli.common import CLIError, OneLineParser
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,7 +54,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_sim_demo(args: argparse.Namespace) -> int:
-    sim_args = build_parser().parse_args(
+    parser = OneLineParser(prog="tokenomy")
+    sim_cmd.register(parser.add_subparsers(dest="command", required=True))
+    sim_args = parser.parse_args(
         [
             "sim",
             "--workload", "gaia",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tokenomy.cli.main import CLIError
+from tokenomy.cli.common import CLIError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

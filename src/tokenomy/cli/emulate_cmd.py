@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from tokenomy.cli.main import CLIError
+from tokenomy.cli.common import CLIError
 from tokenomy.core import Role
 from tokenomy.emulator.config import (
     DEFAULT_DECODE_MAX_NUM_SEQS,

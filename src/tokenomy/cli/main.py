@@ -7,24 +7,14 @@ import importlib
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import NoReturn
+
+from tokenomy.cli.common import CLIError, OneLineParser
 
 # Each module exposes ``register(subparsers)`` and sets ``func`` on its parsers.
 COMMAND_MODULES = (
     "perf_cmd", "sim_cmd", "eaas_cmd", "demo_cmd", "emulate_cmd", "up_cmd", "bench_cmd",
     "serve_cmd", "usage_cmd", "keys_cmd", "tenants_cmd", "plan_cmd", "model_cmd",
 )
-
-
-class CLIError(Exception):
-    """A user error: printed as one line, exit status 2, never a traceback."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (``tokenomy sim: error: ...``), exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _version() -> str:

@@ -13,7 +13,7 @@ from rich.table import Table
 from tokenomy.bench.config import normalize_target
 from tokenomy.bench.profile import ProfilePlan, profile
 from tokenomy.cli.bench_cmd import discover_model
-from tokenomy.cli.main import CLIError
+from tokenomy.cli.common import CLIError
 from tokenomy.metrics.report import finite_or_none, write_json
 from tokenomy.perf.coefficients import SHIPPED_FILE, save_coefficients
 from tokenomy.perf.model import DEFAULT_ACTIVATION_RESERVE_BYTES, PerfModel

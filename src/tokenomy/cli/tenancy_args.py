@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tokenomy.cli.main import CLIError
+from tokenomy.cli.common import CLIError
 
 
 def add_store_args(p: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from tokenomy.cli.main import CLIError
+from tokenomy.cli.common import CLIError
 from tokenomy.cli.up_fleet import FleetSpec, LocalFleet, split_fleet
 from tokenomy.emulator.cluster import DEFAULT_CLUSTER, ClusterSpec, Instance, Pool, expand, load_cluster
 from tokenomy.emulator.launcher import Interrupts, Launch, LaunchError, LocalCluster, emulator_launch

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from tokenomy.cli import emulate_cmd
-from tokenomy.cli.main import CLIError
+from tokenomy.cli.common import CLIError
 
 
 def main() -> int:

@@ -22,8 +22,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenomy.emulator.config import EmulatorConfig
 from tokenomy.emulator.metrics import CONTENT_TYPE
+from tokenomy.emulator.pd import KV_RELEASE_PATH
+from tokenomy.emulator.pins import RETAIN_PATH
 from tokenomy.emulator.protocol import APIError
-from tokenomy.emulator.service import KV_RELEASE_PATH, RETAIN_PATH, Emulator
+from tokenomy.emulator.service import Emulator
 from tokenomy.emulator.streaming import generate_handler, read_body
 from tokenomy.emulator.tokenize import tokenize_routes
 

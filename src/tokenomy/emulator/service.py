@@ -1,73 +1,35 @@
 """One emulated instance without HTTP: tokenize, plan the answer, run it on the engine, PD hand-off.
 
 The HTTP layer (:mod:`tokenomy.emulator.server`) parses and formats; everything an answer's
-content and timing depend on happens here, on the event loop that owns the engine.
+content and timing depend on happens here, on the event loop that owns the engine. A request's
+checks and plan live in :mod:`tokenomy.emulator.job`, the P/D parameters and release notices in
+:mod:`tokenomy.emulator.pd`, and KV kept after a request finished in :mod:`tokenomy.emulator.pins`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import itertools
 import logging
 import os
 from contextlib import suppress
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokenomy.core import Request
-from tokenomy.emulator.chat import render
 from tokenomy.emulator.config import EmulatorConfig
 from tokenomy.emulator.driver import EngineDriver, EngineStopped, RequestHandle
-from tokenomy.emulator.generation import OutputPlan, content_of, plan_output
+from tokenomy.emulator.generation import content_of
+from tokenomy.emulator.job import Job, plan_job
 from tokenomy.emulator.kv_link import AsyncKVLink, KVTransferTimeout
 from tokenomy.emulator.metrics import EmulatorMetrics
+from tokenomy.emulator.pd import ReleaseNotifier, prefill_answer_params, remote_cached_tokens
+from tokenomy.emulator.pins import KVPins
 from tokenomy.emulator.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from tokenomy.emulator.tokenizer import Tokenizer, load_tokenizer
 from tokenomy.engine import Engine, FinishedRequest
 from tokenomy.engine.trace import JsonlTrace
 
-if TYPE_CHECKING:
-    import httpx
-
 log = logging.getLogger(__name__)
-
-KV_RELEASE_PATH = "/tokenomy/kv_release"
-"""Where a decode instance tells the prefill instance that it pulled a request's KV."""
-
-RETAIN_PATH = "/v1/tokenomy/retain"
-"""Extension: ``{"request_id": <the x-request-id of a coming request>, "ttl_s": s}`` pins that
-request's KV for ``ttl_s`` modelled seconds after it finishes (a gateway's retention hint);
-``ttl_s: 0`` for a request whose KV is pinned now releases it at once (the gateway's pressure relief)."""
-
-HISTORY_KEY = "tokenomy_history_tokens"
-"""Extension in a prefill request's ``kv_transfer_params``: the first N prompt tokens' KV sits on the
-session's decode instance; the prefill instance pulls what its own prefix cache lacks (modelled
-transfer time) instead of recomputing it, as AMPD's remote incremental prefill does. Engines
-without the extension ignore the key and recompute (docs/ampd-live.md)."""
-
-_RETAIN_HINTS = 10_000  # pending hints remembered (oldest forgotten first)
-
-
-@dataclass(slots=True)
-class Job:
-    """A validated request, ready to run: prompt ids, the planned answer, PD parameters."""
-
-    request_id: str
-    prompt_ids: list[int]
-    plan: OutputPlan
-    remote_decode: bool = False
-    remote_prefill: dict[str, Any] | None = None
-    cached_tokens: int = 0
-    transfer_s: float = 0.0
-    kv_transfer_params: dict[str, Any] | None = field(default=None)
-    client_request_id: str = ""  # the x-request-id the client sent
-    retain_ttl_s: float | None = None  # a retention hint applied to this job
-    history_tokens: int = 0  # prefill side: prompt-prefix KV to pull from the decode instance (HISTORY_KEY)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.prompt_ids)
 
 
 class Emulator:
@@ -92,19 +54,16 @@ class Emulator:
         )
         self._ids = itertools.count()
         self._prefix = f"{config.instance_id}-{os.getpid()}-"
-        self._held: dict[str, asyncio.TimerHandle] = {}  # KV kept for a decode instance or by a hint
-        self._retain_hints: dict[str, float] = {}  # client request id -> ttl_s
-        self._pinned_by_client: dict[str, str] = {}  # client request id -> engine id of a pin (latest _RETAIN_HINTS)
+        self.pins = KVPins(self.engine, self.driver, config.time_scale)
         self.kv_transfers_total = 0  # remote prefills pulled by this instance (P/D decode side)
         self.kv_transfer_tokens_total = 0
-        self.kv_history_pulls_total = 0  # prefill side: history KV pulled from a decode instance (HISTORY_KEY)
+        self.kv_history_pulls_total = 0  # prefill side: history KV pulled from a decode instance (pd.HISTORY_KEY)
         self.kv_history_pull_tokens_total = 0
-        self.kv_retained_total = 0  # requests pinned after finishing by a retention hint
         # The inbound KV port (every TP rank its own NIC): concurrent pulls share its bandwidth.
         link = config.link_bytes_per_s or self.perf.gpu.inter_node_bytes_per_s
         self.kv_link = AsyncKVLink(link * self.perf.tp, latency_s=self.perf.coeffs.kv_transfer_setup_s,
                                    time_scale=config.time_scale, timeout_s=config.kv_transfer_timeout_s)
-        self._http: httpx.AsyncClient | None = None
+        self._notifier = ReleaseNotifier()
         self._task: asyncio.Task[None] | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -127,11 +86,9 @@ class Emulator:
             # A crashed driver's exception was logged by _driver_done; shutting down is not an error.
             with suppress(asyncio.CancelledError, Exception):
                 await self._task
-        for timer in self._held.values():
-            timer.cancel()
+        self.pins.close()
         self.kv_link.close()
-        if self._http is not None:
-            await self._http.aclose()
+        await self._notifier.aclose()
         if self._trace is not None:
             self._trace.close()
 
@@ -150,7 +107,7 @@ class Emulator:
             ("tokenomy:kv_history_pull_tokens", "Prompt tokens of history KV pulled instead of recomputed.",
              self.kv_history_pull_tokens_total),
             ("tokenomy:kv_retained_requests", "Requests whose KV was pinned after finishing by a retention hint.",
-             self.kv_retained_total),
+             self.pins.retained_total),
             ("tokenomy:kv_transfer_seconds", "Modelled seconds KV pulls took, start to arrival, summed.",
              self.kv_link.counters.seconds),
             ("tokenomy:kv_transfer_wait_seconds", "Modelled seconds KV pulls queued behind concurrent pulls on "
@@ -161,92 +118,13 @@ class Emulator:
         ]
 
     def retain_hint(self, client_request_id: str, ttl_s: float) -> None:
-        """Pin the KV of the coming request with this x-request-id for ``ttl_s`` after it finishes;
-        ``ttl_s`` 0 releases the pin of a finished one (and forgets a hint not yet used)."""
-        if ttl_s == 0:
-            self._retain_hints.pop(client_request_id, None)
-            job_id = self._pinned_by_client.pop(client_request_id, None)
-            if job_id is not None:
-                self.release(job_id)
-            return
-        self._retain_hints[client_request_id] = ttl_s
-        while len(self._retain_hints) > _RETAIN_HINTS:
-            self._retain_hints.pop(next(iter(self._retain_hints)))
+        """A gateway's retention hint (:data:`tokenomy.emulator.pins.RETAIN_PATH`)."""
+        self.pins.hint(client_request_id, ttl_s)
 
-    # ---- preparing a request --------------------------------------------------------------
     def prepare(self, body: CompletionRequest | ChatCompletionRequest) -> Job:
         """Validate against this instance and plan the answer; raises :class:`APIError`."""
-        if body.model is not None and body.model != self.model_name:
-            raise APIError(404, f"The model `{body.model}` does not exist.", param="model", type_="NotFoundError")
-        if isinstance(body, ChatCompletionRequest):
-            prompt_ids = self.tokenizer.encode(render(body.messages, body.add_generation_prompt))
-        elif isinstance(body.prompt, str):
-            prompt_ids = self.tokenizer.encode(body.prompt)
-        else:
-            prompt_ids = list(body.prompt)  # type: ignore[arg-type]
-        n_prompt = len(prompt_ids)
-        if n_prompt == 0:
-            raise APIError(400, "The prompt is empty after tokenization.", param="prompt")
-        window = self.context_window
-        # vLLM 0.32's rules (tests/realvllm/test_conformance.py): a prompt that leaves no room for one
-        # output token is refused, max_tokens above the window is refused, and a max_tokens that only
-        # overflows together with the prompt is cut to what fits.
-        if n_prompt >= window:
-            raise APIError(400, f"This model's maximum context length is {window} tokens. However, your prompt "
-                                f"contains at least {n_prompt} input tokens, which exceeds this limit even without "
-                                "any output tokens. Please reduce the length of the input prompt.",
-                           param="input_tokens")
-        if body.max_tokens is not None and body.max_tokens > window:
-            raise APIError(400, f"max_tokens={body.max_tokens} cannot be greater than max_model_len={window}. "
-                                "Please request fewer output tokens.", param="max_tokens")
-        max_tokens = window - n_prompt if body.max_tokens is None else min(body.max_tokens, window - n_prompt)
-        remote_decode, remote_prefill = self._pd_params(body.kv_transfer_params, self.config.kv_peers)
-        history = self._history_tokens(body.kv_transfer_params) if remote_decode else 0
-        if remote_decode:
-            max_tokens = 1  # the prefill side samples one token (the proxy sends max_tokens=1 anyway)
-        plan = plan_output(
-            self.tokenizer, prompt_ids, max_tokens=max_tokens, min_tokens=min(body.min_tokens, max_tokens),
-            ignore_eos=body.ignore_eos, eos_mean_tokens=self.config.eos_mean_tokens, seed=body.seed,
-            stop=body.stop_strings(), include_stop_str_in_output=body.include_stop_str_in_output,
-        )
-        if not plan.token_ids:  # a stop string inside the first token: vLLM still computes one token
-            plan = OutputPlan(plan_output(self.tokenizer, prompt_ids, max_tokens=1, ignore_eos=True,
-                                          seed=body.seed).token_ids, [""], "stop")
-        job = Job(f"{self._prefix}{next(self._ids)}", prompt_ids, plan, remote_decode, remote_prefill)
-        job.history_tokens = min(history, n_prompt - 1)
-        return job
-
-    @staticmethod
-    def _history_tokens(params: dict[str, Any] | None) -> int:
-        value = (params or {}).get(HISTORY_KEY, 0)
-        if value is None:
-            return 0
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise APIError(400, f"kv_transfer_params.{HISTORY_KEY} must be an integer >= 0, got {value!r}",
-                           param="kv_transfer_params")
-        return value
-
-    @staticmethod
-    def _pd_params(params: dict[str, Any] | None, peers: tuple[str, ...] = ()) -> tuple[bool, dict[str, Any] | None]:
-        if not params:
-            return False, None
-        if params.get("do_remote_decode") and params.get("do_remote_prefill"):
-            raise APIError(400, "kv_transfer_params: do_remote_decode and do_remote_prefill are exclusive",
-                           param="kv_transfer_params")
-        if params.get("do_remote_prefill"):
-            missing = [k for k in ("remote_request_id", "remote_host", "remote_port") if params.get(k) in (None, "")]
-            if missing:
-                raise APIError(400, f"kv_transfer_params.do_remote_prefill needs {', '.join(missing)}",
-                               param="kv_transfer_params")
-            host, port = params["remote_host"], params["remote_port"]
-            if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-                raise APIError(400, "kv_transfer_params.remote_port must be a port number", param="kv_transfer_params")
-            if not allowed_peer(host, peers):
-                raise APIError(403, f"kv_transfer_params.remote_host {host!r} is not loopback nor an allowed "
-                               "KV peer (tokenomy emulate --kv-peer HOST)", param="kv_transfer_params",
-                               type_="PermissionDeniedError")
-            return False, params
-        return bool(params.get("do_remote_decode")), None
+        return plan_job(body, lambda: f"{self._prefix}{next(self._ids)}", config=self.config,
+                        tokenizer=self.tokenizer, model_name=self.model_name, window=self.context_window)
 
     # ---- running it -----------------------------------------------------------------------
     async def start_job(self, job: Job, arrival_wall: float) -> RequestHandle:
@@ -262,7 +140,7 @@ class Emulator:
             job.transfer_s = await self._pull(max(0, preloaded - cached))
             self.kv_transfers_total += 1
             self.kv_transfer_tokens_total += max(0, preloaded - cached)
-            self._notify_pulled(job.remote_prefill)
+            self._notifier.notify(job.remote_prefill)
             kwargs["preloaded_tokens"] = preloaded
         elif job.remote_decode:
             kwargs["prefill_only"] = True
@@ -285,10 +163,9 @@ class Emulator:
         handle.last_token_wall = arrival_wall
         handle.prompt_tokens = n_prompt
         handle.finish_reason = job.plan.finish_reason
-        if job.remote_decode:
-            self.engine.retain(job.request_id)
-        elif job.client_request_id and job.client_request_id in self._retain_hints:
-            job.retain_ttl_s = self._retain_hints.pop(job.client_request_id)
+        if not job.remote_decode and job.client_request_id:
+            job.retain_ttl_s = self.pins.take_hint(job.client_request_id)
+        if job.remote_decode or job.retain_ttl_s is not None:
             self.engine.retain(job.request_id)
         return handle
 
@@ -312,66 +189,20 @@ class Emulator:
         fin = handle.finished
         assert fin is not None
         job.cached_tokens = fin.cache_hit_tokens + fin.transferred_tokens
-        remote_cached = (job.remote_prefill or {}).get("remote_prefill_cached_tokens")
-        if isinstance(remote_cached, int) and not isinstance(remote_cached, bool) and remote_cached >= 0:
+        remote_cached = remote_cached_tokens(job.remote_prefill)
+        if remote_cached is not None:
             # vLLM's NIXL decode side reports the prefill side's cache hits, not the KV it pulled
             job.cached_tokens = min(remote_cached, job.prompt_tokens)
         if job.retain_ttl_s is not None:
-            if fin.aborted:
-                with suppress(ValueError):  # an aborted request may hold no pinned KV
-                    self.engine.release(job.request_id)
-                    self.driver.kick()
-            else:
-                self.kv_retained_total += 1
-                self._held[job.request_id] = asyncio.get_running_loop().call_later(
-                    job.retain_ttl_s * self.config.time_scale, self.release, job.request_id)
-                self._pinned_by_client[job.client_request_id] = job.request_id
-                while len(self._pinned_by_client) > _RETAIN_HINTS:  # expired pins' entries age out
-                    self._pinned_by_client.pop(next(iter(self._pinned_by_client)))
+            self.pins.keep_hinted(job.request_id, job.client_request_id, job.retain_ttl_s, aborted=fin.aborted)
         if job.remote_decode and not fin.aborted:
-            bs = self.engine_config.block_size_tokens
-            loop = asyncio.get_running_loop()
-            self._held[job.request_id] = loop.call_later(
-                self.config.kv_release_timeout_s * self.config.time_scale, self.release, job.request_id)
-            job.kv_transfer_params = {
-                "do_remote_prefill": True,
-                "do_remote_decode": False,
-                "remote_block_ids": list(range(-(-job.prompt_tokens // bs))),
-                "remote_engine_id": self.config.instance_id,
-                "remote_request_id": job.request_id,
-                "remote_host": self.config.host,
-                "remote_port": self.config.port,
-                "tp_size": self.config.tp,
-                "remote_num_tokens": job.prompt_tokens,
-                "remote_prefill_cached_tokens": job.cached_tokens,
-            }
+            self.pins.hold(job.request_id, self.config.kv_release_timeout_s)
+            job.kv_transfer_params = prefill_answer_params(self.config, job.request_id, job.prompt_tokens,
+                                                           job.cached_tokens, self.engine_config.block_size_tokens)
 
     def release(self, request_id: str) -> bool:
         """Unpin KV held for a decode instance (it pulled it, or the timeout passed)."""
-        timer = self._held.pop(request_id, None)
-        if timer is None:
-            return False
-        timer.cancel()
-        self.engine.release(request_id)
-        self.driver.kick()  # the freed blocks may admit a request that waits for KV
-        return True
-
-    def _notify_pulled(self, params: dict[str, Any]) -> None:
-        import httpx  # only PD decode instances need a client (and importing it is slow)
-
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=5.0)
-        url = f"http://{params['remote_host']}:{params['remote_port']}{KV_RELEASE_PATH}"
-        payload = {"remote_request_id": params["remote_request_id"]}
-        client = self._http
-
-        async def send() -> None:
-            try:
-                await client.post(url, json=payload)
-            except httpx.HTTPError as exc:  # the prefill side frees on its timeout instead
-                log.warning("KV release notification to %s failed: %s", url, exc)
-
-        asyncio.get_running_loop().create_task(send())
+        return self.pins.release(request_id)
 
     # ---- metrics hooks (called by the driver) ---------------------------------------------
     def _on_token(self, h: RequestHandle, wall: float) -> None:
@@ -393,16 +224,3 @@ class Emulator:
         m.request_prefill_kv_computed_tokens.observe(fin.recomputed_tokens)
         m.success(h.finish_reason)
 
-
-def allowed_peer(host: Any, peers: tuple[str, ...]) -> bool:
-    """Whether a decode instance may POST its KV release to ``host``: a loopback address, or one
-    of the configured ``peers`` (exact host names or addresses)."""
-    if not isinstance(host, str) or not host:
-        return False
-    if host in peers or host == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return ip.is_loopback or ip.is_unspecified  # 0.0.0.0 / :: reach this host too

@@ -20,8 +20,9 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from tokenomy.emulator.driver import EngineStopped, RequestHandle
+from tokenomy.emulator.job import Job
 from tokenomy.emulator.protocol import APIError, ChatCompletionRequest, CompletionRequest, validation_error
-from tokenomy.emulator.service import Emulator, Job
+from tokenomy.emulator.service import Emulator
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,7 @@
 embeds ``spec.to_dict()``. See docs/experiments.md.
 """
 
+from tokenomy.experiment.jobs import Job, load_sessions, plan_jobs, run_job
 from tokenomy.experiment.results import Curve, RunResult, SweepResult, sim_payload
 from tokenomy.experiment.spec import (
     ClusterSpec,
@@ -16,16 +17,7 @@ from tokenomy.experiment.spec import (
     parse_split,
     spec_from_dict,
 )
-from tokenomy.experiment.sweep import (
-    EXECUTORS,
-    Job,
-    Progress,
-    load_sessions,
-    plan_jobs,
-    run_job,
-    run_jobs,
-    run_sweep,
-)
+from tokenomy.experiment.sweep import EXECUTORS, Progress, run_jobs, run_sweep
 
 __all__ = [
     "EXECUTORS",

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from tokenomy.experiment.jobs import Job
 from tokenomy.experiment.results import RunResult
 from tokenomy.experiment.spec import ClusterSpec, DeploymentSpec, ExperimentSpec, Split, WorkloadSpec
-from tokenomy.experiment.sweep import Job, run_jobs
+from tokenomy.experiment.sweep import run_jobs
 from tokenomy.plan.planner import Plan
 
 TIE_ATTAINMENT = 0.005

@@ -3,20 +3,18 @@
 ``address``: ``"local"`` starts a private Ray instance in this process (``num_cpus=workers``)
 and shuts it down afterwards; ``"auto"`` joins the cluster already running on this machine
 (``ray start --head``); anything else is a cluster address (``ray://host:10001`` or
-``host:6379``). Each task runs :func:`tokenomy.experiment.sweep.run_job`, so the numbers are
+``host:6379``). Each task runs :func:`tokenomy.experiment.jobs.run_job`, so the numbers are
 the ones the process pool gives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tokenomy.experiment.results import RunResult
-    from tokenomy.experiment.spec import ExperimentSpec
-    from tokenomy.experiment.sweep import Job
-
+from tokenomy.experiment.jobs import Job, run_job
+from tokenomy.experiment.results import RunResult
+from tokenomy.experiment.spec import ExperimentSpec
 
 RAY_DID_NOT_START = "Ray did not start or could not be reached"
 
@@ -31,8 +29,6 @@ def _ray() -> Any:
 
 def run_on_ray(spec: ExperimentSpec, jobs: list[Job], workers: int, address: str | None) -> Iterator[tuple[Job, RunResult]]:
     """``(job, result)`` in completion order; a failed task raises its error here."""
-    from tokenomy.experiment.sweep import run_job
-
     ray = _ray()
     try:
         if address in (None, "local"):

@@ -1,8 +1,8 @@
 """Run an :class:`ExperimentSpec`: one run per deployment (``sim``) or a sweep (``sim compare``).
 
-A sweep is a list of :class:`Job` values (deployment, split, rate); each job travels to a
-worker with the spec (both frozen dataclasses), the worker loads the workload itself
-(deterministic by seed) and returns a typed :class:`RunResult`. Executors are registered by
+A sweep is a list of :class:`~tokenomy.experiment.jobs.Job` values (deployment, split, rate);
+each job travels to a worker with the spec (both frozen dataclasses), the worker loads the
+workload itself (deterministic by seed) and returns a typed :class:`RunResult`. Executors are registered by
 name in :data:`EXECUTORS`: ``"inline"`` (this process), ``"pool"`` (a local process pool) and
 ``"ray"`` (a Ray cluster, optional extra ``tokenomy[ray]``). Every executor returns the same
 numbers for the same spec: the simulator is deterministic.
@@ -12,27 +12,15 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
-from tokenomy.core import Session
-from tokenomy.engine import EventTrace
+from tokenomy.experiment.jobs import Job, plan_jobs, run_job
+from tokenomy.experiment.ray_executor import run_on_ray
 from tokenomy.experiment.results import Curve, RunResult, SweepResult
-from tokenomy.experiment.spec import DeploymentSpec, ExperimentSpec, Split
-from tokenomy.sim import simulate
-from tokenomy.sim.runner import ProgressFn
-from tokenomy.workload import WorkloadInfo, load_workload_info
-
-
-@dataclass(frozen=True)
-class Job:
-    """One simulation of a sweep."""
-
-    deployment: DeploymentSpec
-    split: Split | None
-    rate_per_s: float | None
+from tokenomy.experiment.spec import ExperimentSpec
 
 
 @dataclass(frozen=True)
@@ -48,34 +36,6 @@ class Progress:
     @property
     def eta_s(self) -> float:
         return self.elapsed_s / self.done * (self.total - self.done) if self.done else float("nan")
-
-
-def load_sessions(spec: ExperimentSpec, rate_per_s: float | None = None) -> tuple[list[Session], WorkloadInfo]:
-    """The spec's workload (at ``rate_per_s`` when given, else the spec's own rate)."""
-    w = spec.workload
-    return load_workload_info(
-        w.source, format=w.format, rate_per_s=rate_per_s if rate_per_s is not None else w.rate_per_s,
-        duration_s=w.duration_s, seed=w.seed, arrival=w.arrival, arrival_cv=w.arrival_cv,
-        max_sessions=w.max_sessions, tenants=w.tenants,
-    )
-
-
-def run_job(spec: ExperimentSpec, job: Job, sessions: Sequence[Session] | None = None,
-            progress: ProgressFn | None = None, trace: EventTrace | None = None) -> RunResult:
-    """Simulate one job (loading its sessions unless given); ``trace`` takes engine events and policy decisions."""
-    if sessions is None:
-        sessions = load_sessions(spec, job.rate_per_s)[0]
-    config = spec.sim_config(job.deployment, job.split)
-    result = simulate(sessions, config, spec.slo, progress=progress, trace=trace,
-                      decision_trace=trace.emit if trace is not None else None)
-    return RunResult(job.deployment.label, job.split, job.rate_per_s, result.summary, result.num_gpus,
-                     result.sim_end_s, result.wall_s, kv_transfers=result.transfers.to_dict())
-
-
-def plan_jobs(spec: ExperimentSpec) -> list[Job]:
-    """Every (deployment, split, rate) the spec asks for; ``rates`` None gives one rate, the spec's own."""
-    rates: Sequence[float | None] = spec.rates if spec.rates is not None else [None]
-    return [Job(d, split, r) for d in spec.deployments for split in spec.splits_of(d) for r in rates]
 
 
 Executor = Callable[[ExperimentSpec, list[Job], int, str | None], Iterator[tuple[Job, RunResult]]]
@@ -97,13 +57,7 @@ def _pool(spec: ExperimentSpec, jobs: list[Job], workers: int, address: str | No
             yield futures[fut], fut.result()
 
 
-def _ray(spec: ExperimentSpec, jobs: list[Job], workers: int, address: str | None) -> Iterator[tuple[Job, RunResult]]:
-    from tokenomy.experiment.ray_executor import run_on_ray
-
-    yield from run_on_ray(spec, jobs, workers, address)
-
-
-EXECUTORS: dict[str, Executor] = {"inline": _inline, "pool": _pool, "ray": _ray}
+EXECUTORS: dict[str, Executor] = {"inline": _inline, "pool": _pool, "ray": run_on_ray}
 
 
 def get_executor(name: str) -> Executor:

@@ -4,7 +4,8 @@ from tokenomy.perf.coefficients import Coefficients, load_coefficients, shipped_
 from tokenomy.perf.hardware import GPUSpec, get_gpu, gpu_names, load_gpu_catalog
 from tokenomy.perf.hf_config import load_hf_config
 from tokenomy.perf.model import PerfModel
-from tokenomy.perf.models import ModelSpec, get_model, model_names
+from tokenomy.perf.model_spec import ModelSpec
+from tokenomy.perf.models import get_model, model_names
 
 __all__ = [
     "Coefficients",

@@ -11,8 +11,11 @@ import json
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
 
 SHIPPED_FILE = "coefficients.json"
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +63,16 @@ class Coefficients:
 
     @classmethod
     def from_dict(cls, data: dict[str, float]) -> Coefficients:
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown coefficient fields {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**{k: float(v) for k, v in data.items()})
+        return floats_from_dict(cls, data, "coefficient fields")
+
+
+def floats_from_dict(cls: type[_T], data: dict[str, float], what: str) -> _T:
+    """A dataclass of float fields from ``{field: number}``; a ValueError names unknown ``what``."""
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown {what} {sorted(unknown)}; known: {sorted(known)}")
+    return cls(**{k: float(v) for k, v in data.items()})
 
 
 def load_coefficients(path: str | Path) -> dict[str, Coefficients]:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenomy.perf.models import ModelSpec
+from tokenomy.perf.model_spec import ModelSpec
 
 # Weight element size of quantised checkpoints, by quantization_config.quant_method.
 _QUANT_BYTES = {"fp8": 1.0, "fbgemm_fp8": 1.0, "compressed-tensors": 1.0, "mxfp4": 0.5}

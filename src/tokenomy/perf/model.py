@@ -16,7 +16,8 @@ import numpy as np
 from tokenomy.core.step import StepShape
 from tokenomy.perf.coefficients import Coefficients, shipped_coefficients
 from tokenomy.perf.hardware import GPUSpec, get_gpu
-from tokenomy.perf.models import ModelSpec, get_model
+from tokenomy.perf.model_spec import ModelSpec
+from tokenomy.perf.models import get_model
 from tokenomy.perf.ops import ELEMENTWISE, OpCost, embedding_op, gemm, layer_ops
 
 # Per-GPU memory kept free of KV cache for activations, CUDA graphs and the allocator (a default

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from tokenomy.core.step import StepShape
+from tokenomy.perf.coefficients import floats_from_dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +65,7 @@ class StepCoefficients:
 
     @classmethod
     def from_dict(cls, data: dict[str, float]) -> StepCoefficients:
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown step coefficients {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**{k: float(v) for k, v in data.items()})
+        return floats_from_dict(cls, data, "step coefficients")
 
 
 @dataclass(frozen=True, slots=True)
