@@ -44,11 +44,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _live import EngineShape
 from ampd_live import LiveSpec
 
 from tokenomy.core import SLO, RequestRecord, Session
 from tokenomy.metrics import max_rate_at_attainment
 from tokenomy.metrics.summary import Summary
+from tokenomy.policy.closedloop import RetryPolicy
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.admission_options import AdmissionOptions
 from tokenomy.workload.tenants import TenantMix, assign_tenants
@@ -63,14 +65,10 @@ R90_RATES = (1.0, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8)
 
 
 @dataclass(frozen=True)
-class OverloadSpec:
+class OverloadSpec(EngineShape):
     """The one description both runs are built from (module docstring: why these defaults)."""
 
-    model: str = "llama-3.1-8b"
-    gpu: str = "h100"
     instances: int = 2
-    gpu_memory_utilization: float = 0.8
-    max_model_len: int = 131072
     tenants: str = "gold:0.2,silver:0.3,free:0.5"
     overload: float = 2.0  # offered load / the rate served at 90% attainment without admission
     # sessions/s at 90% attainment without admission, as measure_r90 found it (2026-12-01, seed 0);
@@ -79,6 +77,8 @@ class OverloadSpec:
     duration_s: float = 40.0
     seed: int = 0
     max_in_flight: int = 24  # labelled default: 12 a 2-H100 instance, picked in simulation (docs)
+    retry_after_s: int = 1  # what a shed request is told to wait (the gateway's default)
+    max_retries: int = RetryPolicy.max_retries  # how often clients send a refused turn again (the OpenAI SDK's)
     slo: SLO = field(default_factory=lambda: SLO(ttft_s=2.0, tpot_s=0.1))
 
     def live_spec(self, rate: float) -> LiveSpec:
@@ -97,14 +97,18 @@ class OverloadSpec:
 
     def sim_config(self, mode: str | None) -> SimConfig:
         policy, router = (None, BASE_ROUTER) if mode is None else {**MODES, **SIM_ONLY_MODES}[mode]
-        admission = None if policy is None else AdmissionOptions(policy, self.max_in_flight)
+        admission = None if policy is None else AdmissionOptions(policy, self.max_in_flight,
+                                                                 retry_after_s=self.retry_after_s, retry=self.retry)
         return SimConfig(model=self.model, gpu=self.gpu, instances=self.instances,
                          gpu_memory_utilization=self.gpu_memory_utilization, router=router, admission=admission)
 
+    @property
+    def retry(self) -> RetryPolicy:
+        """The clients' retries of a refused turn, in both runs."""
+        return RetryPolicy(max_retries=self.max_retries)
+
     def cluster_file(self) -> dict[str, Any]:
-        engine = {"gpu_memory_utilization": self.gpu_memory_utilization, "max_model_len": self.max_model_len}
-        return {"model": self.model, "gpu": self.gpu, "tp": 1, "engine": engine,
-                "pools": [{"role": "mixed", "count": self.instances}]}
+        return self.up_file([{"role": "mixed", "count": self.instances}])
 
     def gateway_file(self, mode: str, urls: list[str], blocks: list[int], port: int, keys: dict[str, str],
                      tmp: Path) -> dict[str, Any]:
@@ -121,14 +125,17 @@ class OverloadSpec:
             "router": {"name": router, "options": options},
             "ledger": {"url": f"sqlite:///{tmp}/ledger.db"},
             "ops": {"server_secret": "closed-loop-bench-0123", "reservations": "memory", "tenants": tenants,
-                    "admission": {"max_in_flight": self.max_in_flight, "closed_loop": {
+                    "admission": {"max_in_flight": self.max_in_flight, "retry_after_s": self.retry_after_s,
+                                  "closed_loop": {
                         "policy": policy, "tiers": [{"name": t, "min_priority": p} for t, p in TIER_PRIORITY.items()]}}},
         }
 
 
-def figures(summary: Summary, end_s: float) -> dict[str, Any]:
-    """What the benchmark reports of one run; ``end_s`` its last finish (see ``common_goodput``)."""
+def figures(summary: Summary, records: list[RequestRecord]) -> dict[str, Any]:
+    """What the benchmark reports of one run of ``records`` (``end_s``: its last finish, see
+    ``common_goodput``; ``ttft_s_by_tier``: every TTFT, from the request's first attempt)."""
     tiers = summary.by_tier
+    end_s = last_finish(records)
     pick = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
     return {
         "attainment_by_tier": {t: round(g["attainment"], 4) for t, g in tiers.items()},
@@ -139,9 +146,20 @@ def figures(summary: Summary, end_s: float) -> dict[str, Any]:
         "requests": summary.requests,
         "duration_s": round(summary.duration_s, 1),
         "refused_by_tier": {t: g["refused"] for t, g in tiers.items()},
+        "retried_by_tier": {t: g.get("retried", 0) for t, g in tiers.items()},
         "deferred_by_tier": {t: g["deferred"] for t, g in tiers.items()},
         "latency_by_tier": {t: {k: None if g[k] is None else round(g[k], 3) for k in pick} for t, g in tiers.items()},
+        "ttft_s_by_tier": ttfts_by_tier(records),
     }
+
+
+def ttfts_by_tier(records: list[RequestRecord]) -> dict[str, list[float]]:
+    """Every request's TTFT by tier (ms resolution, sorted): the live and simulated distributions."""
+    out: dict[str, list[float]] = {}
+    for r in records:
+        if r.ttft_s is not None:
+            out.setdefault(r.tier, []).append(round(r.ttft_s, 3))
+    return {t: sorted(v) for t, v in sorted(out.items())}
 
 
 def measure_r90(spec: OverloadSpec) -> tuple[float, dict[str, float]]:
@@ -167,7 +185,7 @@ def simulated(spec: OverloadSpec, sessions: list[Session]) -> dict[str, Any]:
     out = {}
     for m in (*MODES, *SIM_ONLY_MODES):
         res = simulate(sessions, spec.sim_config(m), spec.slo)
-        out[m] = figures(res.summary, last_finish(res.records))
+        out[m] = figures(res.summary, res.records)
     common_goodput(out)
     return out
 
@@ -211,6 +229,13 @@ def checks(out: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
+def brief(figs: dict[str, Any]) -> dict[str, Any]:
+    """``figs`` (one mode's or a side's) without the TTFT samples, for printing."""
+    if "ttft_s_by_tier" in figs:
+        return {k: v for k, v in figs.items() if k != "ttft_s_by_tier"}
+    return {k: brief(v) if isinstance(v, dict) else v for k, v in figs.items()}
+
+
 def main() -> int:
     d = OverloadSpec()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -241,7 +266,7 @@ def main() -> int:
           f"{sum(len(s.turns) for s in sessions)} turns", flush=True)
     out: dict[str, Any] = {"r90_rate": r90, "r90_curve": curve, "rate_per_s": rate,
                            "sim": simulated(spec, sessions)}
-    print(f"sim: {json.dumps(out['sim'])}", flush=True)
+    print(f"sim: {json.dumps(brief(out['sim']))}", flush=True)
     seeds = [int(x) for x in args.sim_seeds.split(",") if x.strip()]
     if seeds:
         out["sim_seeds"] = seed_spread(spec, rate, seeds)
@@ -252,7 +277,7 @@ def main() -> int:
         out["live"], out["live_health"] = {}, {}
         for m in MODES:
             out["live"][m], out["live_health"][m] = live_mode(m, spec, sessions)
-            print(f"live {m}: {json.dumps(out['live'][m])}; load {out['live_health'][m]['loadavg']}", flush=True)
+            print(f"live {m}: {json.dumps(brief(out['live'][m]))}; load {out['live_health'][m]['loadavg']}", flush=True)
         common_goodput(out["live"])
     out["checks"] = checks(out)
     out["spec"] = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in vars(spec).items()}

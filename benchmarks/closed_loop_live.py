@@ -3,18 +3,11 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-import httpx
-from _emulated import _stop, cluster, free_port
-from ampd_live import _emulator_health, _wait_serving
+from _live import emulator_health, live_cluster, metric_lines
 
 from tokenomy.bench import BenchConfig, run_bench
 from tokenomy.core import Session
@@ -24,17 +17,12 @@ from tokenomy.gateway.ops.keys import new_api_key
 def _gateway_counts(url: str) -> dict[str, dict[str, float]]:
     """Deferrals and refusals by tier from the gateway's ``/metrics`` (empty when it has none)."""
     out: dict[str, dict[str, float]] = {"deferred": {}, "refused": {}}
-    try:
-        text = httpx.get(url + "/metrics", timeout=5).text
-    except httpx.HTTPError:
-        return out
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
+    for name, value in metric_lines(url):
         for kind in ("deferred", "refused"):
             prefix = f"tokenomy_gateway_admission_{kind}_total{{"
             if name.startswith(prefix) and 'tier="' in name:
                 tier = name.split('tier="', 1)[1].split('"', 1)[0]
-                out[kind][tier] = out[kind].get(tier, 0.0) + float(value)
+                out[kind][tier] = out[kind].get(tier, 0.0) + value
     return out
 
 
@@ -45,35 +33,23 @@ def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, 
 
     health: dict[str, Any] = {"loadavg_before": os.getloadavg()}
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        spec_file = tmp / "cluster.json"  # YAML is a superset of JSON
-        spec_file.write_text(json.dumps(spec.cluster_file()))
-        with cluster([str(spec_file)]) as urls:
-            keys = {t: new_api_key() for t in sorted({s.tenant for s in sessions})}
-            port = free_port()
-            cfg = tmp / "gateway.yaml"
-            blocks = [int(httpx.get(u + "/tokenomy/info", timeout=5).json()["num_gpu_blocks"]) for u in urls]
-            cfg.write_text(json.dumps(spec.gateway_file(mode, urls, blocks, port, keys, tmp)))
-            gw = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg),
-                                   "--log-level", "warning"], cwd=tmp)
-            url = f"http://127.0.0.1:{port}"
-            try:
-                _wait_serving(url, gw)
-                rep = run_bench(sessions, BenchConfig(targets=(url,), model=spec.model, api="completions",
-                                                      slo=spec.slo, gpus=spec.instances, seed=spec.seed,
-                                                      tenant_keys=tuple(sorted(keys.items()))))
-                health["gateway"] = _gateway_counts(url)
-            finally:
-                _stop(gw)
-            health["emulators"] = _emulator_health([f"mixed-{i}" for i in range(len(urls))], urls)
+    keys = {t: new_api_key() for t in sorted({s.tenant for s in sessions})}
+    with live_cluster(spec.cluster_file(),
+                      lambda urls, blocks, port, tmp: spec.gateway_file(mode, urls, blocks, port, keys, tmp)) as live:
+        rep = run_bench(sessions, BenchConfig(targets=(live.url,), model=spec.model, api="completions",
+                                              slo=spec.slo, gpus=spec.instances, seed=spec.seed,
+                                              tenant_keys=tuple(sorted(keys.items())), retry=spec.retry))
+        health["gateway"] = _gateway_counts(live.url)
+        health["emulators"] = emulator_health([f"mixed-{i}" for i in range(len(live.instance_urls))],
+                                              live.instance_urls)
     health["wall_s"] = round(time.monotonic() - t0, 1)
     health["loadavg_after"] = os.getloadavg()
     health["loadavg"] = [round(health["loadavg_before"][0], 2), round(health["loadavg_after"][0], 2)]
     health["errors_by_status"] = rep.errors_by_status
     health["error_examples"] = rep.extras.get("error_examples", {})
-    end = max((r.finish_s for r in rep.records if r.finish_s is not None), default=0.0)
-    out = figures(rep.summary, end)
+    health["retries"], health["abandoned_turns"] = rep.extras["retries"], rep.extras["abandoned_turns"]
+    out = figures(rep.summary, rep.records)
     if health["gateway"]["deferred"]:
         out["deferred_by_tier"] = {t: int(v) for t, v in health["gateway"]["deferred"].items()}
     return out, health
+
