@@ -62,6 +62,8 @@ class LiveCluster:
 
     url: str
     instance_urls: list[str]
+    tmp: Path
+    """The gateway's working folder (its SQLite ledger is ``ledger.db`` when the config puts it there)."""
 
 
 @contextmanager
@@ -82,7 +84,7 @@ def live_cluster(up_file: dict[str, Any], gateway_file: GatewayFile) -> Iterator
             url = f"http://127.0.0.1:{port}"
             try:
                 wait_serving(url, gw)
-                yield LiveCluster(url, urls)
+                yield LiveCluster(url, urls, tmp)
             finally:
                 _stop(gw)
 

@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 from _live import emulator_health, live_cluster, metric_lines
 
 from tokenomy.bench import BenchConfig, run_bench
-from tokenomy.core import Session
+from tokenomy.core import RequestRecord, Session
 from tokenomy.gateway.ops.keys import new_api_key
 
 
@@ -26,9 +30,37 @@ def _gateway_counts(url: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def _ledger_ttfts(db: Path) -> dict[str, float]:
+    """Request id -> TTFT at the gateway (from its receipt of the request: admission wait, routing
+    and the engine's TTFT) of every answered request in the gateway's SQLite ledger."""
+    if not db.exists():
+        return {}
+    with closing(sqlite3.connect(db)) as con:
+        rows = con.execute("SELECT request_id, ttft_s FROM usage_events WHERE ttft_s IS NOT NULL").fetchall()
+    return {str(r): float(t) for r, t in rows}
+
+
+def ttft_split(records: list[RequestRecord], gateway_ttft: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Per tier, for turns answered at their first attempt: TTFT as the client saw it, as the gateway
+    saw it, and the difference (the client's send, the HTTP hops and the relay of the first chunk),
+    as P50 / P90 / P99."""
+    by: dict[str, dict[str, list[float]]] = {}
+    for r in records:
+        g = gateway_ttft.get(r.request_id)
+        if r.ttft_s is None or g is None:
+            continue
+        d = by.setdefault(r.tier, {"client": [], "gateway": [], "outside_gateway": []})
+        d["client"].append(r.ttft_s)
+        d["gateway"].append(g)
+        d["outside_gateway"].append(r.ttft_s - g)
+    return {t: {k: {f"p{q}": round(float(np.percentile(v, q)), 3) for q in (50, 90, 99)} | {"n": len(v)}
+                for k, v in d.items()} for t, d in sorted(by.items())}
+
+
 def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``mode``'s figures live (``closed_loop.figures``) and the run's health (load average before
-    and after, wall time, each emulator's busy and lag-dropped seconds, the gateway's counts)."""
+    and after, wall time, each emulator's busy and lag-dropped seconds, the gateway's counts, TTFT
+    at the client and at the gateway, every request as ``[id, tier, arrival, TTFT, finish]``)."""
     from closed_loop import figures
 
     health: dict[str, Any] = {"loadavg_before": os.getloadavg()}
@@ -40,6 +72,7 @@ def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, 
                                               slo=spec.slo, gpus=spec.instances, seed=spec.seed,
                                               tenant_keys=tuple(sorted(keys.items())), retry=spec.retry))
         health["gateway"] = _gateway_counts(live.url)
+        gateway_ttft = _ledger_ttfts(live.tmp / "ledger.db")
         health["emulators"] = emulator_health([f"mixed-{i}" for i in range(len(live.instance_urls))],
                                               live.instance_urls)
     health["wall_s"] = round(time.monotonic() - t0, 1)
@@ -49,6 +82,9 @@ def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, 
     health["error_examples"] = rep.extras.get("error_examples", {})
     health["retries"], health["abandoned_turns"] = rep.extras["retries"], rep.extras["abandoned_turns"]
     out = figures(rep.summary, rep.records)
+    health["ttft_split_by_tier"] = ttft_split(rep.records, gateway_ttft)
+    health["records"] = [[r.request_id, r.tier, round(r.arrival_s, 3), None if r.ttft_s is None else round(r.ttft_s, 3),
+                          None if r.finish_s is None else round(r.finish_s, 3)] for r in rep.records]
     if health["gateway"]["deferred"]:
         out["deferred_by_tier"] = {t: int(v) for t, v in health["gateway"]["deferred"].items()}
     return out, health

@@ -68,7 +68,7 @@ class AdmissionGate:
         self.queue: list[_Entry] = []
         self.rejected: Counter[str] = Counter()
         self.refused: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> requests refused or shed
-        self.deferred: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> requests that waited
+        self.deferred: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> admitted after waiting
         self.retried: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> refused attempts sent again
         self._retries: Counter[str] = Counter()  # request id -> its retries so far
         self._backing_off: dict[str, Request] = {}  # refused, to be sent again after its retry-after
@@ -94,7 +94,6 @@ class AdmissionGate:
         arrival = ArrivalView(request.request_id, self._tenant(request, now), request.prompt_tokens,
                               request.max_output_tokens)
         d = self.policy.arrive(arrival, self._load(), now)
-        key = (request.tenant, request.tier)
         if d.action is Action.REFUSE:
             return self._refused(request, REFUSED_BUDGET, "429", None, should_retry=False)
         entry = _Entry(request, QueuedView.of(d, now), d.max_tokens)
@@ -103,8 +102,6 @@ class AdmissionGate:
         if d.eligible_s > now:
             self.loop.at(d.eligible_s, self._pump)
         self._pump()
-        if any(e is entry for e in self.queue):
-            self.deferred[key] += 1
         return True
 
     def _pump(self) -> None:
@@ -116,6 +113,8 @@ class AdmissionGate:
             entry = self.queue.pop(pick.index)
             self.in_flight += 1
             request = entry.request
+            if entry.view.arrival_s < now:  # admitted after waiting (the gateway counts the same)
+                self.deferred[(request.tenant, request.tier)] += 1
             if entry.max_tokens < request.max_output_tokens:
                 request = dataclasses.replace(request, max_output_tokens=entry.max_tokens)
             self.deployment.submit(request, now)
