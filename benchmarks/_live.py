@@ -5,6 +5,7 @@ the simulated and the live run are built from (``ampd_live.py``, ``closed_loop.p
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -87,6 +88,19 @@ def live_cluster(up_file: dict[str, Any], gateway_file: GatewayFile) -> Iterator
                 yield LiveCluster(url, urls, tmp)
             finally:
                 _stop(gw)
+
+
+@contextmanager
+def run_health() -> Iterator[dict[str, Any]]:
+    """A live run's health record: the load average before and after (1, 5, 15 min) and the wall
+    seconds of the ``with`` block; the block adds its own entries."""
+    health: dict[str, Any] = {"loadavg_before": os.getloadavg()}
+    t0 = time.monotonic()
+    try:
+        yield health
+    finally:
+        health["wall_s"] = round(time.monotonic() - t0, 1)
+        health["loadavg_after"] = os.getloadavg()
 
 
 COUNTERS = {"tokenomy:kv_transfers_total": "kv_transfers", "tokenomy:kv_retained_requests_total": "kv_retained",

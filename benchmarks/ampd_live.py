@@ -41,15 +41,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _live import EngineShape, emulator_health, live_cluster, metric_lines
+from _live import EngineShape, emulator_health, live_cluster, metric_lines, run_health
 
 from tokenomy.bench import BenchConfig, run_bench
 from tokenomy.core import SLO, RequestRecord, Session
@@ -195,18 +193,15 @@ def _gate_counts(gateway_url: str) -> dict[str, float]:
 def live_mode(mode: str, spec: LiveSpec, sessions: list[Session]) -> tuple[float, dict[str, Any], dict[str, Any]]:
     """Attainment of ``mode`` live, the bench's errors, and the run's health (load, emulator lag,
     why requests missed)."""
-    health: dict[str, Any] = {"loadavg_before": os.getloadavg()}
-    t0 = time.monotonic()
     key = new_api_key()
-    with live_cluster(spec.cluster_file(mode),
-                      lambda urls, blocks, port, tmp: spec.gateway_file(mode, urls, blocks, port, key, tmp)) as live:
+    with run_health() as health, live_cluster(
+            spec.cluster_file(mode), lambda urls, blocks, port, tmp: spec.gateway_file(mode, urls, blocks, port, key, tmp)
+    ) as live:
         rep = run_bench(sessions, BenchConfig(targets=(live.url,), model=spec.model, api="completions",
                                               api_key=key, slo=spec.slo, gpus=spec.instances * spec.tp,
                                               seed=spec.seed))
         health["gates"] = _gate_counts(live.url)
         health["emulators"] = emulator_health(spec.instance_ids(mode), live.instance_urls)
-    health["wall_s"] = round(time.monotonic() - t0, 1)
-    health["loadavg_after"] = os.getloadavg()
     health["misses"] = misses(rep.records, rep.summary, spec.slo)
     errors = {"by_status": rep.errors_by_status, "examples": rep.extras.get("error_examples", {})}
     if rep.errors_by_status:

@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import time
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _live import emulator_health, live_cluster, metric_lines
+from _live import emulator_health, live_cluster, metric_lines, run_health
 
 from tokenomy.bench import BenchConfig, run_bench
 from tokenomy.core import RequestRecord, Session
@@ -63,11 +61,10 @@ def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, 
     at the client and at the gateway, every request as ``[id, tier, arrival, TTFT, finish]``)."""
     from closed_loop import figures
 
-    health: dict[str, Any] = {"loadavg_before": os.getloadavg()}
-    t0 = time.monotonic()
     keys = {t: new_api_key() for t in sorted({s.tenant for s in sessions})}
-    with live_cluster(spec.cluster_file(),
-                      lambda urls, blocks, port, tmp: spec.gateway_file(mode, urls, blocks, port, keys, tmp)) as live:
+    with run_health() as health, live_cluster(
+            spec.cluster_file(), lambda urls, blocks, port, tmp: spec.gateway_file(mode, urls, blocks, port, keys, tmp)
+    ) as live:
         rep = run_bench(sessions, BenchConfig(targets=(live.url,), model=spec.model, api="completions",
                                               slo=spec.slo, gpus=spec.instances, seed=spec.seed,
                                               tenant_keys=tuple(sorted(keys.items())), retry=spec.retry))
@@ -75,8 +72,6 @@ def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, 
         gateway_ttft = _ledger_ttfts(live.tmp / "ledger.db")
         health["emulators"] = emulator_health([f"mixed-{i}" for i in range(len(live.instance_urls))],
                                               live.instance_urls)
-    health["wall_s"] = round(time.monotonic() - t0, 1)
-    health["loadavg_after"] = os.getloadavg()
     health["loadavg"] = [round(health["loadavg_before"][0], 2), round(health["loadavg_after"][0], 2)]
     health["errors_by_status"] = rep.errors_by_status
     health["error_examples"] = rep.extras.get("error_examples", {})
