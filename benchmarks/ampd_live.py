@@ -41,23 +41,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
-from _emulated import _stop, cluster, free_port
+from _live import EngineShape, emulator_health, live_cluster, metric_lines, run_health
 
 from tokenomy.bench import BenchConfig, run_bench
 from tokenomy.core import SLO, RequestRecord, Session
 from tokenomy.gateway.ops.keys import new_api_key
-from tokenomy.gateway.routing.backends import parse_prometheus
 from tokenomy.metrics.summary import Summary
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.variants import make_variant
@@ -73,18 +67,13 @@ HEALTH_INTERVAL_S = 0.5  # how often the gateway scrapes each engine's /metrics 
 
 
 @dataclass(frozen=True)
-class LiveSpec:
+class LiveSpec(EngineShape):
     """The one description both runs are built from (module docstring: why these defaults)."""
 
-    model: str = "llama-3.1-8b"
-    gpu: str = "h100"
-    tp: int = 1
-    gpu_memory_utilization: float = 0.8
     prefill: int = 1
     decode: int = 2
     local_budget_tokens: int = 512  # the simulator's AMPD default (SimConfig.ampd.placement_config)
     decode_max_num_seqs: int = 512
-    max_model_len: int = 131072
     rate_per_s: float = 1.2
     duration_s: float = 40.0
     seed: int = 0
@@ -128,7 +117,6 @@ class LiveSpec:
 
     def cluster_file(self, mode: str) -> dict[str, Any]:
         """``tokenomy up``'s cluster file for ``mode``."""
-        engine = {"gpu_memory_utilization": self.gpu_memory_utilization, "max_model_len": self.max_model_len}
         if mode == "colocated":
             pools: list[dict[str, Any]] = [{"role": "mixed", "count": self.instances}]
         else:
@@ -136,7 +124,7 @@ class LiveSpec:
                              "max_num_batched_tokens": self.local_budget_tokens + self.decode_max_num_seqs}
             pools = [{"role": "prefill", "count": self.prefill},
                      {"role": "decode", "count": self.decode, "engine": decode_engine}]
-        return {"model": self.model, "gpu": self.gpu, "tp": self.tp, "engine": engine, "pools": pools}
+        return self.up_file(pools)
 
     def instance_ids(self, mode: str) -> list[str]:
         if mode == "colocated":
@@ -188,86 +176,32 @@ def simulated(spec: LiveSpec, sessions: list[Session], modes: list[str]) -> tupl
     return att, why
 
 
-def _wait_serving(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"tokenomy serve did not start (status {proc.poll()})")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-
-
-COUNTERS = {"tokenomy:kv_transfers_total": "kv_transfers", "tokenomy:kv_retained_requests_total": "kv_retained",
-            "vllm:prompt_tokens_total": "prompt_tokens", "vllm:prefix_cache_hits_total": "prefix_cache_hit_tokens"}
-
-
-def _emulator_health(ids: list[str], urls: list[str]) -> dict[str, Any]:
-    """Each emulator's ``/tokenomy/info`` (steps, modelled seconds busy and dropped to CPU lag)
-    and ``/metrics`` counters (KV pulls, retained requests, prompt tokens, prefix-cache hits)."""
-    out: dict[str, Any] = {}
-    for i, u in zip(ids, urls, strict=True):
-        try:
-            info = httpx.get(u + "/tokenomy/info", timeout=5).json()
-            out[i] = {k: info.get(k) for k in ("steps", "busy_s", "lag_dropped_s")}
-            for name, value in parse_prometheus(httpx.get(u + "/metrics", timeout=5).text).items():
-                if name in COUNTERS:
-                    out[i][COUNTERS[name]] = value
-        except (httpx.HTTPError, ValueError) as exc:
-            out[i] = {"error": str(exc)}
-    return out
-
-
 def _gate_counts(gateway_url: str) -> dict[str, float]:
     """AMPD's live gates from the gateway's ``/metrics``, summed over backends: turns that had to
     wait in the prefill queues and in the decode admission gates, and decode admissions that
     overtook an older turn (empty outside ampd mode)."""
     out: dict[str, float] = {}
-    try:
-        text = httpx.get(gateway_url + "/metrics", timeout=5).text
-    except httpx.HTTPError:
-        return out
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
+    for name, value in metric_lines(gateway_url):
         for prefix, gate, key in (("tokenomy_gateway_ampd_held_total{", "prefill", "prefill_held"),
                                   ("tokenomy_gateway_ampd_held_total{", "decode", "decode_held"),
                                   ("tokenomy_gateway_ampd_decode_reordered_total{", "", "decode_reordered")):
             if name.startswith(prefix) and (not gate or f'gate="{gate}"' in name):
-                out[key] = out.get(key, 0.0) + float(value)
+                out[key] = out.get(key, 0.0) + value
     return out
 
 
 def live_mode(mode: str, spec: LiveSpec, sessions: list[Session]) -> tuple[float, dict[str, Any], dict[str, Any]]:
     """Attainment of ``mode`` live, the bench's errors, and the run's health (load, emulator lag,
     why requests missed)."""
-    health: dict[str, Any] = {"loadavg_before": os.getloadavg()}
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        spec_file = tmp / f"{mode}-cluster.json"  # YAML is a superset of JSON
-        spec_file.write_text(json.dumps(spec.cluster_file(mode)))
-        with cluster([str(spec_file)]) as urls:
-            key, port = new_api_key(), free_port()
-            cfg = tmp / "gateway.yaml"
-            blocks = [int(httpx.get(u + "/tokenomy/info", timeout=5).json()["num_gpu_blocks"]) for u in urls]
-            cfg.write_text(json.dumps(spec.gateway_file(mode, urls, blocks, port, key, tmp)))
-            gw = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg),
-                                   "--log-level", "warning"], cwd=tmp)
-            url = f"http://127.0.0.1:{port}"
-            try:
-                _wait_serving(url, gw)
-                rep = run_bench(sessions, BenchConfig(targets=(url,), model=spec.model, api="completions",
-                                                      api_key=key, slo=spec.slo, gpus=spec.instances * spec.tp,
-                                                      seed=spec.seed))
-                health["gates"] = _gate_counts(url)
-            finally:
-                _stop(gw)
-            health["emulators"] = _emulator_health(spec.instance_ids(mode), urls)
-    health["wall_s"] = round(time.monotonic() - t0, 1)
-    health["loadavg_after"] = os.getloadavg()
+    key = new_api_key()
+    with run_health() as health, live_cluster(
+            spec.cluster_file(mode), lambda urls, blocks, port, tmp: spec.gateway_file(mode, urls, blocks, port, key, tmp)
+    ) as live:
+        rep = run_bench(sessions, BenchConfig(targets=(live.url,), model=spec.model, api="completions",
+                                              api_key=key, slo=spec.slo, gpus=spec.instances * spec.tp,
+                                              seed=spec.seed))
+        health["gates"] = _gate_counts(live.url)
+        health["emulators"] = emulator_health(spec.instance_ids(mode), live.instance_urls)
     health["misses"] = misses(rep.records, rep.summary, spec.slo)
     errors = {"by_status": rep.errors_by_status, "examples": rep.extras.get("error_examples", {})}
     if rep.errors_by_status:

@@ -11,6 +11,11 @@ the cluster, capped at ``max_in_flight`` requests:
   **closed_routing_bias**: ``tier_wfq`` with the ``tier_aware`` router over ``session_affinity``
   (docs/closed-loop.md: at this point it cost the top tier attainment, so the live run leaves it out).
 
+Clients retry a refused turn as agent SDKs do (``RetryPolicy``: after the ``retry-after`` the
+admission gave, at most ``max_retries`` times, then the session is abandoned), in both runs: the
+simulator's admission gate and ``tokenomy bench`` apply the same rule. A retried turn is one
+request whose TTFT counts from its first attempt (docs/closed-loop.md, "Retries").
+
 ``goodput_rps`` is SLO-meeting requests over one window common to the modes of a side: from 0 to
 the latest last finish among them (each mode's own busy window would reward a run whose sessions
 end sooner). ``attainment_by_tier`` counts every request offered, refusals as misses.
@@ -24,12 +29,12 @@ same scaling as ``benchmarks/ampd_live.py``, whose GAIA profile this reuses).
 
 Writes ``{"sim": {"blind": {...}, "closed": {...}}, "live": {...}, "diff": ..., "checks": ...,
 "r90_rate": ..., "spec": ...}``; each ``{...}`` has ``attainment_by_tier``, ``goodput_rps``,
-``attainment``, ``slo_met``, ``requests``, refusals and deferrals by tier, and TTFT/TPOT P50/P99
-by tier.
+``attainment``, ``slo_met``, ``requests``, refusals, retries and deferrals by tier, TTFT/TPOT
+P50/P99 by tier and every TTFT by tier (``ttft_s_by_tier``, to compare the distributions).
 
     python benchmarks/closed_loop.py --sim-only                   # seconds
     python benchmarks/closed_loop.py --sim-only --measure-r90     # and the 90% rate again
-    python benchmarks/closed_loop.py --json out/closed_loop.json  # about 8 minutes on 2 cores
+    python benchmarks/closed_loop.py --json out/closed_loop.json  # about 7 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -44,11 +49,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from _live import EngineShape
 from ampd_live import LiveSpec
 
 from tokenomy.core import SLO, RequestRecord, Session
 from tokenomy.metrics import max_rate_at_attainment
 from tokenomy.metrics.summary import Summary
+from tokenomy.policy.closedloop import RetryPolicy
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.admission_options import AdmissionOptions
 from tokenomy.workload.tenants import TenantMix, assign_tenants
@@ -63,14 +71,10 @@ R90_RATES = (1.0, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8)
 
 
 @dataclass(frozen=True)
-class OverloadSpec:
+class OverloadSpec(EngineShape):
     """The one description both runs are built from (module docstring: why these defaults)."""
 
-    model: str = "llama-3.1-8b"
-    gpu: str = "h100"
     instances: int = 2
-    gpu_memory_utilization: float = 0.8
-    max_model_len: int = 131072
     tenants: str = "gold:0.2,silver:0.3,free:0.5"
     overload: float = 2.0  # offered load / the rate served at 90% attainment without admission
     # sessions/s at 90% attainment without admission, as measure_r90 found it (2026-12-01, seed 0);
@@ -79,6 +83,8 @@ class OverloadSpec:
     duration_s: float = 40.0
     seed: int = 0
     max_in_flight: int = 24  # labelled default: 12 a 2-H100 instance, picked in simulation (docs)
+    retry_after_s: int = 1  # what a shed request is told to wait (the gateway's default)
+    max_retries: int = RetryPolicy.max_retries  # how often clients send a refused turn again (the OpenAI SDK's)
     slo: SLO = field(default_factory=lambda: SLO(ttft_s=2.0, tpot_s=0.1))
 
     def live_spec(self, rate: float) -> LiveSpec:
@@ -97,14 +103,18 @@ class OverloadSpec:
 
     def sim_config(self, mode: str | None) -> SimConfig:
         policy, router = (None, BASE_ROUTER) if mode is None else {**MODES, **SIM_ONLY_MODES}[mode]
-        admission = None if policy is None else AdmissionOptions(policy, self.max_in_flight)
+        admission = None if policy is None else AdmissionOptions(policy, self.max_in_flight,
+                                                                 retry_after_s=self.retry_after_s, retry=self.retry)
         return SimConfig(model=self.model, gpu=self.gpu, instances=self.instances,
                          gpu_memory_utilization=self.gpu_memory_utilization, router=router, admission=admission)
 
+    @property
+    def retry(self) -> RetryPolicy:
+        """The clients' retries of a refused turn, in both runs."""
+        return RetryPolicy(max_retries=self.max_retries)
+
     def cluster_file(self) -> dict[str, Any]:
-        engine = {"gpu_memory_utilization": self.gpu_memory_utilization, "max_model_len": self.max_model_len}
-        return {"model": self.model, "gpu": self.gpu, "tp": 1, "engine": engine,
-                "pools": [{"role": "mixed", "count": self.instances}]}
+        return self.up_file([{"role": "mixed", "count": self.instances}])
 
     def gateway_file(self, mode: str, urls: list[str], blocks: list[int], port: int, keys: dict[str, str],
                      tmp: Path) -> dict[str, Any]:
@@ -121,14 +131,17 @@ class OverloadSpec:
             "router": {"name": router, "options": options},
             "ledger": {"url": f"sqlite:///{tmp}/ledger.db"},
             "ops": {"server_secret": "closed-loop-bench-0123", "reservations": "memory", "tenants": tenants,
-                    "admission": {"max_in_flight": self.max_in_flight, "closed_loop": {
+                    "admission": {"max_in_flight": self.max_in_flight, "retry_after_s": self.retry_after_s,
+                                  "closed_loop": {
                         "policy": policy, "tiers": [{"name": t, "min_priority": p} for t, p in TIER_PRIORITY.items()]}}},
         }
 
 
-def figures(summary: Summary, end_s: float) -> dict[str, Any]:
-    """What the benchmark reports of one run; ``end_s`` its last finish (see ``common_goodput``)."""
+def figures(summary: Summary, records: list[RequestRecord]) -> dict[str, Any]:
+    """What the benchmark reports of one run of ``records`` (``end_s``: its last finish, see
+    ``common_goodput``; ``ttft_s_by_tier``: every TTFT, from the request's first attempt)."""
     tiers = summary.by_tier
+    end_s = last_finish(records)
     pick = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
     return {
         "attainment_by_tier": {t: round(g["attainment"], 4) for t, g in tiers.items()},
@@ -139,9 +152,20 @@ def figures(summary: Summary, end_s: float) -> dict[str, Any]:
         "requests": summary.requests,
         "duration_s": round(summary.duration_s, 1),
         "refused_by_tier": {t: g["refused"] for t, g in tiers.items()},
+        "retried_by_tier": {t: g.get("retried", 0) for t, g in tiers.items()},
         "deferred_by_tier": {t: g["deferred"] for t, g in tiers.items()},
         "latency_by_tier": {t: {k: None if g[k] is None else round(g[k], 3) for k in pick} for t, g in tiers.items()},
+        "ttft_s_by_tier": ttfts_by_tier(records),
     }
+
+
+def ttfts_by_tier(records: list[RequestRecord]) -> dict[str, list[float]]:
+    """Every request's TTFT by tier (ms resolution, sorted): the live and simulated distributions."""
+    out: dict[str, list[float]] = {}
+    for r in records:
+        if r.ttft_s is not None:
+            out.setdefault(r.tier, []).append(round(r.ttft_s, 3))
+    return {t: sorted(v) for t, v in sorted(out.items())}
 
 
 def measure_r90(spec: OverloadSpec) -> tuple[float, dict[str, float]]:
@@ -167,7 +191,7 @@ def simulated(spec: OverloadSpec, sessions: list[Session]) -> dict[str, Any]:
     out = {}
     for m in (*MODES, *SIM_ONLY_MODES):
         res = simulate(sessions, spec.sim_config(m), spec.slo)
-        out[m] = figures(res.summary, last_finish(res.records))
+        out[m] = figures(res.summary, res.records)
     common_goodput(out)
     return out
 
@@ -185,6 +209,32 @@ def seed_spread(spec: OverloadSpec, rate: float, seeds: list[int]) -> dict[str, 
     ratios = [r["goodput_ratio"] for r in rows.values() if r["goodput_ratio"] is not None]
     return {"by_seed": rows, "mean_goodput_ratio": round(sum(ratios) / len(ratios), 4) if ratios else None,
             "min_gold": min(r["gold"] or 0.0 for r in rows.values())}
+
+
+def jitter_spread(spec: OverloadSpec, sessions: list[Session], draws: int, max_shift_s: float = 0.01) -> dict[str, Any]:
+    """The simulator's own run-to-run spread: each mode's figures over ``draws`` copies of the
+    workload whose session starts are shifted by up to ``max_shift_s`` (uniform, seeded per draw),
+    as ``{mode: {figure: [min, max]}}`` with every draw's figures. A live run is one such draw:
+    which turn meets a deadline, and so which session is abandoned, turns on milliseconds."""
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    for k in range(draws):
+        rng = np.random.default_rng([spec.seed, k])
+        shifted = [dataclasses.replace(s, start_s=s.start_s + float(rng.uniform(0, max_shift_s))) for s in sessions]
+        side = {m: figures(*_sim(spec, shifted, m)) for m in MODES}
+        common_goodput(side)
+        for m, f in side.items():
+            runs[m].append({**{f"attainment.{t}": a for t, a in f["attainment_by_tier"].items()},
+                            "goodput_rps": f["goodput_rps"], "slo_met": f["slo_met"], "requests": f["requests"]})
+    out: dict[str, Any] = {"draws": draws, "max_shift_s": max_shift_s}
+    for m, rows in runs.items():
+        out[m] = {k: [min(r[k] for r in rows), max(r[k] for r in rows)] for k in rows[0]}
+        out[m]["by_draw"] = rows
+    return out
+
+
+def _sim(spec: OverloadSpec, sessions: list[Session], mode: str) -> tuple[Summary, list[RequestRecord]]:
+    res = simulate(sessions, spec.sim_config(mode), spec.slo)
+    return res.summary, res.records
 
 
 def checks(out: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +258,32 @@ def checks(out: dict[str, Any]) -> dict[str, Any]:
             gaps[f"{m}.goodput_rel"] = round(lv["goodput_rps"] / s["goodput_rps"] - 1, 4) if s["goodput_rps"] else None
         res["live_minus_sim"] = gaps
         res["within_0.08"] = all(v is not None and abs(v) <= 0.08 for v in gaps.values())
+        if "sim_jitter" in out:
+            res.update(against_spread(out["live"], out["sim_jitter"]))
     return res
+
+
+def against_spread(live: dict[str, Any], jitter: dict[str, Any]) -> dict[str, Any]:
+    """Each live figure against the simulator's own spread (``jitter_spread``): its gap to the mean
+    of the jittered draws (goodput relative), and whether it lies within their [min, max]."""
+    gaps, inside = {}, {}
+    for m in MODES:
+        rows, lv = jitter[m]["by_draw"], live[m]
+        figs = {f"attainment.{t}": a for t, a in lv["attainment_by_tier"].items()} | {"goodput_rps": lv["goodput_rps"]}
+        for k, v in figs.items():
+            mean = sum(r[k] for r in rows) / len(rows)
+            key = f"{m}.goodput_rel" if k == "goodput_rps" else f"{m}.{k}"
+            gaps[key] = round(v / mean - 1 if k == "goodput_rps" else v - mean, 4)
+            inside[key] = jitter[m][k][0] <= v <= jitter[m][k][1]
+    return {"live_minus_sim_mean": gaps, "within_0.08_of_sim_mean": all(abs(v) <= 0.08 for v in gaps.values()),
+            "inside_sim_spread": inside}
+
+
+def brief(figs: dict[str, Any]) -> dict[str, Any]:
+    """``figs`` (one mode's or a side's) without the TTFT samples, for printing."""
+    if "ttft_s_by_tier" in figs:
+        return {k: v for k, v in figs.items() if k != "ttft_s_by_tier"}
+    return {k: brief(v) if isinstance(v, dict) else v for k, v in figs.items()}
 
 
 def main() -> int:
@@ -223,6 +298,9 @@ def main() -> int:
     ap.add_argument("--sim-only", action="store_true", help="only the simulation (seconds, no processes)")
     ap.add_argument("--sim-seeds", default="0,1,2,3",
                     help="also simulate these seeds (the run-to-run spread of one short run; '' for none)")
+    ap.add_argument("--sim-jitter", type=int, default=0, metavar="N",
+                    help="also simulate N copies with session starts shifted by up to 10 ms: the simulator's "
+                         "own run-to-run spread, against which the live-minus-sim gaps are read")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -241,18 +319,21 @@ def main() -> int:
           f"{sum(len(s.turns) for s in sessions)} turns", flush=True)
     out: dict[str, Any] = {"r90_rate": r90, "r90_curve": curve, "rate_per_s": rate,
                            "sim": simulated(spec, sessions)}
-    print(f"sim: {json.dumps(out['sim'])}", flush=True)
+    print(f"sim: {json.dumps(brief(out['sim']))}", flush=True)
     seeds = [int(x) for x in args.sim_seeds.split(",") if x.strip()]
     if seeds:
         out["sim_seeds"] = seed_spread(spec, rate, seeds)
         print(f"sim seeds: {json.dumps(out['sim_seeds'])}", flush=True)
+    if args.sim_jitter > 0:
+        out["sim_jitter"] = jitter_spread(spec, sessions, args.sim_jitter)
+        print(f"sim jitter: {json.dumps({m: {k: v for k, v in f.items() if k != 'by_draw'} for m, f in out['sim_jitter'].items() if isinstance(f, dict)})}", flush=True)
     if not args.sim_only:
         from closed_loop_live import live_mode
 
         out["live"], out["live_health"] = {}, {}
         for m in MODES:
             out["live"][m], out["live_health"][m] = live_mode(m, spec, sessions)
-            print(f"live {m}: {json.dumps(out['live'][m])}; load {out['live_health'][m]['loadavg']}", flush=True)
+            print(f"live {m}: {json.dumps(brief(out['live'][m]))}; load {out['live_health'][m]['loadavg']}", flush=True)
         common_goodput(out["live"])
     out["checks"] = checks(out)
     out["spec"] = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in vars(spec).items()}

@@ -3,77 +3,84 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-import httpx
-from _emulated import _stop, cluster, free_port
-from ampd_live import _emulator_health, _wait_serving
+import numpy as np
+from _live import emulator_health, live_cluster, metric_lines, run_health
 
 from tokenomy.bench import BenchConfig, run_bench
-from tokenomy.core import Session
+from tokenomy.core import RequestRecord, Session
 from tokenomy.gateway.ops.keys import new_api_key
 
 
 def _gateway_counts(url: str) -> dict[str, dict[str, float]]:
     """Deferrals and refusals by tier from the gateway's ``/metrics`` (empty when it has none)."""
     out: dict[str, dict[str, float]] = {"deferred": {}, "refused": {}}
-    try:
-        text = httpx.get(url + "/metrics", timeout=5).text
-    except httpx.HTTPError:
-        return out
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
+    for name, value in metric_lines(url):
         for kind in ("deferred", "refused"):
             prefix = f"tokenomy_gateway_admission_{kind}_total{{"
             if name.startswith(prefix) and 'tier="' in name:
                 tier = name.split('tier="', 1)[1].split('"', 1)[0]
-                out[kind][tier] = out[kind].get(tier, 0.0) + float(value)
+                out[kind][tier] = out[kind].get(tier, 0.0) + value
     return out
+
+
+def _ledger_ttfts(db: Path) -> dict[str, float]:
+    """Request id -> TTFT at the gateway (from its receipt of the request: admission wait, routing
+    and the engine's TTFT) of every answered request in the gateway's SQLite ledger."""
+    if not db.exists():
+        return {}
+    with closing(sqlite3.connect(db)) as con:
+        rows = con.execute("SELECT request_id, ttft_s FROM usage_events WHERE ttft_s IS NOT NULL").fetchall()
+    return {str(r): float(t) for r, t in rows}
+
+
+def ttft_split(records: list[RequestRecord], gateway_ttft: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Per tier, for turns answered at their first attempt: TTFT as the client saw it, as the gateway
+    saw it, and the difference (the client's send, the HTTP hops and the relay of the first chunk),
+    as P50 / P90 / P99."""
+    by: dict[str, dict[str, list[float]]] = {}
+    for r in records:
+        g = gateway_ttft.get(r.request_id)
+        if r.ttft_s is None or g is None:
+            continue
+        d = by.setdefault(r.tier, {"client": [], "gateway": [], "outside_gateway": []})
+        d["client"].append(r.ttft_s)
+        d["gateway"].append(g)
+        d["outside_gateway"].append(r.ttft_s - g)
+    return {t: {k: {f"p{q}": round(float(np.percentile(v, q)), 3) for q in (50, 90, 99)} | {"n": len(v)}
+                for k, v in d.items()} for t, d in sorted(by.items())}
 
 
 def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``mode``'s figures live (``closed_loop.figures``) and the run's health (load average before
-    and after, wall time, each emulator's busy and lag-dropped seconds, the gateway's counts)."""
+    and after, wall time, each emulator's busy and lag-dropped seconds, the gateway's counts, TTFT
+    at the client and at the gateway, every request as ``[id, tier, arrival, TTFT, finish]``)."""
     from closed_loop import figures
 
-    health: dict[str, Any] = {"loadavg_before": os.getloadavg()}
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        spec_file = tmp / "cluster.json"  # YAML is a superset of JSON
-        spec_file.write_text(json.dumps(spec.cluster_file()))
-        with cluster([str(spec_file)]) as urls:
-            keys = {t: new_api_key() for t in sorted({s.tenant for s in sessions})}
-            port = free_port()
-            cfg = tmp / "gateway.yaml"
-            blocks = [int(httpx.get(u + "/tokenomy/info", timeout=5).json()["num_gpu_blocks"]) for u in urls]
-            cfg.write_text(json.dumps(spec.gateway_file(mode, urls, blocks, port, keys, tmp)))
-            gw = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg),
-                                   "--log-level", "warning"], cwd=tmp)
-            url = f"http://127.0.0.1:{port}"
-            try:
-                _wait_serving(url, gw)
-                rep = run_bench(sessions, BenchConfig(targets=(url,), model=spec.model, api="completions",
-                                                      slo=spec.slo, gpus=spec.instances, seed=spec.seed,
-                                                      tenant_keys=tuple(sorted(keys.items()))))
-                health["gateway"] = _gateway_counts(url)
-            finally:
-                _stop(gw)
-            health["emulators"] = _emulator_health([f"mixed-{i}" for i in range(len(urls))], urls)
-    health["wall_s"] = round(time.monotonic() - t0, 1)
-    health["loadavg_after"] = os.getloadavg()
+    keys = {t: new_api_key() for t in sorted({s.tenant for s in sessions})}
+    with run_health() as health, live_cluster(
+            spec.cluster_file(), lambda urls, blocks, port, tmp: spec.gateway_file(mode, urls, blocks, port, keys, tmp)
+    ) as live:
+        rep = run_bench(sessions, BenchConfig(targets=(live.url,), model=spec.model, api="completions",
+                                              slo=spec.slo, gpus=spec.instances, seed=spec.seed,
+                                              tenant_keys=tuple(sorted(keys.items())), retry=spec.retry))
+        health["gateway"] = _gateway_counts(live.url)
+        gateway_ttft = _ledger_ttfts(live.tmp / "ledger.db")
+        health["emulators"] = emulator_health([f"mixed-{i}" for i in range(len(live.instance_urls))],
+                                              live.instance_urls)
     health["loadavg"] = [round(health["loadavg_before"][0], 2), round(health["loadavg_after"][0], 2)]
     health["errors_by_status"] = rep.errors_by_status
     health["error_examples"] = rep.extras.get("error_examples", {})
-    end = max((r.finish_s for r in rep.records if r.finish_s is not None), default=0.0)
-    out = figures(rep.summary, end)
+    health["retries"], health["abandoned_turns"] = rep.extras["retries"], rep.extras["abandoned_turns"]
+    out = figures(rep.summary, rep.records)
+    health["ttft_split_by_tier"] = ttft_split(rep.records, gateway_ttft)
+    health["records"] = [[r.request_id, r.tier, round(r.arrival_s, 3), None if r.ttft_s is None else round(r.ttft_s, 3),
+                          None if r.finish_s is None else round(r.finish_s, 3)] for r in rep.records]
     if health["gateway"]["deferred"]:
         out["deferred_by_tier"] = {t: int(v) for t, v in health["gateway"]["deferred"].items()}
     return out, health
+

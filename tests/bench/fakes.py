@@ -71,6 +71,7 @@ class FakeEngine:
     ttft_s: float = 0.05
     itl_s: float = 0.01
     fail: dict[int, int] = field(default_factory=dict)
+    fail_headers: dict[int, dict[str, str]] = field(default_factory=dict)  # request number -> its headers
     bodies: list[dict[str, Any]] = field(default_factory=list)
     cached: list[list[str]] = field(default_factory=list)
     in_flight: int = 0
@@ -134,6 +135,7 @@ class _FakeResponse:
     def __init__(self, engine: FakeEngine, clock: FakeClock, body: dict[str, Any]) -> None:
         self.engine, self.clock, self.body = engine, clock, body
         self.status, self.words, self.usage = engine.answer(body)
+        self.headers = engine.fail_headers.get(len(engine.bodies) - 1, {})
 
     async def read(self) -> bytes:
         return _error(self.status)

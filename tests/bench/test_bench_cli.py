@@ -35,7 +35,7 @@ def test_bench_writes_sim_shaped_json_and_a_plot(tmp_path: Path) -> None:
     d = payload["deployments"]["bench"]
     assert set(d) >= SIM_KEYS | set(sim_payload["deployments"]["colocated"]) - {"sim_end_s"}
     assert d["errors_by_status"] == {"503": 1}
-    assert d["requests"] == len(engine.bodies)
+    assert d["retries"] == 1 and d["requests"] == len(engine.bodies) - 1  # the 503 was sent again (one request)
     assert payload["bench"]["model"] == "fake-model"  # discovered from /v1/models
     assert d["tokens"]["cache_hit_tokens"] > 0 and 0 < d["cached_fraction"] < 1
     assert plot.stat().st_size > 1000

@@ -6,6 +6,7 @@ import pytest
 
 from tokenomy.bench import BenchReport, run_bench
 from tokenomy.core import SLO
+from tokenomy.policy.closedloop import RetryPolicy
 
 from .factories import agent_sessions, config
 from .fakes import BLOCK, FakeClock, FakeEngine, FakeOpener, tokens
@@ -77,7 +78,7 @@ def test_rate_mode_starts_sessions_at_their_start_times() -> None:
 
 def test_errors_are_counted_by_status_and_end_their_session() -> None:
     engine = FakeEngine(fail={1: 429})
-    rep, _ = _run(agent_sessions(1, turns=3), engine)
+    rep, _ = _run(agent_sessions(1, turns=3), engine, retry=RetryPolicy(max_retries=0))
     assert rep.errors_by_status == {"429": 1}
     assert rep.extras["error_examples"] == {"429": "fake 429"}
     assert rep.summary.requests == 2 and rep.summary.finished == 1
@@ -125,7 +126,7 @@ def test_each_session_sends_its_tenants_key_and_results_are_per_tier() -> None:
     sessions = [dataclasses.replace(s, tenant=t, tier=t) for s, t in zip(agent_sessions(2, turns=2), ("gold", "free"),
                                                                          strict=True)]
     opener = FakeOpener(engine, clock)
-    cfg = config(tenant_keys=(("free", "tk-free"), ("gold", "tk-gold")))
+    cfg = config(tenant_keys=(("free", "tk-free"), ("gold", "tk-gold")), retry=RetryPolicy(max_retries=0))
     rep = run_bench(sessions, cfg, clock=clock, opener=opener)
     assert opener.auth == {"s0": {"Bearer tk-gold"}, "s1": {"Bearer tk-free"}}
     tiers = rep.summary.by_tier

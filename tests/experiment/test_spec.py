@@ -52,6 +52,14 @@ def test_splits_expand_per_deployment() -> None:
     assert (config.deployment, config.prefill, config.decode, config.router) == ("ampd", 1, 3, "least_loaded")
 
 
+def test_the_admission_gates_clients_retry_as_the_spec_says() -> None:
+    spec = _spec(cluster=ClusterSpec(instances=4, admission="tier_wfq", max_in_flight=8, max_retries=0),
+                 deployments=(DeploymentSpec("colocated"),))
+    admission = spec.sim_config(DeploymentSpec("colocated"), None).admission
+    assert admission is not None and admission.max_in_flight == 8 and admission.retry.max_retries == 0
+    assert spec_from_dict(spec.to_dict()) == spec
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -64,6 +72,7 @@ def test_splits_expand_per_deployment() -> None:
         ({"splits": "sometimes"}, "splits must be"),
         ({"slo": {"ttft_s": 0}}, "SLO bounds must be positive"),
         ({"cluster": {"instances": 0}}, "cluster instances must be >= 1"),
+        ({"cluster": {"admission": "tier_wfq", "max_retries": -1}}, "cluster max_retries must be >= 0"),
         ({"deployments": []}, "at least one deployment"),
         ({"deployments": ["colocated", "colocated"]}, "repeat a name"),
         ({"extra": 1}, "unknown key(s) extra"),

@@ -3,6 +3,7 @@ before cutting it, and no tier starves under the benchmark's overload."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from tokenomy.core import SLO, Session
+from tokenomy.policy.closedloop import RetryPolicy
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.admission_options import AdmissionOptions
 from tokenomy.workload import StreamKeys
@@ -55,6 +57,33 @@ def test_every_request_is_served_or_refused_and_refusals_end_their_session() -> 
         by_session.setdefault(r.session_id, []).append(r.turn)
     assert all(sorted(t) == list(range(len(t))) for t in by_session.values())  # no turn after a gap
     assert s.by_tier["gold"]["attainment"] > s.by_tier["free"]["attainment"]
+
+
+def test_a_shed_request_comes_back_after_its_retry_after_keeping_its_first_arrival() -> None:
+    sessions = _sessions(6, "free", "free", gap_s=0.0)  # six at once through one slot: some wait past 1 s
+    trace: list[dict[str, Any]] = []
+    opts = AdmissionOptions("tier_wfq", max_in_flight=1, retry_after_s=2, retry=RetryPolicy(max_retries=20))
+    res = simulate(sessions, SimConfig(instances=1, admission=opts), SLO(ttft_s=30.0), decision_trace=trace.append)
+    shed: dict[str, list[float]] = {}
+    for e in trace:
+        if e["kind"] == "closed_loop_admission" and "shed" in e["reason"]:
+            shed.setdefault(e["request_id"], []).append(e["t_s"])
+    admitted = {e["request_id"]: e["t_s"] for e in trace if e["kind"] == "closed_loop_admit"}
+    assert shed and set(shed) <= set(admitted)  # every shed request was served on a retry
+    records = {r.request_id: r for r in res.records}
+    for rid, times in shed.items():
+        assert admitted[rid] >= times[-1] + 2.0  # not before its retry-after
+        rec = records[rid]
+        assert rec.finished and rec.arrival_s <= times[0] - 1.0  # its TTFT counts from the first attempt
+        assert rec.ttft_s is not None and rec.ttft_s >= 1.0 + 2.0 * len(times)
+    s = res.summary
+    assert s.by_tier["free"]["retried"] == sum(map(len, shed.values())) and s.by_tier["free"]["refused"] == s.rejected == 0
+    assert s.requests == len(res.records) == sum(len(x.turns) for x in sessions)  # no session was cut
+
+    once = simulate(sessions, SimConfig(instances=1, admission=dataclasses.replace(opts, retry=RetryPolicy(0))),
+                    SLO(ttft_s=30.0))
+    assert once.summary.by_tier["free"]["retried"] == 0
+    assert once.summary.rejected > 0 and len(once.records) < len(res.records)  # without retries a shed ends a session
 
 
 @pytest.fixture(scope="module")

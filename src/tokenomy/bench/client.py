@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -58,6 +58,8 @@ class Outcome:
     usage_reported: bool = False
     message: str = ""
     choice_times_s: list[float] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+    """A refusal's retry headers (``retry-after``, ``x-should-retry``; lower-case names)."""
 
     @property
     def ok(self) -> bool:
@@ -89,10 +91,19 @@ def _error_message(raw: bytes) -> str:
         return raw[:200].decode("utf-8", "replace")
 
 
+RETRY_HEADERS = ("retry-after", "x-should-retry")
+
+
+def _retry_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers a client's retry rule reads (:class:`~tokenomy.policy.closedloop.RetryPolicy`)."""
+    return {h: str(v) for h in RETRY_HEADERS if (v := headers.get(h)) is not None}
+
+
 class RawResponse(Protocol):
     """An HTTP response as :func:`send` reads it: status, then either the whole body or lines."""
 
     status: int
+    headers: Mapping[str, str]
 
     async def read(self) -> bytes: ...
 
@@ -106,6 +117,7 @@ Opener = Callable[[str, dict[str, Any], dict[str, str]], AbstractAsyncContextMan
 class _AioResponse:
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self.status = resp.status
+        self.headers: Mapping[str, str] = resp.headers
         self._resp = resp
 
     async def read(self) -> bytes:
@@ -146,7 +158,8 @@ async def send(opener: Opener, url: str, body: dict[str, Any], headers: dict[str
         async with opener(url, body, headers) as resp:
             if resp.status != 200:
                 raw = await resp.read()
-                return Outcome(str(resp.status), sent, finish_s=clock.now(), message=_error_message(raw))
+                return Outcome(str(resp.status), sent, finish_s=clock.now(), message=_error_message(raw),
+                               headers=_retry_headers(resp.headers))
             async for line in resp.lines():
                 state.feed_line(line.decode("utf-8", "replace").rstrip("\r\n"), clock.now())
     except StreamError as exc:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from tokenomy.core import SLO
+from tokenomy.policy.closedloop.retry import RetryPolicy
 
 APIS = ("chat", "completions")
 
@@ -32,7 +33,8 @@ class BenchConfig:
     tokens (the workload's output length); turn it off for endpoints that reject the field.
     ``gpus`` and ``usd_per_gpu_hour`` only feed the cost rows (the bench cannot see the hardware).
     ``tenant_keys`` maps a session's tenant to the API key its requests carry (``--tenant-keys``);
-    a tenant not in it sends ``api_key``.
+    a tenant not in it sends ``api_key``. ``retry``: how a refused request (429, 503) is sent
+    again (``--max-retries``; default the OpenAI SDK's: 2 retries after the ``retry-after`` given).
     """
 
     targets: tuple[str, ...]
@@ -49,6 +51,7 @@ class BenchConfig:
     usd_per_gpu_hour: float = 0.0
     seed: int = 0
     tenant_keys: tuple[tuple[str, str], ...] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def key_of(self, tenant: str) -> str | None:
         """The API key requests of ``tenant`` carry."""

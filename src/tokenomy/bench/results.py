@@ -15,9 +15,6 @@ from tokenomy.core import RequestRecord, TokenUsage
 from tokenomy.metrics import Summary, summarize
 from tokenomy.metrics.window import busy_window_s, span_s
 
-REFUSAL_STATUSES = ("429", "503")
-"""HTTP statuses a gateway refuses a request with (rate limit or budget; overload)."""
-
 
 def _usage(result: TurnResult, prompt: int, output: int, cached: int) -> TokenUsage:
     """Token classes of one request. The target reports only prompt, output and cached counts;
@@ -42,7 +39,8 @@ def to_record(result: TurnResult, t0: float) -> RequestRecord:
     A successful request takes its token counts from the target's ``usage`` (falling back to
     the workload's prompt size and the number of streamed chunks when the target sent none).
     A failed one is unfinished: it counts against SLO attainment, as a cut-off request does in
-    the simulator.
+    the simulator. A turn the client retried after a refusal is one record whose arrival is its
+    first attempt's send: its TTFT is what the user waited, refusals and retry-after included.
     """
     out = result.outcome
     times = out.token_times_s
@@ -53,7 +51,7 @@ def to_record(result: TurnResult, t0: float) -> RequestRecord:
     cached = out.cached_tokens if out.ok else 0
     return RequestRecord(
         request_id=f"{result.session_id}:{result.index}",
-        arrival_s=out.sent_s - t0,
+        arrival_s=result.sent_s - t0,
         first_token_s=first,
         finish_s=out.finish_s - t0 if out.ok and out.finish_s is not None else None,
         prompt_tokens=prompt,
@@ -111,9 +109,13 @@ def report(results: Sequence[TurnResult], t0: float, config: BenchConfig, wall_s
            for a, b in zip(r.outcome.token_times_s, r.outcome.token_times_s[1:], strict=False)]
     end = max((rec.finish_s for rec in records if rec.finish_s is not None), default=0.0)
     end = max(end, max((rec.arrival_s for rec in records), default=0.0), 1e-9)
-    # A gateway's refusal (429, 503) is a failed request, still a record (unfinished): counted
-    # per tenant as refused, inside its requests. Deferrals are not visible to a client (None).
-    refusals = Counter((r.tenant, r.tier) for r in results if r.outcome.status in REFUSAL_STATUSES)
+    # A turn refused past its retries (429, 503) is a failed request, still a record (unfinished):
+    # counted per tenant as refused, inside its requests; the refused attempts that were sent again
+    # are counted as retried. Deferrals are not visible to a client (None).
+    refusals = Counter((r.tenant, r.tier) for r in results if r.abandoned)
+    retries: Counter[tuple[str, str]] = Counter()
+    for r in results:
+        retries[(r.tenant, r.tier)] += len(r.retried)
     summary = summarize(
         records,
         slo=config.slo,
@@ -124,8 +126,11 @@ def report(results: Sequence[TurnResult], t0: float, config: BenchConfig, wall_s
         itl_values=itl or None,
         tenant_refusals=refusals,
         refusals_are_records=True,
+        tenant_retries=+retries,
     )
+    # every failed answer, the retried refusals included (what the target answered, attempt by attempt)
     errors = Counter(r.outcome.status for r in results if not r.outcome.ok)
+    errors.update(s for r in results for s in r.retried)
     examples = {r.outcome.status: r.outcome.message[:300] for r in reversed(results) if not r.outcome.ok}
     prompt = summary.tokens.get("prompt_tokens", 0)
     extras: dict[str, Any] = {
@@ -133,6 +138,8 @@ def report(results: Sequence[TurnResult], t0: float, config: BenchConfig, wall_s
         "error_examples": dict(sorted(examples.items())),
         "usage_missing": sum(1 for r in results if r.outcome.ok and not r.outcome.usage_reported),
         "sessions": len({r.session_id for r in results}),
+        "retries": sum(retries.values()),
+        "abandoned_turns": sum(refusals.values()),
         "wall_s": round(wall_s, 3),
         **_prompt_size_error(results),
     }

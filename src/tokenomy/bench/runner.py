@@ -14,13 +14,15 @@ from tokenomy.bench.config import BenchConfig
 from tokenomy.bench.sizing import AnswerCounter
 from tokenomy.bench.text import PromptBuilder, PromptSizing
 from tokenomy.core import Segment, Session, Turn
+from tokenomy.policy.closedloop.retry import RETRY_STATUSES
 
 ResultFn = Callable[["TurnResult"], None]
 
 
 @dataclass(frozen=True, slots=True)
 class TurnResult:
-    """One sent turn: which session and turn, what the workload asked for, what came back."""
+    """One sent turn: which session and turn, what the workload asked for, what came back (after
+    the client's retries of a refusal: one result per turn, however many attempts it took)."""
 
     session_id: str
     index: int
@@ -29,14 +31,29 @@ class TurnResult:
     outcome: Outcome
     tenant: str = "default"
     tier: str = ""
+    first_sent_s: float | None = None
+    """When the turn's first attempt was sent (its TTFT counts from there); None: ``outcome.sent_s``."""
+    retried: tuple[str, ...] = ()
+    """Statuses of the refused attempts that were sent again (``outcome`` is the last attempt's)."""
+
+    @property
+    def sent_s(self) -> float:
+        return self.outcome.sent_s if self.first_sent_s is None else self.first_sent_s
+
+    @property
+    def abandoned(self) -> bool:
+        """Refused past its retries (or not retryable): the session ends here."""
+        return self.outcome.status in RETRY_STATUSES
 
 
 class BenchRun:
     """One run of ``sessions`` against ``config.targets``.
 
     Session i is pinned to target ``i mod len(targets)`` (its history lives in that target's
-    prefix cache). A session ends early when one of its turns fails: without the answer the next
-    turn's history cannot be sent. ``run`` returns the results in completion order and the clock
+    prefix cache). A refused turn (429, 503) is sent again after the ``retry-after`` it got, up to
+    ``config.retry.max_retries`` times (:class:`~tokenomy.policy.closedloop.RetryPolicy`). A
+    session ends early when one of its turns fails for good: without the answer the next turn's
+    history cannot be sent. ``run`` returns the results in completion order and the clock
     time the run started at. ``sizing`` sizes prompts in the target's tokens
     (:mod:`tokenomy.bench.sizing`; default: one token per filler word, no template tokens).
     """
@@ -89,11 +106,23 @@ class BenchRun:
                 if self._expired():
                     return
                 prompt, content = self._builder.prompt(turn)
-                headers = {**auth, "x-session-id": session.session_id,
-                           "x-request-id": f"{session.session_id}:{k}"}
-                outcome = await send(opener, url, request_body(self.config, prompt, turn.output_tokens),
-                                     headers, self.clock)
-                result = TurnResult(session.session_id, k, turn, url, outcome, session.tenant, session.tier)
+                body = request_body(self.config, prompt, turn.output_tokens)
+                rid = f"{session.session_id}:{k}"
+                retried: list[str] = []
+                first_sent: float | None = None
+                while True:  # a refusal is sent again after its retry-after (config.retry), then abandoned
+                    headers = {**auth, "x-session-id": session.session_id,
+                               "x-request-id": f"{rid}:retry{len(retried)}" if retried else rid}
+                    outcome = await send(opener, url, body, headers, self.clock)
+                    first_sent = outcome.sent_s if first_sent is None else first_sent
+                    delay = None if outcome.ok else self.config.retry.delay_for(len(retried), outcome.status,
+                                                                                outcome.headers)
+                    if delay is None:
+                        break
+                    retried.append(outcome.status)
+                    await self.clock.sleep(delay)
+                result = TurnResult(session.session_id, k, turn, url, outcome, session.tenant, session.tier,
+                                    first_sent, tuple(retried))
                 self.results.append(result)
                 if self._on_result is not None:
                     self._on_result(result)

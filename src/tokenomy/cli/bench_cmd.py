@@ -19,6 +19,7 @@ from tokenomy.bench.sizing import FileTokenizer, measure_sizing, probe_remote
 from tokenomy.cli.common import CLIError
 from tokenomy.core import SLO, Session
 from tokenomy.metrics.report import render_table, write_json
+from tokenomy.policy.closedloop.retry import RetryPolicy
 from tokenomy.workload.registry import SYNTHETIC, load_workload
 
 SESSIONS_PER_STREAM = 20
@@ -57,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos (answers may end before the workload's output length)")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for any one read of a response")
+    r.add_argument("--max-retries", type=int, default=RetryPolicy.max_retries, metavar="N",
+                   help="send a refused request (429, 503) again after its retry-after, up to N times, before "
+                        "the session is abandoned (default %(default)s: the OpenAI SDK's; 0: a refusal ends it)")
     r.add_argument("--tokenizer", default="auto", metavar="auto|none|PATH",
                    help="size prompts in the target's tokens: auto (the target's POST /tokenize when it serves one, "
                         "else built-in), none (built-in: one token per filler word), or a tokenizer.json "
@@ -143,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         duration_s=args.duration, request_timeout_s=args.timeout, ignore_eos=not args.no_ignore_eos,
         slo=SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot), gpus=args.gpus,
         usd_per_gpu_hour=args.usd_per_gpu_hour, seed=args.seed, tenant_keys=tenant_keys,
+        retry=RetryPolicy(max_retries=args.max_retries),
     )
 
 
@@ -153,6 +158,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise CLIError("give --rate or --concurrency, not both")
     if not args.duration > 0:
         raise CLIError(f"--duration must be positive, got {args.duration}")
+    if args.max_retries < 0:
+        raise CLIError(f"--max-retries must be >= 0, got {args.max_retries}")
 
 
 def run_bench_cmd(args: argparse.Namespace) -> int:

@@ -43,6 +43,19 @@ def _positive_int() -> Any:
     return parse
 
 
+def _nonnegative_int() -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+        return value
+
+    return parse
+
+
 def _number(minimum: float = 0.0, strict: bool = False) -> Any:
     def parse(text: str) -> float:
         try:
@@ -121,6 +134,9 @@ def add_experiment_args(p: argparse.ArgumentParser, *, default_deployments: str)
                         "(default: none, every request goes straight in)")
     c.add_argument("--max-in-flight", type=_positive_int(), default=None,
                    help=f"with --admission: requests admitted at once, cluster-wide (default: {_C.max_in_flight})")
+    c.add_argument("--max-retries", type=_nonnegative_int(), default=None, metavar="N",
+                   help="with --admission: a refused turn is sent again after its retry-after up to N times, "
+                        f"then its session is abandoned, as `tokenomy bench` does (default: {_C.max_retries})")
     c.add_argument("--plan", type=Path, default=None,
                    help="a plan file from `tokenomy plan --out`: its topology replaces the cluster and "
                    "deployment flags (default: none)")
@@ -189,7 +205,7 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
     cluster = replace(base.cluster, **_given(args, {
         "model": "model", "gpu": "gpu", "tp": "tp", "instances": "instances", "router": "router",
         "max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
-        "horizon": "horizon_s", "admission": "admission", "max_in_flight": "max_in_flight",
+        "horizon": "horizon_s", "admission": "admission", "max_in_flight": "max_in_flight", "max_retries": "max_retries",
         "gpus": "gpus", "gpus_per_node": "gpus_per_node", "kv_transfer_timeout": "kv_transfer_timeout_s",
         "calibration": "calibration"}))
     slo = replace(base.slo, **_given(args, {"slo_ttft": "ttft_s", "slo_tpot": "tpot_s"}))

@@ -23,7 +23,7 @@ from typing import Any
 from tokenomy.core import SLO
 from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
 from tokenomy.perf.inventory import GpuPool, format_gpus, parse_gpus, role_pools
-from tokenomy.policy.closedloop import ADMISSION_POLICIES
+from tokenomy.policy.closedloop import ADMISSION_POLICIES, RetryPolicy
 from tokenomy.sim.admission_options import AdmissionOptions
 from tokenomy.sim.config import SimConfig
 from tokenomy.sim.variants import VARIANTS, is_disaggregated, make_variant
@@ -81,6 +81,7 @@ class ClusterSpec:
     # The closed loop's front door (sim/admission_gate.py): a policy of ADMISSION_POLICIES, or None.
     admission: str | None = None
     max_in_flight: int = 64
+    max_retries: int = RetryPolicy.max_retries  # how often a simulated client resends a refused turn
     # A disaggregated deployment's roles may have their own shape (a planner's heterogeneous pools,
     # `tokenomy plan`); None: ``tp`` and ``gpu``.
     prefill_tp: int | None = None
@@ -117,6 +118,8 @@ class ClusterSpec:
         for name in ("tp", "instances", "max_num_batched_tokens", "max_num_seqs", "max_in_flight"):
             if getattr(self, name) < 1:
                 raise ValueError(f"cluster {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_retries < 0:
+            raise ValueError(f"cluster max_retries must be >= 0, got {self.max_retries}")
         if self.horizon_s is not None and not self.horizon_s > 0:
             raise ValueError(f"cluster horizon_s must be > 0, got {self.horizon_s}")
 
@@ -251,7 +254,8 @@ class ExperimentSpec:
             model=c.model, gpu=c.gpu, tp=c.tp, instances=c.instances, prefill=prefill, decode=decode,
             router=c.router, max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
             horizon_s=c.horizon_s, calibration=c.calibration,
-            admission=AdmissionOptions(c.admission, c.max_in_flight) if c.admission is not None else None,
+            admission=(AdmissionOptions(c.admission, c.max_in_flight, retry=RetryPolicy(max_retries=c.max_retries))
+                       if c.admission is not None else None),
         )
         base = replace(base, gpus_per_node=c.gpus_per_node, kv_transfer_timeout_s=c.kv_transfer_timeout_s)
         config = make_variant(dep.name, base)

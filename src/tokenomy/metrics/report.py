@@ -93,7 +93,8 @@ def _fmt(value: Any, kind: str) -> str:
 _TIER_ROWS = (("attainment", "attainment", "pct"), ("goodput (req/s)", "goodput_rps", "rps"),
               ("TTFT P50 (s)", "ttft_p50_s", "s"), ("TTFT P99 (s)", "ttft_p99_s", "s"),
               ("TPOT P50 (s)", "tpot_p50_s", "s"), ("TPOT P99 (s)", "tpot_p99_s", "s"),
-              ("requests", "requests", "n"), ("refused", "refused", "n"), ("deferred", "deferred", "n"))
+              ("requests", "requests", "n"), ("refused", "refused", "n"), ("deferred", "deferred", "n"),
+              ("retried", "retried", "n"))
 
 
 def tier_table(summaries: Mapping[str, Summary]) -> Table:

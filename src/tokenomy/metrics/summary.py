@@ -156,6 +156,7 @@ def summarize(
     tenant_refusals: Mapping[GroupKey, int] | None = None,
     tenant_deferrals: Mapping[GroupKey, int] | None = None,
     refusals_are_records: bool = False,
+    tenant_retries: Mapping[GroupKey, int] | None = None,
 ) -> Summary:
     """Reduce ``records`` of a window of ``duration_s`` seconds on ``num_gpus`` GPUs to a Summary.
 
@@ -169,6 +170,8 @@ def summarize(
     ``(tenant, tier)``, requests admission refused (also in ``rejected``) and requests it made
     wait (None: not known); they feed ``by_tenant`` and ``by_tier``. ``refusals_are_records``: the
     refused requests are also (unfinished) records, as a client sees them (``bench``).
+    ``tenant_retries``: per ``(tenant, tier)``, refused attempts a client sent again (a retried
+    request is one request; its record's arrival is its first attempt's).
     """
     recs = list(records)
     refused = {k: int(v) for k, v in (rejected or {}).items() if v}
@@ -202,7 +205,8 @@ def summarize(
     itl = _itl(itl_values, itl_weights, tpots)
     e2e = _pcts(e2es)
     by_tenant, by_tier = tenant_breakdown(recs, slo=slo, duration_s=duration_s, refusals=tenant_refusals,
-                                          deferrals=tenant_deferrals, refusals_are_records=refusals_are_records)
+                                          deferrals=tenant_deferrals, refusals_are_records=refusals_are_records,
+                                          retries=tenant_retries)
     return Summary(
         requests=len(recs) + n_rejected,
         finished=len(finished),

@@ -7,9 +7,14 @@ decided by the policy registered as ``AdmissionOptions.policy`` in
 :data:`~tokenomy.policy.closedloop.ADMISSION_POLICIES` (the gateway builds the same one); the gate
 only applies it: it keeps the queue, the in-flight count, each tenant's consumption (the
 policy's rate and budget views) and timers for paced entries and deadlines. A request keeps its
-arrival time, so its wait here is TTFT. A refused or shed request is not a record (it added no
-tokens): it is counted by reason and tenant, and its session ends, as a bench session ends on a
-refused turn.
+arrival time, so its wait here is TTFT. A refused or shed request is answered as the gateway
+answers it (shed: 503 with ``retry-after: options.retry_after_s``; refused for budget: 429 that
+is not to be retried), and its client applies ``options.retry``
+(:class:`~tokenomy.policy.closedloop.RetryPolicy`, the rule ``tokenomy bench`` applies to the
+gateway's answers): the request comes back after the retry-after, keeping its first arrival (its
+TTFT is what the user waited), and is counted as ``retried``; a request refused past its retries
+is not a record (it added no tokens): it is counted by reason and tenant as refused, and its
+session ends, as a bench session ends on a turn refused for good.
 """
 
 from __future__ import annotations
@@ -63,7 +68,10 @@ class AdmissionGate:
         self.queue: list[_Entry] = []
         self.rejected: Counter[str] = Counter()
         self.refused: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> requests refused or shed
-        self.deferred: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> requests that waited
+        self.deferred: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> admitted after waiting
+        self.retried: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> refused attempts sent again
+        self._retries: Counter[str] = Counter()  # request id -> its retries so far
+        self._backing_off: dict[str, Request] = {}  # refused, to be sent again after its retry-after
 
     @property
     def max_request_tokens(self) -> int:
@@ -82,23 +90,18 @@ class AdmissionGate:
                           share or 0.0, self._rate_limit.get(request.tenant))
 
     def submit(self, request: Request, now: float) -> bool:
-        """Queue or refuse an arriving request; False when refused (its session ends)."""
+        """Queue or refuse an arriving request (or a retried one); False when refused."""
         arrival = ArrivalView(request.request_id, self._tenant(request, now), request.prompt_tokens,
                               request.max_output_tokens)
         d = self.policy.arrive(arrival, self._load(), now)
-        key = (request.tenant, request.tier)
         if d.action is Action.REFUSE:
-            self.rejected[REFUSED_BUDGET] += 1
-            self.refused[key] += 1
-            return False
+            return self._refused(request, REFUSED_BUDGET, "429", None, should_retry=False)
         entry = _Entry(request, QueuedView.of(d, now), d.max_tokens)
         self.queue.append(entry)
         self.loop.at(d.deadline_s, self._expire, entry)
         if d.eligible_s > now:
             self.loop.at(d.eligible_s, self._pump)
         self._pump()
-        if any(e is entry for e in self.queue):
-            self.deferred[key] += 1
         return True
 
     def _pump(self) -> None:
@@ -110,6 +113,8 @@ class AdmissionGate:
             entry = self.queue.pop(pick.index)
             self.in_flight += 1
             request = entry.request
+            if entry.view.arrival_s < now:  # admitted after waiting (the gateway counts the same)
+                self.deferred[(request.tenant, request.tier)] += 1
             if entry.max_tokens < request.max_output_tokens:
                 request = dataclasses.replace(request, max_output_tokens=entry.max_tokens)
             self.deployment.submit(request, now)
@@ -119,9 +124,30 @@ class AdmissionGate:
             if e is entry:
                 del self.queue[i]
                 self.policy.shed(entry.view, self.loop.now)
-                self.rejected[REFUSED_SHED] += 1
-                self.refused[(entry.request.tenant, entry.request.tier)] += 1
+                self._refused(entry.request, REFUSED_SHED, "503", self.options.retry_after_s)
                 return
+
+    def _refused(self, request: Request, reason: str, status: str, retry_after_s: float | None, *,
+                 should_retry: bool | None = None) -> bool:
+        """The client's answer to a refusal: send it again after the delay its retry rule gives,
+        or give up (the request is refused for good, its session ends). Always False."""
+        key = (request.tenant, request.tier)
+        done = self._retries[request.request_id]
+        delay = self.options.retry.delay_s(done, status, retry_after_s, should_retry)
+        if delay is None:
+            self._retries.pop(request.request_id, None)
+            self.rejected[reason] += 1
+            self.refused[key] += 1
+        else:
+            self._retries[request.request_id] = done + 1
+            self.retried[key] += 1
+            self._backing_off[request.request_id] = request
+            self.loop.at(self.loop.now + delay, self._retry, request)
+        return False
+
+    def _retry(self, request: Request) -> None:
+        del self._backing_off[request.request_id]
+        self.submit(request, self.loop.now)
 
     def on_done(self, request: Request, record: RequestRecord) -> None:
         """A deployment finished ``request``: free its slot, charge its tenant, admit the next."""
@@ -131,5 +157,6 @@ class AdmissionGate:
         self._pump()
 
     def unfinished(self) -> list[Request]:
-        """Requests still waiting here or running in the deployment (the horizon cut-off)."""
-        return [e.request for e in self.queue] + self.deployment.unfinished()
+        """Requests still waiting here (queued or backing off before a retry) or running in the
+        deployment (the horizon cut-off)."""
+        return [e.request for e in self.queue] + list(self._backing_off.values()) + self.deployment.unfinished()

@@ -163,6 +163,7 @@ def simulate(
         span_s=span_s(records, sim_end),
         tenant_refusals=gate.refused if gate is not None else None,
         tenant_deferrals=gate.deferred if gate is not None else None,
+        tenant_retries=gate.retried if gate is not None else None,
     )
     return SimResult(
         config=config,

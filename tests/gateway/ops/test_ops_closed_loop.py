@@ -91,3 +91,19 @@ def test_an_unknown_policy_is_refused_with_the_known_names(tmp_path) -> None:  #
         make_guard(tmp_path, admission={"max_in_flight": 2, "closed_loop": {"policy": "wfq"}})
     with pytest.raises(ValueError, match="needs ops.admission.max_in_flight"):
         make_guard(tmp_path, admission={"closed_loop": {"policy": "fifo"}})
+
+
+def test_a_budget_refusal_tells_the_client_not_to_retry() -> None:
+    from tokenomy.gateway.ops.closed_loop import ClosedLoopPools
+    from tokenomy.policy.closedloop import ClosedLoopConfig
+
+    pools = ClosedLoopPools("tier_wfq", ClosedLoopConfig(), max_in_flight=2, pool_of={}, tier_min_priority={"free": 0})
+
+    async def main() -> GatewayError:
+        with pytest.raises(GatewayError) as err:
+            await pools.enter("m", request_id="r", tenant="t", priority=0, tokens_per_s=0.0,
+                              budget_left_fraction=0.0, prompt_tokens=10, max_tokens=10)
+        return err.value
+
+    err = asyncio.run(main())
+    assert (err.status, err.code, err.headers) == (429, "budget_exceeded", {"x-should-retry": "false"})

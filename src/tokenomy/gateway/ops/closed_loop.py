@@ -108,7 +108,8 @@ class ClosedLoopPools:
         d = self.policy.arrive(ArrivalView(request_id, view, prompt_tokens, max_tokens), self._load(p), now)
         if d.action is Action.REFUSE:
             self.refused[tier] += 1
-            raise GatewayError(429, f"admission: {d.reason}", type="insufficient_quota", code="budget_exceeded")
+            raise GatewayError(429, f"admission: {d.reason}", type="insufficient_quota", code="budget_exceeded",
+                               headers={"x-should-retry": "false"})  # the budget will not refill in a moment
         ticket = ClosedLoopTicket(name, tier, d.max_tokens, QueuedView.of(d, now), loop.create_future())
         p.queue.append(ticket)
         if d.eligible_s > now:

@@ -17,6 +17,7 @@ from tokenomy.policy.closedloop.admission import (
 )
 from tokenomy.policy.closedloop.consumption import ConsumptionMeter
 from tokenomy.policy.closedloop.factory import ADMISSION_POLICIES, make_admission_policy
+from tokenomy.policy.closedloop.retry import RETRY_STATUSES, RetryPolicy
 from tokenomy.policy.closedloop.routing import TierAwareRouter
 from tokenomy.policy.closedloop.tiers import DEFAULT_TIERS, ClosedLoopConfig, DegradeConfig, TierSpec
 
@@ -34,6 +35,8 @@ __all__ = [
     "LoadView",
     "PickDecision",
     "QueuedView",
+    "RETRY_STATUSES",
+    "RetryPolicy",
     "TenantView",
     "TierAwareRouter",
     "TierSpec",
