@@ -50,10 +50,12 @@ from tokenomy.gateway.ops.guard import Admission, AdmitRequest, SettledUsage
 from tokenomy.gateway.ops.metrics import OpsMetrics
 from tokenomy.gateway.ops.ops_guard import OpsGuard, _Flight
 from tokenomy.gateway.ops.tenancy import Node
+from tokenomy.gateway.stores.redis_admission import RedisAdmission
 from tokenomy.gateway.stores.redis_breakers import RedisBreakers
 from tokenomy.gateway.stores.redis_limits import RedisRateLimits
+from tokenomy.gateway.stores.redis_pipe import RedisPipe
 from tokenomy.gateway.stores.redis_reservations import RedisReservations, Unseeded
-from tokenomy.gateway.stores.reservations import InProcessReservations
+from tokenomy.gateway.stores.reservations import Charge, Hold, InProcessReservations, Refusal
 from tokenomy.gateway.stores.shared_config import SharedStoresConfig
 from tokenomy.gateway.stores.tenancy_sql import TenantStore
 
@@ -91,6 +93,7 @@ class _FleetFlight(_Flight):
     local: bool = False  # admitted against this replica's in-process stores (outage)
     unsent_tokens: int = 0
     cut: bool = False
+    charges: tuple[Charge, ...] = ()  # the hold's (node, period) charges, as admitted
 
 
 class FleetGuard(OpsGuard):
@@ -108,6 +111,8 @@ class FleetGuard(OpsGuard):
         self.r_holds = RedisReservations(redis, lease_s=shared.lease_s)
         self.shared_budgets = SharedBudgets(self.r_holds, config.alerts.budget_thresholds)
         self.r_breakers = RedisBreakers(redis, config.breaker)
+        self.pipe = RedisPipe(shared.redis_url, shared.timeout_s) if shared.redis_url.startswith("redis://") else None
+        self.r_admit = RedisAdmission(self.r_limits, self.r_holds, self.r_breakers, self.pipe)
         # trips and crossings land in the lists the in-process guard drains into alerts and metrics
         self.shared_budgets.crossings = self.budgets.crossings
         self.shared_budgets.refusals = self.budgets.refusals
@@ -153,6 +158,8 @@ class FleetGuard(OpsGuard):
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             self._heartbeat = None
+        if self.pipe is not None:
+            await self.pipe.aclose()
         await super().aclose()
 
     # --- the Guard contract ------------------------------------------------------------------------
@@ -233,26 +240,20 @@ class FleetGuard(OpsGuard):
         worst = worst_case_cost_usd(price, prompt_bound, request.max_tokens)
         cap = await self._output_cap_shared(node.id, request.session_id, price, prompt_bound, now)
         tokens = request.prompt_tokens_estimate + request.max_tokens
-        await self.r_breakers.admit(node.id, request.session_id, request.prompt_fingerprint,
-                                    request.prompt_tokens_estimate, worst, now)
-        try:
-            grant = await self.r_limits.acquire([(n.id, n.limits) for n in path], tokens, now, rid)
-            try:
-                await self.shared_budgets.reserve(rid, path, worst, now)
-            except BaseException:
-                await self.r_limits.correct_tokens(grant, 0, now)
-                await self.r_limits.finish(grant, rid)
-                raise
-        except BaseException:
-            await self.r_breakers.finish(node.id, request.session_id, worst, 0.0, undo_turn=True)
-            raise
+        charges, budgets = self.shared_budgets.charges(path, now)
+        got = await self.r_admit.admit(node.id, request.session_id, request.prompt_fingerprint,
+                                       request.prompt_tokens_estimate, [(n.id, n.limits) for n in path], tokens,
+                                       Hold(rid, charges, worst, now + self.shared.lease_s), budgets, now)
+        if isinstance(got, Refusal):
+            raise self.shared_budgets.refused(path, got, worst, now)
+        grant = got.grant
         self.metrics.reserved_usd.inc(worst)
-        tier = await self.shared_budgets.tier_priority(path, now)
+        tier = await self.shared_budgets.tier_priority(path, now, got.spent_usd)
         priority = eff.priority if tier is None else min(eff.priority, tier)
         admission = Admission(rid, node.id, tuple(n.id for n in path), request.model, priority=priority,
                               reserved_cost_usd=worst, reserved_tokens=tokens, output_token_cap=cap,
                               headers=dict(grant.headers))
-        flight = _FleetFlight(now, path, request.session_id, worst, grant, None)
+        flight = _FleetFlight(now, path, request.session_id, worst, grant, None, charges=charges)
         self._flights[rid] = flight
         return admission, flight
 
@@ -311,19 +312,21 @@ class FleetGuard(OpsGuard):
         self._flights.pop(admission.request_id, None)
         now = self.clock()
         rid = admission.request_id
-        charge = (rid, usage.cost_usd, flight.path, flight.started_s, self.ledger.pop_xid(rid))
-        try:
-            await self.shared_budgets.settle(*charge)
-        except _STORE_ERRORS as e:  # retried by the heartbeat until Redis answers (idempotent)
+        xid = self.ledger.pop_xid(rid)
+        try:  # one round trip: the hold settled, the TPM estimate corrected, the slots and session cost
+            _, hold = await self.r_admit.finish(
+                rid, flight.grant, admission.key_id, flight.session_id, flight.worst_usd, now,
+                actual_usd=usage.cost_usd, actual_tokens=usage.prompt_tokens + usage.output_tokens, ledger_xid=xid,
+                charges=flight.charges)
+        except _STORE_ERRORS as e:  # the hold: retried by the heartbeat until Redis answers (idempotent);
+            # the slots end with their lease
             log.warning("settling %s in the shared store failed (%s); retrying from the heartbeat", rid, e)
-            self._unsettled.append(charge)
-        try:  # independent steps: one round trip's wait for all three
-            await asyncio.gather(
-                self.r_limits.correct_tokens(flight.grant, usage.prompt_tokens + usage.output_tokens, now),
-                self.r_limits.finish(flight.grant, rid),
-                self.r_breakers.finish(admission.key_id, flight.session_id, flight.worst_usd, usage.cost_usd))
-        except _STORE_ERRORS as e:  # slots end with their lease
-            log.warning("finishing %s in the shared store failed (%s)", rid, e)
+            self._unsettled.append((rid, usage.cost_usd, flight.path, flight.started_s, xid))
+        else:
+            try:
+                await self.shared_budgets.settled(hold, usage.cost_usd, flight.path)
+            except _STORE_ERRORS as e:  # settled already: only a threshold alert may be missed
+                log.warning("reading budgets after settling %s failed (%s)", rid, e)
         self._leave(flight)
         anomaly = self.spend_rate.add(admission.key_id, usage.cost_usd, now)
         if anomaly is not None:
@@ -346,10 +349,8 @@ class FleetGuard(OpsGuard):
         self._leave(flight)
 
     async def _release_shared(self, rid: str, flight: _Flight, undo_turn: bool) -> None:
-        await self.r_holds.release(rid)
-        await self.r_limits.correct_tokens(flight.grant, 0, self.clock())
-        await self.r_limits.finish(flight.grant, rid)
-        await self.r_breakers.finish(flight.path[-1].id, flight.session_id, flight.worst_usd, 0.0, undo_turn=undo_turn)
+        await self.r_admit.finish(rid, flight.grant, flight.path[-1].id, flight.session_id, flight.worst_usd,
+                                  self.clock(), actual_usd=None, actual_tokens=0, undo_turn=undo_turn)
 
     async def _undo_shared(self, rid: str, flight: _Flight) -> None:
         if isinstance(flight, _FleetFlight) and flight.local:
