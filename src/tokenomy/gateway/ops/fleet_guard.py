@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,12 +36,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.ops.admission import Ticket
+from tokenomy.gateway.ops.admission import AdmissionSignals, Ticket
 from tokenomy.gateway.ops.alerts import Alerter
-from tokenomy.gateway.ops.budget import (
-    PriceLike,
-    worst_case_cost_usd,
-)
+from tokenomy.gateway.ops.budget import PriceLike, output_cap, remaining_fraction
 from tokenomy.gateway.ops.closed_loop import ClosedLoopTicket
 from tokenomy.gateway.ops.config import OpsConfig
 from tokenomy.gateway.ops.fleet_budget import SharedBudgets
@@ -164,40 +160,8 @@ class FleetGuard(OpsGuard):
 
     # --- the Guard contract ------------------------------------------------------------------------
 
-    async def admit(self, request: AdmitRequest) -> Admission:
-        self._sweep()
-        try:
-            admission, flight = await self._admit_shared(request)
-        except GatewayError as err:
-            self._refused(err)
-            raise
-        finally:
-            self._drain_events()
-        if self.admission.config.max_in_flight is None:
-            return admission
-        try:
-            flight.ticket = await self._enter(request, admission, flight)
-        except BaseException as err:
-            await self._undo_shared(admission.request_id, flight)
-            if isinstance(err, GatewayError):
-                self._refused(err)
-            raise
-        finally:
-            self._observe_pool(request.model)
-        return admission
-
-    async def _admit_shared(self, request: AdmitRequest) -> tuple[Admission, _Flight]:
-        if request.request_id in self._flights:
-            raise GatewayError(409, f"request id {request.request_id!r} is already in flight",
-                               code="duplicate_request_id")
-        if not request.api_key:
-            raise GatewayError(401, "missing API key: send 'Authorization: Bearer tk-...'",
-                               type="authentication_error", code="missing_api_key")
-        node = self.store.authenticate(request.api_key)
-        if node is None:
-            raise GatewayError(401, "invalid or revoked API key", type="authentication_error",
-                               code="invalid_api_key")
-        path = self.store.tree.path_nodes(node.id)
+    async def _take(self, request: AdmitRequest) -> tuple[Admission, _Flight]:
+        node, path, eff = self._checked(request)
         failed = self.ledger.failed_at_s
         if failed is not None and time.monotonic() - failed < self.shared.on_outage.retry_after_s:
             # the ledger cannot record: serve nothing that could not be metered (after retry-after
@@ -208,10 +172,10 @@ class FleetGuard(OpsGuard):
                                headers={"retry-after": str(self.shared.on_outage.retry_after_s)})
         try:
             try:
-                return await self._admit_steps(request, node, path)
+                return await self._admit_steps(request, node, path, eff)
             except Unseeded:  # Redis came back empty: rebuild spend from the ledger, then once more
                 await self.seed()
-                return await self._admit_steps(request, node, path)
+                return await self._admit_steps(request, node, path, eff)
         except _STORE_ERRORS as e:
             budgeted = any(n.limits.budget_usd is not None for n in path)
             mode = self.shared.on_outage.budgeted if budgeted else self.shared.on_outage.unbudgeted
@@ -228,16 +192,11 @@ class FleetGuard(OpsGuard):
             self._flights[request.request_id] = local
             return admission, local
 
-    async def _admit_steps(self, request: AdmitRequest, node: Node, path: tuple[Node, ...]) -> tuple[Admission, _Flight]:
-        eff = self.store.tree.effective(node.id)
-        if eff.allowed_models is not None and request.model not in eff.allowed_models:
-            raise GatewayError(403, f"model {request.model!r} is not allowed for this key",
-                               type="permission_error", code="model_not_allowed", param="model")
+    async def _admit_steps(self, request: AdmitRequest, node: Node, path: tuple[Node, ...],
+                           eff: Any) -> tuple[Admission, _Flight]:
         now = self.clock()
         rid = request.request_id
-        price = self.price_of(request.model)
-        prompt_bound = math.ceil(request.prompt_tokens_estimate * self.config.prompt_reserve_factor)
-        worst = worst_case_cost_usd(price, prompt_bound, request.max_tokens)
+        price, prompt_bound, worst = self._worst_case(request)
         cap = await self._output_cap_shared(node.id, request.session_id, price, prompt_bound, now)
         tokens = request.prompt_tokens_estimate + request.max_tokens
         charges, budgets = self.shared_budgets.charges(path, now)
@@ -259,14 +218,12 @@ class FleetGuard(OpsGuard):
 
     async def _output_cap_shared(self, key_id: str, session_id: str | None, price: PriceLike, prompt_tokens: int,
                                  now: float) -> int | None:
-        left = await self.r_breakers.session_budget_left_usd(key_id, session_id)
-        per_token = price.output_per_mtok / 1e6
-        if left is None or session_id is None or per_token <= 0:
-            return None
-        cap = math.floor((left - prompt_tokens * price.input_per_mtok / 1e6) / per_token)
-        if cap < 1:
+        if session_id is None or self.config.breaker.session_budget_usd is None:
+            return None  # no round trip
+        cap = output_cap(await self.r_breakers.session_budget_left_usd(key_id, session_id), price, prompt_tokens)
+        if cap is not None and cap < 1:
             await self.r_breakers.budget_crossed(key_id, session_id, now)
-        return max(0, cap)
+        return None if cap is None else max(0, cap)
 
     def on_tokens(self, admission: Admission, new_output_tokens: int) -> bool:
         flight = self._flights.get(admission.request_id)
@@ -328,12 +285,7 @@ class FleetGuard(OpsGuard):
             except _STORE_ERRORS as e:  # settled already: only a threshold alert may be missed
                 log.warning("reading budgets after settling %s failed (%s)", rid, e)
         self._leave(flight)
-        anomaly = self.spend_rate.add(admission.key_id, usage.cost_usd, now)
-        if anomaly is not None:
-            rate, reason = anomaly
-            self._alert("spend_rate", admission.key_id, f"spending ${rate:.2f}/h, {reason}", now,
-                        {"usd_per_hour": rate, "reason": reason})
-        self._drain_events()
+        self._spent(admission.key_id, usage.cost_usd, now)
 
     async def release(self, admission: Admission, reason: str) -> None:
         flight = self._flights.get(admission.request_id)
@@ -352,7 +304,7 @@ class FleetGuard(OpsGuard):
         await self.r_admit.finish(rid, flight.grant, flight.path[-1].id, flight.session_id, flight.worst_usd,
                                   self.clock(), actual_usd=None, actual_tokens=0, undo_turn=undo_turn)
 
-    async def _undo_shared(self, rid: str, flight: _Flight) -> None:
+    async def _give_back(self, rid: str, flight: _Flight) -> None:
         if isinstance(flight, _FleetFlight) and flight.local:
             self._undo(rid, flight)
             return
@@ -361,6 +313,19 @@ class FleetGuard(OpsGuard):
             await self._release_shared(rid, flight, undo_turn=True)
         except _STORE_ERRORS as e:
             log.warning("undoing %s in the shared store failed (%s); its lease will release it", rid, e)
+
+    # --- reads of the shared state (admin API, console, /metrics, priority admission) -------------
+
+    async def budget_usage(self, charges: Sequence[Charge]) -> dict[Charge, tuple[float, float]]:
+        return dict(zip(charges, await self.r_holds.usages(charges), strict=True))
+
+    async def admission_signals(self, key_id: str, path: tuple[Node, ...]) -> AdmissionSignals:
+        now = self.clock()
+        usage = await self.r_holds.usages(self.shared_budgets.charges(path, now)[0])
+        tier = await self.shared_budgets.tier_priority(path, now, [spent for spent, _ in usage])
+        prio = self.store.tree.effective(key_id).priority
+        return AdmissionSignals(prio if tier is None else min(prio, tier), remaining_fraction(path, usage),
+                                await self.r_breakers.key_tokens_per_s(key_id, now))
 
     def _leave(self, flight: _Flight) -> None:
         if isinstance(flight.ticket, ClosedLoopTicket) and self.closed is not None:

@@ -29,7 +29,7 @@ reclaim markers (a day).
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -285,6 +285,14 @@ class RedisReservations:
         """(spent_usd, reserved_usd) of one node in one period."""
         spent, reserved = await self._hmget(self._usage_key(charge), "spent", "reserved")
         return float(spent or 0.0), float(reserved or 0.0)
+
+    async def usages(self, charges: Sequence[Charge]) -> list[tuple[float, float]]:
+        """(spent_usd, reserved_usd) of each charge, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for c in charges:
+                pipe.hmget(self._usage_key(c), ["spent", "reserved"])
+            rows: list[Any] = await pipe.execute() if charges else []
+        return [(float(_s(s)) if s is not None else 0.0, float(_s(r)) if r is not None else 0.0) for s, r in rows]
 
     async def _hmget(self, key: str, *names: str) -> list[str | None]:
         values: list[Any] = await self.redis.hmget(key, list(names))
