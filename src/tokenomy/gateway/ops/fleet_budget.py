@@ -9,7 +9,6 @@ is ``RedisReservations.reserve``'s one script. ``seed`` rebuilds Redis's spend f
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -22,8 +21,8 @@ from tokenomy.gateway.ops.budget import (
     period_key,
     refusal_error,
 )
-from tokenomy.gateway.ops.tenancy import Node, NodeKind, TenantTree
-from tokenomy.gateway.stores.budget_seed import period_starts_s
+from tokenomy.gateway.ops.tenancy import Node, TenantTree
+from tokenomy.gateway.stores.budget_seed import period_starts_s, spend_by_charge
 from tokenomy.gateway.stores.redis_reservations import RedisReservations
 from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal
 
@@ -53,13 +52,7 @@ class SharedBudgets:
     async def seed(self, tree: TenantTree, ledger: SpendSnapshots, now_s: float) -> bool:
         """Write the ledger's spend for the current periods, once per Redis data set."""
         by_period, snapshot = await ledger.spend_snapshot(period_starts_s(now_s))
-        totals: dict[Charge, float] = defaultdict(float)
-        for key in tree.nodes():
-            if key.kind is not NodeKind.KEY:
-                continue
-            for node_id in tree.path(key.id):
-                period = tree.get(node_id).limits.budget_period
-                totals[(node_id, period_key(period, now_s))] += by_period[period].get(key.id, 0.0)
+        totals = spend_by_charge(tree, by_period, now_s)
         seeded = await self.store.seed(totals, snapshot)
         if seeded:
             log.info("fleet budgets: seeded %d charges from the ledger", len(totals))

@@ -36,10 +36,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.ops.admission import AdmissionSignals, Ticket
+from tokenomy.gateway.ops.admission import AdmissionSignals
 from tokenomy.gateway.ops.alerts import Alerter
 from tokenomy.gateway.ops.budget import PriceLike, output_cap, remaining_fraction
-from tokenomy.gateway.ops.closed_loop import ClosedLoopTicket
 from tokenomy.gateway.ops.config import OpsConfig
 from tokenomy.gateway.ops.fleet_budget import SharedBudgets
 from tokenomy.gateway.ops.guard import Admission, AdmitRequest, SettledUsage
@@ -326,11 +325,3 @@ class FleetGuard(OpsGuard):
         prio = self.store.tree.effective(key_id).priority
         return AdmissionSignals(prio if tier is None else min(prio, tier), remaining_fraction(path, usage),
                                 await self.r_breakers.key_tokens_per_s(key_id, now))
-
-    def _leave(self, flight: _Flight) -> None:
-        if isinstance(flight.ticket, ClosedLoopTicket) and self.closed is not None:
-            self.closed.leave(flight.ticket)
-        elif isinstance(flight.ticket, Ticket):
-            self.admission.leave(flight.ticket)
-        if flight.ticket is not None:
-            self._observe_pool(flight.ticket.pool, is_pool=True)

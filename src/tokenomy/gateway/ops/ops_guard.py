@@ -107,11 +107,10 @@ class OpsGuard:
         return admission
 
     async def _take(self, request: AdmitRequest) -> tuple[Admission, _Flight]:
-        """Check and charge the request's limits, budgets and breakers (a fleet's guard: in Redis)."""
+        """Check and charge limits, budgets and breakers (a fleet's guard: in Redis); ``_give_back`` undoes it."""
         return self._admit_now(request)
 
     async def _give_back(self, request_id: str, flight: _Flight) -> None:
-        """Undo ``_take`` (the admission queue refused the request)."""
         self._undo(request_id, flight)
 
     async def _enter(self, request: AdmitRequest, admission: Admission, flight: _Flight) -> Ticket | ClosedLoopTicket:
@@ -271,8 +270,7 @@ class OpsGuard:
 
     def _output_cap(self, key_id: str, session_id: str | None, price: PriceLike, prompt_tokens: int,
                     now: float) -> int | None:
-        """Output tokens the session's budget still pays for after this prompt (None: no session
-        budget). A session that cannot pay for one more token trips its breaker here."""
+        """Output tokens the session's budget pays for after this prompt (None: none); under 1 trips it."""
         left = None if session_id is None else self.breakers.session_budget_left_usd(key_id, session_id)
         cap = output_cap(left, price, prompt_tokens)
         if cap is not None and cap < 1 and session_id is not None:
@@ -306,6 +304,9 @@ class OpsGuard:
     def _finish(self, key_id: str, flight: _Flight, actual_usd: float) -> None:
         self.limits.finish(flight.grant)
         self.breakers.finish(key_id, flight.session_id, flight.worst_usd, actual_usd)
+        self._leave(flight)
+
+    def _leave(self, flight: _Flight) -> None:  # the request's admission slot, back to its queue or pool
         if isinstance(flight.ticket, ClosedLoopTicket) and self.closed is not None:
             self.closed.leave(flight.ticket)
         elif isinstance(flight.ticket, Ticket):

@@ -34,6 +34,7 @@ from tokenomy.gateway.stores.redis_breakers import BREAKER_LUA, RedisBreakers
 from tokenomy.gateway.stores.redis_limits import LIMITS_LUA, RedisRateLimits
 from tokenomy.gateway.stores.redis_pipe import RedisPipe
 from tokenomy.gateway.stores.redis_reservations import HOLDS_LUA, RedisReservations, Unseeded
+from tokenomy.gateway.stores.redis_store import text as _s
 from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal
 
 _SLICE = """
@@ -78,10 +79,6 @@ rl_release(slice(KEYS, 5 + n, n), FA[1])
 br_finish(slice(KEYS, 5 + 2 * n, 1), cjson.decode(ARGV[3]))
 return r
 """
-
-
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,12 +17,12 @@ vtotal, open_until, code, reason) and ``...:w`` sorted sets (the velocity window
 from __future__ import annotations
 
 import secrets
-from typing import Any
 
 from redis.asyncio import Redis
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.breaker import BreakerConfig, Trip
+from tokenomy.gateway.stores.redis_store import text as _s
 
 # The breaker steps as Lua functions over (K, A) = the script's keys and arguments, so that one
 # script can run them alone (the scripts below) or as part of a fleet admission (``redis_admission``).
@@ -169,10 +169,6 @@ local out = {}
 br_trip(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), 'breaker_session_budget', ARGV[3], out, 'session', ARGV[4])
 return out
 """
-
-
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
 
 
 def _opt(x: float | int | None) -> str:

@@ -26,6 +26,8 @@ from redis.asyncio import Redis
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.tenancy import NodeLimits
 from tokenomy.gateway.stores.limits import _HEADER_NAMES, RPM, TPM, RateGrant, TokenBucket, openai_duration
+from tokenomy.gateway.stores.redis_store import RedisStore
+from tokenomy.gateway.stores.redis_store import text as _s
 
 # The limit steps as Lua functions over (K, A), so that one script runs them alone (below) or as
 # part of a fleet admission (``redis_admission``). rl_refill: a bucket's level after refilling to
@@ -125,22 +127,14 @@ return out
 """
 
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
-class RedisRateLimits:
-    """``RateLimits`` in Redis (async). ``lease_s``: how long a concurrency slot outlives a replica
-    that stopped renewing it."""
+class RedisRateLimits(RedisStore):
+    """``RateLimits`` in Redis (async)."""
 
     def __init__(self, redis: Redis, lease_s: float = 30.0, prefix: str = "tk:") -> None:
-        self.redis = redis
-        self.lease_s = lease_s
-        self.prefix = prefix
+        super().__init__(redis, lease_s, prefix)
         self._acquire = redis.register_script(_ACQUIRE)
         self._correct = redis.register_script(_CORRECT)
         self._read = redis.register_script(_READ)
-        self._grant_rid: dict[int, str] = {}
 
     def _bucket_key(self, node_id: str, kind: str) -> str:
         return f"{self.prefix}rl:{node_id}:{kind}"

@@ -35,6 +35,8 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from tokenomy.gateway.stores.redis_store import RedisStore
+from tokenomy.gateway.stores.redis_store import text as _s
 from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal
 
 _EPS = 1e-12
@@ -163,18 +165,11 @@ return 1
 """
 
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
-class RedisReservations:
-    """``Reservations`` in Redis (async); ``lease_s``: how long a hold outlives a replica that
-    stopped renewing it."""
+class RedisReservations(RedisStore):
+    """``Reservations`` in Redis (async)."""
 
     def __init__(self, redis: Redis, lease_s: float = 30.0, prefix: str = "tk:") -> None:
-        self.redis = redis
-        self.lease_s = lease_s
-        self.prefix = prefix
+        super().__init__(redis, lease_s, prefix)
         self._reserve = redis.register_script(_RESERVE)
         self._finish_script = redis.register_script(_FINISH)
         self._seed = redis.register_script(_SEED)
