@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from helpers.ports import free_port_base
 from tokenomy.gateway.stores.redis_pipe import RedisPipe, pack
 from tokenomy.gateway.stores.servers import RedisServer
 
@@ -89,3 +90,32 @@ def test_the_url_selects_the_database(redis_srv: RedisServer) -> None:
         assert await client.get("in-db-3") == b"1"
 
     run_with(redis_srv, body, db=3)
+
+
+def test_while_redis_is_unreachable_one_connect_is_tried_per_timeout_and_the_others_fail_at_once() -> None:
+    # a blackholed Redis must not queue every request behind its own connect timeout
+    port = free_port_base(1)
+
+    async def main() -> None:
+        pipe = RedisPipe(f"redis://127.0.0.1:{port}/0", timeout_s=30.0)
+        script = Redis().register_script(ECHO)  # only its sha and source are used
+        with pytest.raises(RedisConnectionError, match="cannot connect"):
+            await pipe.evalsha(script, [b"k"], [b"x", b"1"])  # refused: nothing listens
+        attempts = 0
+
+        def count(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            nonlocal attempts
+            attempts += 1
+            w.close()
+
+        server = await asyncio.start_server(count, "127.0.0.1", port)  # now something listens
+        try:
+            for _ in range(5):
+                with pytest.raises(RedisConnectionError, match="unreachable"):
+                    await pipe.evalsha(script, [b"k"], [b"x", b"1"])
+            assert attempts == 0  # within timeout_s of the failure nobody tried again
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(main())

@@ -1,17 +1,17 @@
 """Token operations for a fleet of gateway replicas: the ``Guard`` contract over shared stores.
 
 ``FleetGuard`` keeps ``OpsGuard``'s policy (authentication, tenancy, admission queue, alerts) and
-moves every piece of state that must be exact across replicas into Redis, each step one atomic
-script: breakers (check and count the turn), RPM/TPM/concurrency (check every node, charge every
-node), budget holds (check every node, hold on every node). A later step that refuses undoes the
-earlier ones; a step whose answer is lost (Redis died mid-call) leaves at most a slot or hold
-that nobody renews, which its lease ends (``reclaim``: settled at the ledger's cost when the
-request reached the ledger, else released). Spend is rebuilt from the PostgreSQL ledger at
-start-up and whenever Redis comes back empty.
+moves every piece of state that must be exact across replicas into Redis: breakers, RPM/TPM and
+concurrency on every node of the key's path, budget holds on every node. A request is two atomic
+scripts (``stores/redis_admission``): one checks all of them and only then charges all (a refusal
+leaves nothing to undo), one settles or releases all. A script whose answer is lost (Redis died
+mid-call) leaves at most a slot or hold that nobody renews, which its lease ends (``reclaim``:
+settled at the ledger's cost when the request reached the ledger, else released). Spend is
+rebuilt from the PostgreSQL ledger at start-up and whenever Redis comes back empty.
 
 Outages: a Redis call that fails or takes longer than ``timeout_s`` makes ``admit`` follow
-``on_outage`` for the key's tier (the client's socket timeout is ``timeout_s``: see
-``redis_client``) (budgeted / unbudgeted): 503 ``store_unavailable`` with
+``on_outage`` for the key's tier (the scripts' connection and redis-py's sockets time out after
+``timeout_s``: ``redis_pipe``, ``redis_client``) (budgeted / unbudgeted): 503 ``store_unavailable`` with
 ``retry-after``, or this replica's in-process stores (metered in the ledger as always). Settling a
 request whose store call fails leaves its hold to the lease: the ledger row is already durable, so
 the reclaim settles it at the recorded cost, once.

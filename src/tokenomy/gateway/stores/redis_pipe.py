@@ -10,7 +10,8 @@ awaits a future; ``data_received`` feeds hiredis's parser and resolves the oldes
 with each answer. Everything else (seeding, heartbeats, reads) stays on redis-py.
 
 Errors are redis-py's, so callers treat both alike: a lost connection fails the calls in flight
-with ``ConnectionError`` (the next call reconnects), an answer slower than ``timeout_s`` raises
+with ``ConnectionError`` (the next call reconnects; while Redis is unreachable, one attempt per
+``timeout_s``, the calls meanwhile fail at once), an answer slower than ``timeout_s`` raises
 ``TimeoutError`` (``asyncio.TimeoutError``; the late answer is read and dropped, keeping the
 order), a script error raises ``ResponseError``; ``NOSCRIPT`` (Redis restarted) loads the script
 and runs it again. ``redis://`` URLs only (``rediss://`` and sockets: use redis-py).
@@ -81,6 +82,7 @@ class RedisPipe:
         self.timeout_s = timeout_s
         self._conn: _Answers | None = None
         self._connecting: asyncio.Lock | None = None
+        self._failed_at: float | None = None  # loop time of the last failed connect
 
     async def _connected(self) -> _Answers:
         conn = self._conn
@@ -93,11 +95,16 @@ class RedisPipe:
             if conn is not None and conn.transport is not None and not conn.transport.is_closing():
                 return conn
             loop = asyncio.get_running_loop()
+            if self._failed_at is not None and loop.time() - self._failed_at < self.timeout_s:
+                # one attempt per timeout_s: callers queued behind a failed one fail at once
+                raise RedisConnectionError(f"Redis at {self.host}:{self.port} is unreachable")
             try:
                 _, proto = await asyncio.wait_for(loop.create_connection(_Answers, self.host, self.port),
                                                   self.timeout_s)
             except OSError as e:
+                self._failed_at = loop.time()
                 raise RedisConnectionError(f"cannot connect to Redis at {self.host}:{self.port}: {e}") from e
+            self._failed_at = None
             for cmd in self._hello:
                 answer = await self._send(proto, pack(cmd))
                 if isinstance(answer, hiredis.ReplyError):
