@@ -92,30 +92,26 @@ def test_the_url_selects_the_database(redis_srv: RedisServer) -> None:
     run_with(redis_srv, body, db=3)
 
 
-def test_while_redis_is_unreachable_one_connect_is_tried_per_timeout_and_the_others_fail_at_once() -> None:
-    # a blackholed Redis must not queue every request behind its own connect timeout
-    port = free_port_base(1)
+def test_while_redis_is_unreachable_calls_waiting_behind_a_failed_connect_fail_with_it() -> None:
+    # a blackholed Redis must not queue every request behind its own connect timeout, and a Redis
+    # that is back must be used by the next call
+    attempts = 0
 
-    async def main() -> None:
-        pipe = RedisPipe(f"redis://127.0.0.1:{port}/0", timeout_s=30.0)
-        script = Redis().register_script(ECHO)  # only its sha and source are used
-        with pytest.raises(RedisConnectionError, match="cannot connect"):
-            await pipe.evalsha(script, [b"k"], [b"x", b"1"])  # refused: nothing listens
-        attempts = 0
-
-        def count(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    class Unreachable(RedisPipe):
+        async def _open(self) -> Any:
             nonlocal attempts
             attempts += 1
-            w.close()
+            await asyncio.sleep(0)  # the other calls queue behind this attempt meanwhile
+            raise ConnectionRefusedError("refused")
 
-        server = await asyncio.start_server(count, "127.0.0.1", port)  # now something listens
-        try:
-            for _ in range(5):
-                with pytest.raises(RedisConnectionError, match="unreachable"):
-                    await pipe.evalsha(script, [b"k"], [b"x", b"1"])
-            assert attempts == 0  # within timeout_s of the failure nobody tried again
-        finally:
-            server.close()
-            await server.wait_closed()
+    async def main() -> None:
+        pipe = Unreachable(f"redis://127.0.0.1:{free_port_base(1)}/0", timeout_s=30.0)
+        script = Redis().register_script(ECHO)  # only its sha and source are used
+        calls = [pipe.evalsha(script, [b"k"], [b"x", b"1"]) for _ in range(5)]
+        errors = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(e, RedisConnectionError) for e in errors) and attempts == 1
+        with pytest.raises(RedisConnectionError, match="cannot connect"):
+            await pipe.evalsha(script, [b"k"], [b"x", b"1"])  # a later call tries again
+        assert attempts == 2
 
     asyncio.run(main())

@@ -10,8 +10,8 @@ awaits a future; ``data_received`` feeds hiredis's parser and resolves the oldes
 with each answer. Everything else (seeding, heartbeats, reads) stays on redis-py.
 
 Errors are redis-py's, so callers treat both alike: a lost connection fails the calls in flight
-with ``ConnectionError`` (the next call reconnects; while Redis is unreachable, one attempt per
-``timeout_s``, the calls meanwhile fail at once), an answer slower than ``timeout_s`` raises
+with ``ConnectionError`` (the next call reconnects; one connect at a time, and the calls that
+waited behind one that failed fail with it at once), an answer slower than ``timeout_s`` raises
 ``TimeoutError`` (``asyncio.TimeoutError``; the late answer is read and dropped, keeping the
 order), a script error raises ``ResponseError``; ``NOSCRIPT`` (Redis restarted) loads the script
 and runs it again. ``redis://`` URLs only (``rediss://`` and sockets: use redis-py).
@@ -82,7 +82,7 @@ class RedisPipe:
         self.timeout_s = timeout_s
         self._conn: _Answers | None = None
         self._connecting: asyncio.Lock | None = None
-        self._failed_at: float | None = None  # loop time of the last failed connect
+        self._failures = 0  # failed connects so far
 
     async def _connected(self) -> _Answers:
         conn = self._conn
@@ -90,21 +90,18 @@ class RedisPipe:
             return conn
         if self._connecting is None:
             self._connecting = asyncio.Lock()
+        failures = self._failures
         async with self._connecting:
             conn = self._conn
             if conn is not None and conn.transport is not None and not conn.transport.is_closing():
                 return conn
-            loop = asyncio.get_running_loop()
-            if self._failed_at is not None and loop.time() - self._failed_at < self.timeout_s:
-                # one attempt per timeout_s: callers queued behind a failed one fail at once
+            if self._failures != failures:  # the attempt this call waited behind failed: so does it
                 raise RedisConnectionError(f"Redis at {self.host}:{self.port} is unreachable")
             try:
-                _, proto = await asyncio.wait_for(loop.create_connection(_Answers, self.host, self.port),
-                                                  self.timeout_s)
+                proto = await asyncio.wait_for(self._open(), self.timeout_s)
             except OSError as e:
-                self._failed_at = loop.time()
+                self._failures += 1
                 raise RedisConnectionError(f"cannot connect to Redis at {self.host}:{self.port}: {e}") from e
-            self._failed_at = None
             for cmd in self._hello:
                 answer = await self._send(proto, pack(cmd))
                 if isinstance(answer, hiredis.ReplyError):
@@ -113,6 +110,10 @@ class RedisPipe:
                     raise RedisConnectionError(f"Redis refused {cmd[0].decode()}: {answer}")
             self._conn = proto
             return proto
+
+    async def _open(self) -> _Answers:
+        _, proto = await asyncio.get_running_loop().create_connection(_Answers, self.host, self.port)
+        return proto
 
     async def _send(self, conn: _Answers, packed: bytes) -> Any:
         transport = conn.transport
