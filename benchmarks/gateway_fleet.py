@@ -31,7 +31,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway_overhead import API_KEY, MODEL, _call, _conn, _cpu_s, _free_port, _latencies, _pct, _wait_port
+from gateway_overhead import (
+    API_KEY,
+    MODEL,
+    _call,
+    _conn,
+    _cpu_s,
+    _free_port,
+    _latencies,
+    _pct,
+    _wait_port,
+    write_json,
+)
 
 from tokenomy.gateway.http.replicas import Replica, start_replicas, stop_all
 from tokenomy.gateway.stores.servers import start_postgres, start_redis
@@ -140,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     result.update({"tpm_limit": args.tpm, "tpm_served_1_replica": round(one), "tpm_served_3_replicas": round(three),
                    "request_tokens": REQUEST_TOKENS, "load_avg_1m": os.getloadavg()[0]})
     print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    write_json(result, args.json)
     return 0
 
 

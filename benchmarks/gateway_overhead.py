@@ -200,6 +200,13 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30.0
     raise RuntimeError(f"nothing listens on {port} after {timeout_s}s")
 
 
+def write_json(result: dict[str, Any], path: str | None) -> None:
+    """``result`` to ``path`` (its folder made), when one is given."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=2))
+
+
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -305,9 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         result["clients"] = per_client
         for k in per_client[clients[0]]:
             print(f"{k:>32}: " + "  ".join(f"{c} {per_client[c][k]:.3f}" for c in clients))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    write_json(result, args.json)
     return 0
 
 

@@ -159,6 +159,15 @@ def test_200_concurrent_requests_over_3_replicas_on_a_50_request_budget(fleet: F
     spent, reserved = fleet.spent("budget")
     assert len(usages) == 50
     assert round(ledger_usd, 9) == round(backend_usd, 9) == round(spent, 9) and reserved == pytest.approx(0.0, abs=1e-12)
+    # every replica's admin API and budget gauges show the fleet's spend (the shared store), not
+    # what went through that replica
+    key_id = fleet.key_id("budget")
+    for i in range(3):
+        shown = httpx.get(f"{fleet.url(i)}/admin/budget/{key_id}", headers={"authorization": f"Bearer {ADMIN}"}).json()
+        assert round(shown["spent_usd"], 9) == round(spent, 9) and shown["reserved_usd"] == pytest.approx(0.0, abs=1e-12)
+    gauge = next(line for line in httpx.get(f"{fleet.url(2)}/metrics").text.splitlines()
+                 if line.startswith("tokenomy_gateway_budget_spent_usd{") and f'node="{key_id}"' in line)
+    assert round(float(gauge.rsplit(" ", 1)[1]), 9) == round(spent, 9)
 
 
 def test_sigkill_one_replica_mid_load(fleet: Fleet) -> None:

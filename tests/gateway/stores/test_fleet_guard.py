@@ -97,6 +97,32 @@ def test_200_concurrent_requests_over_3_replicas_on_a_50_request_budget(tmp_path
     fleet(tmp_path, redis_srv, pg_srv, body)
 
 
+def test_an_admission_is_one_step_that_a_refusal_leaves_no_trace_of(tmp_path: Path, redis_srv: RedisServer,
+                                                                    pg_srv: PostgresServer) -> None:
+    # one script checks the breakers, limits and budget and only then charges them all: a request
+    # the budget refuses takes no concurrency slot and no hold, and a request id in flight on one
+    # replica is refused on another (it would otherwise be served twice on one hold)
+    async def body(guards: list[FleetGuard], keys: dict[str, str], ledger: PgLedger, clock: FakeClock) -> None:
+        a, b = guards[0], guards[1]
+        key_id = a.store.authenticate(keys["budgeted"]).id  # type: ignore[union-attr]
+        adm = await a.admit(request(keys["budgeted"], "one"))
+        with pytest.raises(GatewayError) as dup:
+            await b.admit(request(keys["budgeted"], "one"))
+        assert dup.value.status == 409 and dup.value.code == "duplicate_request_id"
+        with pytest.raises(GatewayError) as over:  # $0.0201 worst case > the $0.015 budget
+            await b.admit(request(keys["budgeted"], "two", max_tokens=10_000))
+        assert over.value.code == "budget_exceeded"
+        assert await a.r_limits.in_flight(key_id, clock()) == 1
+        assert [h.request_id for h in await a.r_holds.holds()] == ["one"]
+        await ledger.record(event("one", key_id, 0.0002))
+        await a.settle(adm, SettledUsage(100, 50, 0, 0.0002))
+        assert await a.r_limits.in_flight(key_id, clock()) == 0 and await a.r_holds.holds() == []
+        charge = a.shared_budgets.charges(a.store.tree.path_nodes(key_id), clock())[0][-1]
+        assert await b.r_holds.usage(charge) == (0.0002, 0.0)
+
+    fleet(tmp_path, redis_srv, pg_srv, body, replicas=2)
+
+
 def test_redis_down_fails_budgeted_keys_closed_and_serves_unbudgeted_locally_then_recovers(
         tmp_path: Path, redis_srv: RedisServer, pg_srv: PostgresServer) -> None:
     async def body(guards: list[FleetGuard], keys: dict[str, str], ledger: PgLedger, clock: FakeClock) -> None:

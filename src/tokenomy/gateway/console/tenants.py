@@ -46,7 +46,8 @@ def _period_starts(now_s: float) -> tuple[float, float]:
     return day.replace(day=1).timestamp(), day.timestamp()
 
 
-def tree_rows(deps: ConsoleDeps, spend: dict[str, tuple[float, float]]) -> list[TreeRow]:
+def tree_rows(deps: ConsoleDeps, spend: dict[str, tuple[float, float]],
+              held: dict[tuple[str, str], tuple[float, float]]) -> list[TreeRow]:
     """Depth-first rows, orgs by name, with spend rolled up from the ledger's tenant paths."""
     guard = deps.guard
     tree = guard.store.tree
@@ -61,9 +62,9 @@ def tree_rows(deps: ConsoleDeps, spend: dict[str, tuple[float, float]]) -> list[
             if p == path or p.startswith(path + "/"):
                 month, day = month + m, day + d
         period = node.limits.budget_period
-        held = guard.budgets.store.usage((node.id, period_key(period, now)))[1] if node.limits.budget_usd else 0.0
+        held_usd = held.get((node.id, period_key(period, now)), (0.0, 0.0))[1] if node.limits.budget_usd else 0.0
         label = " / ".join(tree.get(i).name for i in tree.path(node.id))
-        out.append(TreeRow(node, depth, path, day if period == "day" else month, held, hints.get(node.id, ""), label))
+        out.append(TreeRow(node, depth, path, day if period == "day" else month, held_usd, hints.get(node.id, ""), label))
         for child in sorted(tree.children(node.id), key=lambda n: (n.kind.value, n.name, n.id)):
             visit(child, depth + 1)
 
@@ -77,7 +78,10 @@ async def _page(request: Request, status: int = 200, **ctx: Any) -> Response:
     store = deps.guard.store
     store.refresh_if_changed()
     spend = await off_loop(deps.queries.period_spend, *_period_starts(deps.guard.clock()))
-    rows = tree_rows(deps, spend)
+    now = deps.guard.clock()
+    held = await deps.guard.budget_usage([(n.id, period_key(n.limits.budget_period, now)) for n in store.tree.nodes()
+                                          if n.limits.budget_usd is not None])  # a fleet's: the shared store
+    rows = tree_rows(deps, spend, held)
     teams = [r for r in rows if r.node.kind is NodeKind.TEAM and not r.node.revoked]
     ctx.setdefault("message", request.query_params.get("msg"))
     return render(request, "tenants.html", status, active="tenants", rows=rows, teams=teams, **ctx)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -24,12 +24,15 @@ class OpsLike(Protocol):
 
     config: Any  # .admin_key
     store: Any  # TenantStore: tree, key_hints, create_key, update_limits, revoke
-    budgets: Any  # Budgets: .store.usage((node_id, period))
     breakers: Any  # Breakers: session_status
     alerter: Any  # Alerter: .recent
     clock: Callable[[], float]
 
     def is_admin(self, api_key: str | None) -> bool: ...
+
+    async def budget_usage(self, charges: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[float, float]]:
+        """(spent, held) of each (node, period): a fleet's from the shared store."""
+        ...
 
 
 @dataclass

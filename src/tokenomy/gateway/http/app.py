@@ -197,7 +197,11 @@ def build_app(
         ok = any(status.values())
         return JSONResponse({"status": "ok" if ok else "no healthy backend", "backends": status}, 200 if ok else 503)
 
+    gauges: BudgetGauges | None = None  # with token operations: the budget gauges (read from their store)
+
     async def prometheus(request: Request) -> Response:
+        if gauges is not None:
+            await gauges.refresh()
         for b in pool.backends:
             metrics.in_flight.labels(b.instance_id).set(b.in_flight)
             metrics.healthy.labels(b.instance_id).set(1 if b.healthy else 0)
@@ -251,7 +255,8 @@ def build_app(
         console = _console(guard, the_ledger, pool, routing)
         if console is not None:
             routes.append(Mount("/console", app=console))
-        metrics.registry.register(BudgetGauges(guard))
+        gauges = BudgetGauges(guard)
+        metrics.registry.register(gauges)
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

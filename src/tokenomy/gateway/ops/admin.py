@@ -128,7 +128,7 @@ def build_admin_router(guard: OpsGuard) -> Router:
     async def budget(request: Request) -> Response:
         node = store.tree.get(_node(request))
         period = period_key(node.limits.budget_period, guard.clock())
-        spent, reserved = guard.budgets.store.usage((node.id, period))
+        spent, reserved = (await guard.budget_usage([(node.id, period)]))[(node.id, period)]
         return JSONResponse({"id": node.id, "period": period, "spent_usd": spent, "reserved_usd": reserved,
                              "budget_usd": node.limits.budget_usd})
 

@@ -22,7 +22,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.tenancy import Node
@@ -42,6 +42,29 @@ class PriceLike(Protocol):
 def worst_case_cost_usd(price: PriceLike, prompt_tokens: int, max_tokens: int) -> float:
     """Every prompt token recomputed and every allowed output token generated."""
     return (prompt_tokens * price.input_per_mtok + max_tokens * price.output_per_mtok) / 1e6
+
+
+def remaining_fraction(path: Sequence[Node], usage: Sequence[tuple[float, float]]) -> float:
+    """The smallest share of a period budget left along ``path``, given each node's (spent, held)
+    this period (1.0: no budget applies)."""
+    frac = 1.0
+    for node, (spent, reserved) in zip(path, usage, strict=True):
+        budget = node.limits.budget_usd
+        if budget is None:
+            continue
+        if budget <= 0:
+            return 0.0
+        frac = min(frac, max(0.0, 1.0 - (spent + reserved) / budget))
+    return frac
+
+
+def output_cap(left_usd: float | None, price: PriceLike, prompt_tokens: int) -> int | None:
+    """Output tokens a session budget with ``left_usd`` still pays for after the prompt (None: no
+    session budget; below 1: the session's breaker trips)."""
+    per_token = price.output_per_mtok / 1e6
+    if left_usd is None or per_token <= 0:
+        return None
+    return math.floor((left_usd - prompt_tokens * price.input_per_mtok / 1e6) / per_token)
 
 
 def period_key(period: str, now_s: float) -> str:
@@ -76,6 +99,13 @@ class Crossing:
     label: str = ""  # node_label(node)
     budget_period: str = ""  # day / month
 
+    def alert(self) -> tuple[str, dict[str, Any]]:
+        """The ``budget_threshold`` alert's message and data."""
+        return (f"{self.label or self.node_id} spent {self.threshold:.0%} of its {self.budget_period or self.period} "
+                f"budget (${self.spent_usd:.4f} of ${self.budget_usd:.4f})",
+                {"threshold": self.threshold, "period": self.period, "spent_usd": self.spent_usd,
+                 "budget_usd": self.budget_usd})
+
 
 @dataclass(frozen=True, slots=True)
 class RefusalEvent:
@@ -89,6 +119,13 @@ class RefusalEvent:
     held_usd: float
     budget_usd: float
     request_usd: float
+
+    def alert(self) -> tuple[str, dict[str, Any]]:
+        """The ``budget_refusal`` alert's message and data."""
+        return (f"{self.label} refused a request: spent ${self.spent_usd:.4f} + held ${self.held_usd:.4f} of "
+                f"${self.budget_usd:.4f} this {self.budget_period}; the request may cost up to ${self.request_usd:.4f}",
+                {"period": self.period, "spent_usd": self.spent_usd, "held_usd": self.held_usd,
+                 "budget_usd": self.budget_usd, "request_usd": self.request_usd})
 
 
 def crossed(thresholds: Sequence[float], spent_usd: float, actual_usd: float, budget_usd: float) -> list[float]:
@@ -188,16 +225,7 @@ class Budgets:
 
     def remaining_fraction(self, path: Sequence[Node], now_s: float) -> float:
         """The smallest share of a period budget left along the path (1.0: no budget applies)."""
-        frac = 1.0
-        for charge, node in zip(self.charges(path, now_s), path, strict=True):
-            budget = node.limits.budget_usd
-            if budget is None:
-                continue
-            if budget <= 0:
-                return 0.0
-            spent, reserved = self.store.usage(charge)
-            frac = min(frac, max(0.0, 1.0 - (spent + reserved) / budget))
-        return frac
+        return remaining_fraction(path, [self.store.usage(c) for c in self.charges(path, now_s)])
 
     def tier_priority(self, path: Sequence[Node], now_s: float) -> int | None:
         """The lowest priority a budget tier imposes along the path, or None."""

@@ -9,10 +9,10 @@ is ``RedisReservations.reserve``'s one script. ``seed`` rebuilds Redis's spend f
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Protocol
 
+from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.budget import (
     Crossing,
     RefusalEvent,
@@ -21,10 +21,10 @@ from tokenomy.gateway.ops.budget import (
     period_key,
     refusal_error,
 )
-from tokenomy.gateway.ops.tenancy import Node, NodeKind, TenantTree
-from tokenomy.gateway.stores.budget_seed import period_starts_s
+from tokenomy.gateway.ops.tenancy import Node, TenantTree
+from tokenomy.gateway.stores.budget_seed import period_starts_s, spend_by_charge
 from tokenomy.gateway.stores.redis_reservations import RedisReservations
-from tokenomy.gateway.stores.reservations import Charge, Hold
+from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +52,7 @@ class SharedBudgets:
     async def seed(self, tree: TenantTree, ledger: SpendSnapshots, now_s: float) -> bool:
         """Write the ledger's spend for the current periods, once per Redis data set."""
         by_period, snapshot = await ledger.spend_snapshot(period_starts_s(now_s))
-        totals: dict[Charge, float] = defaultdict(float)
-        for key in tree.nodes():
-            if key.kind is not NodeKind.KEY:
-                continue
-            for node_id in tree.path(key.id):
-                period = tree.get(node_id).limits.budget_period
-                totals[(node_id, period_key(period, now_s))] += by_period[period].get(key.id, 0.0)
+        totals = spend_by_charge(tree, by_period, now_s)
         seeded = await self.store.seed(totals, snapshot)
         if seeded:
             log.info("fleet budgets: seeded %d charges from the ledger", len(totals))
@@ -66,23 +60,30 @@ class SharedBudgets:
 
     async def reserve(self, rid: str, path: Sequence[Node], amount: float, now_s: float) -> None:
         """Hold ``amount`` on every node of ``path`` or raise 429 ``budget_exceeded`` (``Unseeded``:
-        the caller seeds and retries)."""
+        the caller seeds and retries). The fleet guard's admission holds through ``RedisAdmission``
+        (one script with the limits and breakers) and calls ``refused`` with its refusal."""
         charges, budgets = self.charges(path, now_s)
         refusal = await self.store.reserve(Hold(rid, charges, amount, now_s + self.store.lease_s), budgets, now_s)
-        if refusal is None:
-            return
-        node = next(n for c, n in zip(charges, path, strict=True) if c == refusal.charge)
+        if refusal is not None:
+            raise self.refused(path, refusal, amount, now_s)
+
+    def refused(self, path: Sequence[Node], refusal: Refusal, amount: float, now_s: float) -> GatewayError:
+        """The 429 ``budget_exceeded`` of ``refusal``; the first one per node and period becomes an alert."""
+        node = next(n for n in path if n.id == refusal.charge[0])
         if refusal.charge not in self._exhausted:
             self._exhausted.add(refusal.charge)
             self.refusals.append(RefusalEvent(node.id, node_label(node), refusal.charge[1], node.limits.budget_period,
                                               refusal.spent_usd, refusal.reserved_usd, refusal.budget_usd, amount))
-        raise refusal_error(node, refusal, amount, now_s)
+        return refusal_error(node, refusal, amount, now_s)
 
     async def settle(self, rid: str, actual_usd: float, path: Sequence[Node], admitted_s: float,
                      ledger_xid: int | None) -> None:
         """Charge the actual cost once; thresholds it crossed go to ``crossings``."""
         charges = self.charges(path, admitted_s)[0]
-        hold = await self.store.settle(rid, actual_usd, ledger_xid, charges)
+        await self.settled(await self.store.settle(rid, actual_usd, ledger_xid, charges), actual_usd, path)
+
+    async def settled(self, hold: Hold | None, actual_usd: float, path: Sequence[Node]) -> None:
+        """Budget thresholds that charging ``actual_usd`` for ``hold`` crossed go to ``crossings``."""
         if hold is None:
             return
         spent_after = self.store.last_spent
@@ -97,14 +98,19 @@ class SharedBudgets:
                 self.crossings.append(Crossing(node.id, charge[1], t, spent, budget, node_label(node),
                                                node.limits.budget_period))
 
-    async def tier_priority(self, path: Sequence[Node], now_s: float) -> int | None:
-        """The lowest priority a budget tier imposes along the path, or None."""
+    async def tier_priority(self, path: Sequence[Node], now_s: float,
+                            spent_usd: Sequence[float] | None = None) -> int | None:
+        """The lowest priority a budget tier imposes along the path, or None; ``spent_usd``: each
+        node's spend as the admission read it (else read here)."""
         out: int | None = None
-        for charge, node in zip(self.charges(path, now_s)[0], path, strict=True):
+        for i, node in enumerate(path):
             budget = node.limits.budget_usd
             if budget is None or not node.limits.budget_tiers:
                 continue
-            spent, _ = await self.store.usage(charge)
+            if spent_usd is not None:
+                spent = spent_usd[i]
+            else:
+                spent = (await self.store.usage((node.id, period_key(node.limits.budget_period, now_s))))[0]
             used = 1.0 if budget <= 0 else spent / budget
             for tier in node.limits.budget_tiers:
                 if used + 1e-9 >= tier.at_fraction:

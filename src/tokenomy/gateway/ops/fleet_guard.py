@@ -1,17 +1,17 @@
 """Token operations for a fleet of gateway replicas: the ``Guard`` contract over shared stores.
 
 ``FleetGuard`` keeps ``OpsGuard``'s policy (authentication, tenancy, admission queue, alerts) and
-moves every piece of state that must be exact across replicas into Redis, each step one atomic
-script: breakers (check and count the turn), RPM/TPM/concurrency (check every node, charge every
-node), budget holds (check every node, hold on every node). A later step that refuses undoes the
-earlier ones; a step whose answer is lost (Redis died mid-call) leaves at most a slot or hold
-that nobody renews, which its lease ends (``reclaim``: settled at the ledger's cost when the
-request reached the ledger, else released). Spend is rebuilt from the PostgreSQL ledger at
-start-up and whenever Redis comes back empty.
+moves every piece of state that must be exact across replicas into Redis: breakers, RPM/TPM and
+concurrency on every node of the key's path, budget holds on every node. A request is two atomic
+scripts (``stores/redis_admission``): one checks all of them and only then charges all (a refusal
+leaves nothing to undo), one settles or releases all. A script whose answer is lost (Redis died
+mid-call) leaves at most a slot or hold that nobody renews, which its lease ends (``reclaim``:
+settled at the ledger's cost when the request reached the ledger, else released). Spend is
+rebuilt from the PostgreSQL ledger at start-up and whenever Redis comes back empty.
 
 Outages: a Redis call that fails or takes longer than ``timeout_s`` makes ``admit`` follow
-``on_outage`` for the key's tier (the client's socket timeout is ``timeout_s``: see
-``redis_client``) (budgeted / unbudgeted): 503 ``store_unavailable`` with
+``on_outage`` for the key's tier (the scripts' connection and redis-py's sockets time out after
+``timeout_s``: ``redis_pipe``, ``redis_client``) (budgeted / unbudgeted): 503 ``store_unavailable`` with
 ``retry-after``, or this replica's in-process stores (metered in the ledger as always). Settling a
 request whose store call fails leaves its hold to the lease: the ledger row is already durable, so
 the reclaim settles it at the recorded cost, once.
@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,23 +36,21 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.ops.admission import Ticket
+from tokenomy.gateway.ops.admission import AdmissionSignals
 from tokenomy.gateway.ops.alerts import Alerter
-from tokenomy.gateway.ops.budget import (
-    PriceLike,
-    worst_case_cost_usd,
-)
-from tokenomy.gateway.ops.closed_loop import ClosedLoopTicket
+from tokenomy.gateway.ops.budget import PriceLike, output_cap, remaining_fraction
 from tokenomy.gateway.ops.config import OpsConfig
 from tokenomy.gateway.ops.fleet_budget import SharedBudgets
 from tokenomy.gateway.ops.guard import Admission, AdmitRequest, SettledUsage
 from tokenomy.gateway.ops.metrics import OpsMetrics
 from tokenomy.gateway.ops.ops_guard import OpsGuard, _Flight
 from tokenomy.gateway.ops.tenancy import Node
+from tokenomy.gateway.stores.redis_admission import RedisAdmission
 from tokenomy.gateway.stores.redis_breakers import RedisBreakers
 from tokenomy.gateway.stores.redis_limits import RedisRateLimits
+from tokenomy.gateway.stores.redis_pipe import RedisPipe
 from tokenomy.gateway.stores.redis_reservations import RedisReservations, Unseeded
-from tokenomy.gateway.stores.reservations import InProcessReservations
+from tokenomy.gateway.stores.reservations import Charge, Hold, InProcessReservations, Refusal
 from tokenomy.gateway.stores.shared_config import SharedStoresConfig
 from tokenomy.gateway.stores.tenancy_sql import TenantStore
 
@@ -91,6 +88,7 @@ class _FleetFlight(_Flight):
     local: bool = False  # admitted against this replica's in-process stores (outage)
     unsent_tokens: int = 0
     cut: bool = False
+    charges: tuple[Charge, ...] = ()  # the hold's (node, period) charges, as admitted
 
 
 class FleetGuard(OpsGuard):
@@ -108,6 +106,8 @@ class FleetGuard(OpsGuard):
         self.r_holds = RedisReservations(redis, lease_s=shared.lease_s)
         self.shared_budgets = SharedBudgets(self.r_holds, config.alerts.budget_thresholds)
         self.r_breakers = RedisBreakers(redis, config.breaker)
+        self.pipe = RedisPipe(shared.redis_url, shared.timeout_s) if shared.redis_url.startswith("redis://") else None
+        self.r_admit = RedisAdmission(self.r_limits, self.r_holds, self.r_breakers, self.pipe)
         # trips and crossings land in the lists the in-process guard drains into alerts and metrics
         self.shared_budgets.crossings = self.budgets.crossings
         self.shared_budgets.refusals = self.budgets.refusals
@@ -153,44 +153,14 @@ class FleetGuard(OpsGuard):
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             self._heartbeat = None
+        if self.pipe is not None:
+            await self.pipe.aclose()
         await super().aclose()
 
     # --- the Guard contract ------------------------------------------------------------------------
 
-    async def admit(self, request: AdmitRequest) -> Admission:
-        self._sweep()
-        try:
-            admission, flight = await self._admit_shared(request)
-        except GatewayError as err:
-            self._refused(err)
-            raise
-        finally:
-            self._drain_events()
-        if self.admission.config.max_in_flight is None:
-            return admission
-        try:
-            flight.ticket = await self._enter(request, admission, flight)
-        except BaseException as err:
-            await self._undo_shared(admission.request_id, flight)
-            if isinstance(err, GatewayError):
-                self._refused(err)
-            raise
-        finally:
-            self._observe_pool(request.model)
-        return admission
-
-    async def _admit_shared(self, request: AdmitRequest) -> tuple[Admission, _Flight]:
-        if request.request_id in self._flights:
-            raise GatewayError(409, f"request id {request.request_id!r} is already in flight",
-                               code="duplicate_request_id")
-        if not request.api_key:
-            raise GatewayError(401, "missing API key: send 'Authorization: Bearer tk-...'",
-                               type="authentication_error", code="missing_api_key")
-        node = self.store.authenticate(request.api_key)
-        if node is None:
-            raise GatewayError(401, "invalid or revoked API key", type="authentication_error",
-                               code="invalid_api_key")
-        path = self.store.tree.path_nodes(node.id)
+    async def _take(self, request: AdmitRequest) -> tuple[Admission, _Flight]:
+        node, path, eff = self._checked(request)
         failed = self.ledger.failed_at_s
         if failed is not None and time.monotonic() - failed < self.shared.on_outage.retry_after_s:
             # the ledger cannot record: serve nothing that could not be metered (after retry-after
@@ -201,10 +171,10 @@ class FleetGuard(OpsGuard):
                                headers={"retry-after": str(self.shared.on_outage.retry_after_s)})
         try:
             try:
-                return await self._admit_steps(request, node, path)
+                return await self._admit_steps(request, node, path, eff)
             except Unseeded:  # Redis came back empty: rebuild spend from the ledger, then once more
                 await self.seed()
-                return await self._admit_steps(request, node, path)
+                return await self._admit_steps(request, node, path, eff)
         except _STORE_ERRORS as e:
             budgeted = any(n.limits.budget_usd is not None for n in path)
             mode = self.shared.on_outage.budgeted if budgeted else self.shared.on_outage.unbudgeted
@@ -221,51 +191,38 @@ class FleetGuard(OpsGuard):
             self._flights[request.request_id] = local
             return admission, local
 
-    async def _admit_steps(self, request: AdmitRequest, node: Node, path: tuple[Node, ...]) -> tuple[Admission, _Flight]:
-        eff = self.store.tree.effective(node.id)
-        if eff.allowed_models is not None and request.model not in eff.allowed_models:
-            raise GatewayError(403, f"model {request.model!r} is not allowed for this key",
-                               type="permission_error", code="model_not_allowed", param="model")
+    async def _admit_steps(self, request: AdmitRequest, node: Node, path: tuple[Node, ...],
+                           eff: Any) -> tuple[Admission, _Flight]:
         now = self.clock()
         rid = request.request_id
-        price = self.price_of(request.model)
-        prompt_bound = math.ceil(request.prompt_tokens_estimate * self.config.prompt_reserve_factor)
-        worst = worst_case_cost_usd(price, prompt_bound, request.max_tokens)
+        price, prompt_bound, worst = self._worst_case(request)
         cap = await self._output_cap_shared(node.id, request.session_id, price, prompt_bound, now)
         tokens = request.prompt_tokens_estimate + request.max_tokens
-        await self.r_breakers.admit(node.id, request.session_id, request.prompt_fingerprint,
-                                    request.prompt_tokens_estimate, worst, now)
-        try:
-            grant = await self.r_limits.acquire([(n.id, n.limits) for n in path], tokens, now, rid)
-            try:
-                await self.shared_budgets.reserve(rid, path, worst, now)
-            except BaseException:
-                await self.r_limits.correct_tokens(grant, 0, now)
-                await self.r_limits.finish(grant, rid)
-                raise
-        except BaseException:
-            await self.r_breakers.finish(node.id, request.session_id, worst, 0.0, undo_turn=True)
-            raise
+        charges, budgets = self.shared_budgets.charges(path, now)
+        got = await self.r_admit.admit(node.id, request.session_id, request.prompt_fingerprint,
+                                       request.prompt_tokens_estimate, [(n.id, n.limits) for n in path], tokens,
+                                       Hold(rid, charges, worst, now + self.shared.lease_s), budgets, now)
+        if isinstance(got, Refusal):
+            raise self.shared_budgets.refused(path, got, worst, now)
+        grant = got.grant
         self.metrics.reserved_usd.inc(worst)
-        tier = await self.shared_budgets.tier_priority(path, now)
+        tier = await self.shared_budgets.tier_priority(path, now, got.spent_usd)
         priority = eff.priority if tier is None else min(eff.priority, tier)
         admission = Admission(rid, node.id, tuple(n.id for n in path), request.model, priority=priority,
                               reserved_cost_usd=worst, reserved_tokens=tokens, output_token_cap=cap,
                               headers=dict(grant.headers))
-        flight = _FleetFlight(now, path, request.session_id, worst, grant, None)
+        flight = _FleetFlight(now, path, request.session_id, worst, grant, None, charges=charges)
         self._flights[rid] = flight
         return admission, flight
 
     async def _output_cap_shared(self, key_id: str, session_id: str | None, price: PriceLike, prompt_tokens: int,
                                  now: float) -> int | None:
-        left = await self.r_breakers.session_budget_left_usd(key_id, session_id)
-        per_token = price.output_per_mtok / 1e6
-        if left is None or session_id is None or per_token <= 0:
-            return None
-        cap = math.floor((left - prompt_tokens * price.input_per_mtok / 1e6) / per_token)
-        if cap < 1:
+        if session_id is None or self.config.breaker.session_budget_usd is None:
+            return None  # no round trip
+        cap = output_cap(await self.r_breakers.session_budget_left_usd(key_id, session_id), price, prompt_tokens)
+        if cap is not None and cap < 1:
             await self.r_breakers.budget_crossed(key_id, session_id, now)
-        return max(0, cap)
+        return None if cap is None else max(0, cap)
 
     def on_tokens(self, admission: Admission, new_output_tokens: int) -> bool:
         flight = self._flights.get(admission.request_id)
@@ -311,26 +268,23 @@ class FleetGuard(OpsGuard):
         self._flights.pop(admission.request_id, None)
         now = self.clock()
         rid = admission.request_id
-        charge = (rid, usage.cost_usd, flight.path, flight.started_s, self.ledger.pop_xid(rid))
-        try:
-            await self.shared_budgets.settle(*charge)
-        except _STORE_ERRORS as e:  # retried by the heartbeat until Redis answers (idempotent)
+        xid = self.ledger.pop_xid(rid)
+        try:  # one round trip: the hold settled, the TPM estimate corrected, the slots and session cost
+            _, hold = await self.r_admit.finish(
+                rid, flight.grant, admission.key_id, flight.session_id, flight.worst_usd, now,
+                actual_usd=usage.cost_usd, actual_tokens=usage.prompt_tokens + usage.output_tokens, ledger_xid=xid,
+                charges=flight.charges)
+        except _STORE_ERRORS as e:  # the hold: retried by the heartbeat until Redis answers (idempotent);
+            # the slots end with their lease
             log.warning("settling %s in the shared store failed (%s); retrying from the heartbeat", rid, e)
-            self._unsettled.append(charge)
-        try:  # independent steps: one round trip's wait for all three
-            await asyncio.gather(
-                self.r_limits.correct_tokens(flight.grant, usage.prompt_tokens + usage.output_tokens, now),
-                self.r_limits.finish(flight.grant, rid),
-                self.r_breakers.finish(admission.key_id, flight.session_id, flight.worst_usd, usage.cost_usd))
-        except _STORE_ERRORS as e:  # slots end with their lease
-            log.warning("finishing %s in the shared store failed (%s)", rid, e)
+            self._unsettled.append((rid, usage.cost_usd, flight.path, flight.started_s, xid))
+        else:
+            try:
+                await self.shared_budgets.settled(hold, usage.cost_usd, flight.path)
+            except _STORE_ERRORS as e:  # settled already: only a threshold alert may be missed
+                log.warning("reading budgets after settling %s failed (%s)", rid, e)
         self._leave(flight)
-        anomaly = self.spend_rate.add(admission.key_id, usage.cost_usd, now)
-        if anomaly is not None:
-            rate, reason = anomaly
-            self._alert("spend_rate", admission.key_id, f"spending ${rate:.2f}/h, {reason}", now,
-                        {"usd_per_hour": rate, "reason": reason})
-        self._drain_events()
+        self._spent(admission.key_id, usage.cost_usd, now)
 
     async def release(self, admission: Admission, reason: str) -> None:
         flight = self._flights.get(admission.request_id)
@@ -346,12 +300,10 @@ class FleetGuard(OpsGuard):
         self._leave(flight)
 
     async def _release_shared(self, rid: str, flight: _Flight, undo_turn: bool) -> None:
-        await self.r_holds.release(rid)
-        await self.r_limits.correct_tokens(flight.grant, 0, self.clock())
-        await self.r_limits.finish(flight.grant, rid)
-        await self.r_breakers.finish(flight.path[-1].id, flight.session_id, flight.worst_usd, 0.0, undo_turn=undo_turn)
+        await self.r_admit.finish(rid, flight.grant, flight.path[-1].id, flight.session_id, flight.worst_usd,
+                                  self.clock(), actual_usd=None, actual_tokens=0, undo_turn=undo_turn)
 
-    async def _undo_shared(self, rid: str, flight: _Flight) -> None:
+    async def _give_back(self, rid: str, flight: _Flight) -> None:
         if isinstance(flight, _FleetFlight) and flight.local:
             self._undo(rid, flight)
             return
@@ -361,10 +313,15 @@ class FleetGuard(OpsGuard):
         except _STORE_ERRORS as e:
             log.warning("undoing %s in the shared store failed (%s); its lease will release it", rid, e)
 
-    def _leave(self, flight: _Flight) -> None:
-        if isinstance(flight.ticket, ClosedLoopTicket) and self.closed is not None:
-            self.closed.leave(flight.ticket)
-        elif isinstance(flight.ticket, Ticket):
-            self.admission.leave(flight.ticket)
-        if flight.ticket is not None:
-            self._observe_pool(flight.ticket.pool, is_pool=True)
+    # --- reads of the shared state (admin API, console, /metrics, priority admission) -------------
+
+    async def budget_usage(self, charges: Sequence[Charge]) -> dict[Charge, tuple[float, float]]:
+        return dict(zip(charges, await self.r_holds.usages(charges), strict=True))
+
+    async def admission_signals(self, key_id: str, path: tuple[Node, ...]) -> AdmissionSignals:
+        now = self.clock()
+        usage = await self.r_holds.usages(self.shared_budgets.charges(path, now)[0])
+        tier = await self.shared_budgets.tier_priority(path, now, [spent for spent, _ in usage])
+        prio = self.store.tree.effective(key_id).priority
+        return AdmissionSignals(prio if tier is None else min(prio, tier), remaining_fraction(path, usage),
+                                await self.r_breakers.key_tokens_per_s(key_id, now))

@@ -17,7 +17,7 @@ import hmac
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.admission import AdmissionSignals, PriorityAdmission, Ticket
 from tokenomy.gateway.ops.alerts import Alert, Alerter, SpendRateMonitor
 from tokenomy.gateway.ops.breaker import Breakers
-from tokenomy.gateway.ops.budget import Budgets, PriceLike, worst_case_cost_usd
+from tokenomy.gateway.ops.budget import Budgets, PriceLike, output_cap, worst_case_cost_usd
 from tokenomy.gateway.ops.closed_loop import ClosedLoopTicket, build_pools
 from tokenomy.gateway.ops.config import GatewayConfigLike, OpsConfig, ops_config, secret_of
 from tokenomy.gateway.ops.guard import Admission, AdmitRequest, SettledUsage
@@ -36,7 +36,7 @@ from tokenomy.gateway.ops.tenancy import Node
 from tokenomy.gateway.ops.tenancy_seed import apply_seeds
 from tokenomy.gateway.stores.budget_seed import seed_from_ledger
 from tokenomy.gateway.stores.limits import InProcessRateLimits, RateGrant, RateLimits
-from tokenomy.gateway.stores.reservations import InProcessReservations, Reservations
+from tokenomy.gateway.stores.reservations import Charge, InProcessReservations, Reservations
 from tokenomy.gateway.stores.reservations_sql import SqlReservations
 from tokenomy.gateway.stores.tenancy_sql import TenantStore, sqlite_engine
 
@@ -87,7 +87,7 @@ class OpsGuard:
     async def admit(self, request: AdmitRequest) -> Admission:
         self._sweep()
         try:
-            admission, flight = self._admit_now(request)
+            admission, flight = await self._take(request)
         except GatewayError as err:
             self._refused(err)
             raise
@@ -98,7 +98,7 @@ class OpsGuard:
         try:
             flight.ticket = await self._enter(request, admission, flight)
         except BaseException as err:
-            self._undo(admission.request_id, flight)
+            await self._give_back(admission.request_id, flight)
             if isinstance(err, GatewayError):
                 self._refused(err)
             raise
@@ -106,9 +106,16 @@ class OpsGuard:
             self._observe_pool(request.model)
         return admission
 
+    async def _take(self, request: AdmitRequest) -> tuple[Admission, _Flight]:
+        """Check and charge limits, budgets and breakers (a fleet's guard: in Redis); ``_give_back`` undoes it."""
+        return self._admit_now(request)
+
+    async def _give_back(self, request_id: str, flight: _Flight) -> None:
+        self._undo(request_id, flight)
+
     async def _enter(self, request: AdmitRequest, admission: Admission, flight: _Flight) -> Ticket | ClosedLoopTicket:
         """A slot in the model's pool: the priority queue, or the closed loop (its tier, its cap)."""
-        sig = self.signals(admission.key_id, flight.path)
+        sig = await self.admission_signals(admission.key_id, flight.path)
         if self.closed is None:
             return await self.admission.enter(request.model, sig)
         tier = self.closed.tier_of(sig.priority)
@@ -160,10 +167,14 @@ class OpsGuard:
         self.budgets.settle(admission.request_id, usage.cost_usd, flight.path)
         self.limits.correct_tokens(flight.grant, usage.prompt_tokens + usage.output_tokens, now)
         self._finish(admission.key_id, flight, usage.cost_usd)
-        anomaly = self.spend_rate.add(admission.key_id, usage.cost_usd, now)
+        self._spent(admission.key_id, usage.cost_usd, now)
+
+    def _spent(self, key_id: str, cost_usd: float, now: float) -> None:
+        """After a settle: the key's spend rate (an alert when anomalous), then the events' alerts."""
+        anomaly = self.spend_rate.add(key_id, cost_usd, now)
         if anomaly is not None:
             rate, reason = anomaly
-            self._alert("spend_rate", admission.key_id, f"spending ${rate:.2f}/h, {reason}", now,
+            self._alert("spend_rate", key_id, f"spending ${rate:.2f}/h, {reason}", now,
                         {"usd_per_hour": rate, "reason": reason})
         self._drain_events()
 
@@ -200,21 +211,29 @@ class OpsGuard:
 
     # --- helpers -------------------------------------------------------------------------------
 
-    def _admit_now(self, request: AdmitRequest) -> tuple[Admission, _Flight]:
-        """Every synchronous check and charge; undoes its own charges when a later step refuses."""
+    def _checked(self, request: AdmitRequest) -> tuple[Node, tuple[Node, ...], Any]:
+        """The key's node, path and effective limits: 401 unknown key, 409 id in flight, 403 model."""
         node = self._key_node(request.api_key)
         if request.request_id in self._flights:
             raise GatewayError(409, f"request id {request.request_id!r} is already in flight",
                                code="duplicate_request_id")
-        path = self.store.tree.path_nodes(node.id)
         eff = self.store.tree.effective(node.id)
         if eff.allowed_models is not None and request.model not in eff.allowed_models:
             raise GatewayError(403, f"model {request.model!r} is not allowed for this key",
                                type="permission_error", code="model_not_allowed", param="model")
-        now = self.clock()
+        return node, self.store.tree.path_nodes(node.id), eff
+
+    def _worst_case(self, request: AdmitRequest) -> tuple[PriceLike, int, float]:
+        """The model's price, the prompt bound held for and the request's worst-case cost."""
         price = self.price_of(request.model)
         prompt_bound = math.ceil(request.prompt_tokens_estimate * self.config.prompt_reserve_factor)
-        worst = worst_case_cost_usd(price, prompt_bound, request.max_tokens)
+        return price, prompt_bound, worst_case_cost_usd(price, prompt_bound, request.max_tokens)
+
+    def _admit_now(self, request: AdmitRequest) -> tuple[Admission, _Flight]:
+        """Every synchronous check and charge; undoes its own charges when a later step refuses."""
+        node, path, eff = self._checked(request)
+        now = self.clock()
+        price, prompt_bound, worst = self._worst_case(request)
         cap = self._output_cap(node.id, request.session_id, price, prompt_bound, now)
         self.breakers.admit_check(node.id, request.session_id, request.prompt_fingerprint, now)
         grant = self.limits.acquire([(n.id, n.limits) for n in path],
@@ -251,16 +270,12 @@ class OpsGuard:
 
     def _output_cap(self, key_id: str, session_id: str | None, price: PriceLike, prompt_tokens: int,
                     now: float) -> int | None:
-        """Output tokens the session's budget still pays for after this prompt (None: no session
-        budget). A session that cannot pay for one more token trips its breaker here."""
-        left = self.breakers.session_budget_left_usd(key_id, session_id)
-        per_token = price.output_per_mtok / 1e6
-        if left is None or session_id is None or per_token <= 0:
-            return None
-        cap = math.floor((left - prompt_tokens * price.input_per_mtok / 1e6) / per_token)
-        if cap < 1:
+        """Output tokens the session's budget pays for after this prompt (None: none); under 1 trips it."""
+        left = None if session_id is None else self.breakers.session_budget_left_usd(key_id, session_id)
+        cap = output_cap(left, price, prompt_tokens)
+        if cap is not None and cap < 1 and session_id is not None:
             self.breakers.budget_crossed(key_id, session_id, now)  # admit_check refuses next
-        return max(0, cap)
+        return None if cap is None else max(0, cap)
 
     def _sweep(self) -> None:
         """Release requests the request path never settled nor released within ``hold_ttl_s``
@@ -289,6 +304,9 @@ class OpsGuard:
     def _finish(self, key_id: str, flight: _Flight, actual_usd: float) -> None:
         self.limits.finish(flight.grant)
         self.breakers.finish(key_id, flight.session_id, flight.worst_usd, actual_usd)
+        self._leave(flight)
+
+    def _leave(self, flight: _Flight) -> None:  # the request's admission slot, back to its queue or pool
         if isinstance(flight.ticket, ClosedLoopTicket) and self.closed is not None:
             self.closed.leave(flight.ticket)
         elif isinstance(flight.ticket, Ticket):
@@ -296,16 +314,17 @@ class OpsGuard:
         if flight.ticket is not None:
             self._observe_pool(flight.ticket.pool, is_pool=True)
 
-    def signals(self, key_id: str, path: tuple[Node, ...] | None = None) -> AdmissionSignals:
-        """Priority, remaining budget share and consumption rate of a key (for admission and routing)."""
-        tree = self.store.tree
-        path = path or tree.path_nodes(key_id)
+    async def admission_signals(self, key_id: str, path: tuple[Node, ...]) -> AdmissionSignals:
+        """Priority, remaining budget share and consumption rate of a key (a fleet's: shared)."""
         now = self.clock()
         tier = self.budgets.tier_priority(path, now)
-        prio = tree.effective(key_id).priority
-        return AdmissionSignals(prio if tier is None else min(prio, tier),
-                                self.budgets.remaining_fraction(path, now),
+        prio = self.store.tree.effective(key_id).priority
+        return AdmissionSignals(prio if tier is None else min(prio, tier), self.budgets.remaining_fraction(path, now),
                                 self.breakers.key_tokens_per_s(key_id, now))
+
+    async def budget_usage(self, charges: Sequence[Charge]) -> dict[Charge, tuple[float, float]]:
+        """(spent, held) of each (node, period) in the store admission enforces against."""
+        return {c: self.budgets.store.usage(c) for c in charges}
 
     def visible_key_ids(self, admission_or_key: Admission | str) -> set[str]:
         """Key ids whose usage this key may read: its own subtree (a key: itself)."""
@@ -338,19 +357,13 @@ class OpsGuard:
             self._alert("breaker_trip", f"{trip.scope} {trip.subject}", f"{trip.code}: {trip.reason}", now,
                         {"code": trip.code, "until_s": trip.until_s})
         self.breakers.trips.clear()
-        for c in self.budgets.crossings:
-            self._alert("budget_threshold", c.node_id, f"{c.label or c.node_id} spent {c.threshold:.0%} of its "
-                        f"{c.budget_period or c.period} budget (${c.spent_usd:.4f} of ${c.budget_usd:.4f})", now,
-                        {"threshold": c.threshold, "period": c.period, "spent_usd": c.spent_usd,
-                         "budget_usd": c.budget_usd})
-        self.budgets.crossings.clear()
-        for r in self.budgets.refusals:
-            self._alert("budget_refusal", r.node_id, f"{r.label} refused a request: spent ${r.spent_usd:.4f} + held "
-                        f"${r.held_usd:.4f} of ${r.budget_usd:.4f} this {r.budget_period}; the request may cost "
-                        f"up to ${r.request_usd:.4f}", now,
-                        {"period": r.period, "spent_usd": r.spent_usd, "held_usd": r.held_usd,
-                         "budget_usd": r.budget_usd, "request_usd": r.request_usd})
-        self.budgets.refusals.clear()
+        groups: tuple[tuple[str, list[Any]], ...] = (  # Crossing, RefusalEvent: .node_id, .alert()
+            ("budget_threshold", self.budgets.crossings), ("budget_refusal", self.budgets.refusals))
+        for kind, events in groups:
+            for event in events:
+                message, data = event.alert()
+                self._alert(kind, event.node_id, message, now, data)
+            events.clear()
 
 
 def build_guard(config: GatewayConfigLike, *, engine: Engine | None = None, db_url: str | None = None,

@@ -40,19 +40,23 @@ def ledger_spend_by_key(engine: Engine, since_s: float) -> dict[str, float]:
     return {str(k): float(v or 0.0) for k, v in rows}
 
 
-def seed_from_ledger(store: InProcessReservations, tree: TenantTree, engine: Engine, now_s: float) -> int:
-    """Set ``store``'s spend for the current periods from the ledger; returns the charges seeded."""
-    starts = period_starts_s(now_s)
-    by_period = {p: ledger_spend_by_key(engine, s) for p, s in starts.items()}
+def spend_by_charge(tree: TenantTree, by_period: dict[str, dict[str, float]], now_s: float) -> dict[Charge, float]:
+    """Each node's spend in its current period, from each key's spend per period kind
+    (``by_period[period][key_id]``): a node's is the sum of its keys'."""
     totals: dict[Charge, float] = defaultdict(float)
     for key in tree.nodes():
         if key.kind is not NodeKind.KEY:
             continue
         for node_id in tree.path(key.id):
             period = tree.get(node_id).limits.budget_period
-            usd = by_period[period].get(key.id, 0.0)
-            if usd:
-                totals[(node_id, period_key(period, now_s))] += usd
+            totals[(node_id, period_key(period, now_s))] += by_period[period].get(key.id, 0.0)
+    return totals
+
+
+def seed_from_ledger(store: InProcessReservations, tree: TenantTree, engine: Engine, now_s: float) -> int:
+    """Set ``store``'s spend for the current periods from the ledger; returns the charges seeded."""
+    by_period = {p: ledger_spend_by_key(engine, s) for p, s in period_starts_s(now_s).items()}
+    totals = {c: usd for c, usd in spend_by_charge(tree, by_period, now_s).items() if usd}
     for charge, usd in totals.items():
         store.seed_spent(charge, usd)
     return len(totals)

@@ -17,31 +17,37 @@ vtotal, open_until, code, reason) and ``...:w`` sorted sets (the velocity window
 from __future__ import annotations
 
 import secrets
-from typing import Any
 
 from redis.asyncio import Redis
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.breaker import BreakerConfig, Trip
+from tokenomy.gateway.stores.redis_store import text as _s
 
-_COMMON = """
-local function num(h, f) return tonumber(redis.call('HGET', h, f)) end
-local function is_open(h, now)
-  local u = num(h, 'open_until')
+# The breaker steps as Lua functions over (K, A) = the script's keys and arguments, so that one
+# script can run them alone (the scripts below) or as part of a fleet admission (``redis_admission``).
+# K: key hash, key window, session hash, session window (session keys '' when none)
+# A: 1 now, 2 fingerprint, 3 prompt (or streamed) tokens, 4 worst usd, 5 max turns, 6 repeat limit,
+#    7 session budget, 8 window s, 9 cooldown s, 10 key tpm, 11 session tpm, 12 uid, 13 key id,
+#    14 session id, 15 ttl s   (-1: off)
+BREAKER_LUA = """
+local function br_num(h, f) return tonumber(redis.call('HGET', h, f)) end
+local function br_is_open(h, now)
+  local u = br_num(h, 'open_until')
   if u ~= nil and now < u then return u end
   return nil
 end
-local function trip(h, now, cooldown, code, reason, out, scope, subject)
-  if is_open(h, now) then return end
+local function br_trip(h, now, cooldown, code, reason, out, scope, subject)
+  if br_is_open(h, now) then return end
   local u = now + cooldown
   redis.call('HSET', h, 'open_until', tostring(u), 'code', code, 'reason', reason)
   out[#out + 1] = scope; out[#out + 1] = subject; out[#out + 1] = code; out[#out + 1] = reason
   out[#out + 1] = tostring(u)
 end
 -- add n tokens to the window of hash h (events in zset w); returns the window's total
-local function window_add(h, w, now, n, window_s, uid)
+local function br_window_add(h, w, now, n, window_s, uid)
   local old = redis.call('ZRANGEBYSCORE', w, '-inf', now - window_s)
-  local total = num(h, 'vtotal') or 0
+  local total = br_num(h, 'vtotal') or 0
   for _, m in ipairs(old) do total = total - tonumber(string.match(m, '^[^:]*:([^:]*)')) end
   redis.call('ZREMRANGEBYSCORE', w, '-inf', now - window_s)
   if n > 0 then
@@ -51,119 +57,118 @@ local function window_add(h, w, now, n, window_s, uid)
   redis.call('HSET', h, 'vtotal', tostring(total))
   return total
 end
-local function velocity(kh, kw, sh, sw, now, n, window_s, key_cap, ses_cap, cooldown, uid, out, key_id, session_id)
+-- count A[3] tokens in the key's (and session's) velocity window; 0 when a cap is crossed (trips)
+local function br_velocity(K, A, out)
+  local now, n, window_s, cooldown = tonumber(A[1]), tonumber(A[3]), tonumber(A[8]), tonumber(A[9])
+  local key_tpm, ses_tpm = tonumber(A[10]), tonumber(A[11])
   local ok = 1
-  local kt = window_add(kh, kw, now, n, window_s, uid)
-  if key_cap >= 0 and kt > key_cap then
-    trip(kh, now, cooldown, 'breaker_velocity', 'more than ' .. ARGV[10] .. ' tokens/min on key ' .. key_id,
-         out, 'key', key_id)
+  local kt = br_window_add(K[1], K[2], now, n, window_s, A[12])
+  if key_tpm >= 0 and kt > key_tpm * window_s / 60.0 then
+    br_trip(K[1], now, cooldown, 'breaker_velocity', 'more than ' .. A[10] .. ' tokens/min on key ' .. A[13],
+            out, 'key', A[13])
     ok = 0
   end
-  if sh ~= '' and ses_cap >= 0 then
-    if window_add(sh, sw, now, n, window_s, uid) > ses_cap then
-      trip(sh, now, cooldown, 'breaker_velocity', 'more than ' .. ARGV[11] .. ' tokens/min in session',
-           out, 'session', session_id)
+  if K[3] ~= '' and ses_tpm >= 0 then
+    if br_window_add(K[3], K[4], now, n, window_s, A[12]) > ses_tpm * window_s / 60.0 then
+      br_trip(K[3], now, cooldown, 'breaker_velocity', 'more than ' .. A[11] .. ' tokens/min in session',
+              out, 'session', A[14])
       ok = 0
     end
   end
   return ok
 end
-"""
-
-# KEYS: key hash, key window, session hash, session window (session keys '' when none)
-# ARGV: 1 now, 2 fingerprint, 3 prompt tokens, 4 worst usd, 5 max turns, 6 repeat limit,
-# 7 session budget, 8 window s, 9 cooldown s, 10 key tpm, 11 session tpm, 12 uid, 13 key id,
-# 14 session id, 15 ttl s   (-1: off)
-_ADMIT = _COMMON + """
-local now, fp, n, worst = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local max_turns, rep, budget = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local window_s, cooldown, key_tpm, ses_tpm = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local kh, kw, sh, sw = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local out = {}
-local u = is_open(kh, now)
-if u then return {'open', 'key', redis.call('HGET', kh, 'code'), redis.call('HGET', kh, 'reason'), tostring(u)} end
-if sh ~= '' then
-  u = is_open(sh, now)
+-- the check: {'open', scope, code, reason, until, trips...} when an open or newly tripped breaker
+-- refuses the request, else nil (nothing written)
+local function br_check(K, A)
+  local now, fp = tonumber(A[1]), A[2]
+  local max_turns, rep, budget = tonumber(A[5]), tonumber(A[6]), tonumber(A[7])
+  local cooldown = tonumber(A[9])
+  local kh, sh = K[1], K[3]
+  local u = br_is_open(kh, now)
+  if u then return {'open', 'key', redis.call('HGET', kh, 'code'), redis.call('HGET', kh, 'reason'), tostring(u)} end
+  if sh == '' then return nil end
+  u = br_is_open(sh, now)
   if u then return {'open', 'session', redis.call('HGET', sh, 'code'), redis.call('HGET', sh, 'reason'), tostring(u)} end
-  local turns, last = num(sh, 'turns') or 0, redis.call('HGET', sh, 'fp')
-  local repeats = num(sh, 'repeats') or 0
-  local spent, inflight = num(sh, 'spent') or 0, num(sh, 'inflight') or 0
+  local out = {}
+  local turns, last = br_num(sh, 'turns') or 0, redis.call('HGET', sh, 'fp')
+  local repeats = br_num(sh, 'repeats') or 0
+  local spent, inflight = br_num(sh, 'spent') or 0, br_num(sh, 'inflight') or 0
   if max_turns >= 0 and turns >= max_turns then
-    trip(sh, now, cooldown, 'breaker_turn_cap', turns .. ' turns reached the cap of ' .. max_turns, out, 'session', ARGV[14])
+    br_trip(sh, now, cooldown, 'breaker_turn_cap', turns .. ' turns reached the cap of ' .. max_turns, out, 'session', A[14])
   elseif rep >= 0 and fp ~= '' and fp == last and repeats + 1 >= rep then
-    trip(sh, now, cooldown, 'breaker_repetition', 'the same call repeated ' .. (repeats + 1) .. ' times in a row',
-         out, 'session', ARGV[14])
+    br_trip(sh, now, cooldown, 'breaker_repetition', 'the same call repeated ' .. (repeats + 1) .. ' times in a row',
+            out, 'session', A[14])
     redis.call('HDEL', sh, 'fp'); redis.call('HSET', sh, 'repeats', '0')
   elseif budget >= 0 and spent + inflight >= budget then
-    trip(sh, now, cooldown, 'breaker_session_budget',
-         string.format('session spent $%.4f of $%.4f', spent, budget), out, 'session', ARGV[14])
+    br_trip(sh, now, cooldown, 'breaker_session_budget',
+            string.format('session spent $%.4f of $%.4f', spent, budget), out, 'session', A[14])
   end
-  u = is_open(sh, now)
+  u = br_is_open(sh, now)
   if u then
     local r = {'open', 'session', redis.call('HGET', sh, 'code'), redis.call('HGET', sh, 'reason'), tostring(u)}
     for _, x in ipairs(out) do r[#r + 1] = x end
     return r
   end
+  return nil
 end
-local kcap, scap = -1, -1
-if key_tpm >= 0 then kcap = key_tpm * window_s / 60.0 end
-if ses_tpm >= 0 then scap = ses_tpm * window_s / 60.0 end
-velocity(kh, kw, sh, sw, now, n, window_s, kcap, scap, cooldown, ARGV[12], out, ARGV[13], ARGV[14])
-local ttl = tonumber(ARGV[15])
-redis.call('EXPIRE', kh, ttl); redis.call('EXPIRE', kw, ttl)
-if sh ~= '' then
-  local last = redis.call('HGET', sh, 'fp')
-  local repeats = 1
-  if fp ~= '' and fp == last then repeats = (num(sh, 'repeats') or 0) + 1 end
-  redis.call('HINCRBY', sh, 'turns', 1)
-  if fp ~= '' then redis.call('HSET', sh, 'fp', fp) else redis.call('HDEL', sh, 'fp') end
-  redis.call('HSET', sh, 'repeats', tostring(repeats))
-  redis.call('HINCRBYFLOAT', sh, 'inflight', ARGV[4])
-  redis.call('EXPIRE', sh, ttl); redis.call('EXPIRE', sw, ttl)
+-- count the admitted request: its prompt tokens in the velocity windows, a turn, its fingerprint,
+-- its worst cost in flight; trips go to out
+local function br_count(K, A, out)
+  br_velocity(K, A, out)
+  local ttl = tonumber(A[15])
+  local kh, kw, sh, sw, fp = K[1], K[2], K[3], K[4], A[2]
+  redis.call('EXPIRE', kh, ttl); redis.call('EXPIRE', kw, ttl)
+  if sh ~= '' then
+    local last = redis.call('HGET', sh, 'fp')
+    local repeats = 1
+    if fp ~= '' and fp == last then repeats = (br_num(sh, 'repeats') or 0) + 1 end
+    redis.call('HINCRBY', sh, 'turns', 1)
+    if fp ~= '' then redis.call('HSET', sh, 'fp', fp) else redis.call('HDEL', sh, 'fp') end
+    redis.call('HSET', sh, 'repeats', tostring(repeats))
+    redis.call('HINCRBYFLOAT', sh, 'inflight', A[4])
+    redis.call('EXPIRE', sh, ttl); redis.call('EXPIRE', sw, ttl)
+  end
 end
-local r = {'ok'}
-for _, x in ipairs(out) do r[#r + 1] = x end
-return r
+-- K: session hash ('': none); A: worst usd, actual usd, undo turn (0/1)
+local function br_finish(K, A)
+  if K[1] == '' or redis.call('EXISTS', K[1]) == 0 then return 0 end
+  local inflight = tonumber(redis.call('HGET', K[1], 'inflight')) or 0
+  redis.call('HSET', K[1], 'inflight', tostring(math.max(0, inflight - tonumber(A[1]))))
+  redis.call('HINCRBYFLOAT', K[1], 'spent', A[2])
+  if A[3] == '1' then
+    local turns = tonumber(redis.call('HGET', K[1], 'turns')) or 0
+    redis.call('HSET', K[1], 'turns', tostring(math.max(0, turns - 1)))
+  end
+  return 1
+end
 """
 
-# KEYS as _ADMIT; ARGV as _ADMIT (3 = streamed tokens)
-_TOKENS = _COMMON + """
-local now, n, window_s, cooldown = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local key_tpm, ses_tpm = tonumber(ARGV[10]), tonumber(ARGV[11])
-local kcap, scap = -1, -1
-if key_tpm >= 0 then kcap = key_tpm * window_s / 60.0 end
-if ses_tpm >= 0 then scap = ses_tpm * window_s / 60.0 end
-local out = {}
-local ok = velocity(KEYS[1], KEYS[2], KEYS[3], KEYS[4], now, n, window_s, kcap, scap, cooldown, ARGV[12], out,
-                    ARGV[13], ARGV[14])
-local r = {tostring(ok)}
-for _, x in ipairs(out) do r[#r + 1] = x end
-return r
-"""
-
-# KEYS: session hash; ARGV: worst usd, actual usd, undo turn (0/1)
-_FINISH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local inflight = tonumber(redis.call('HGET', KEYS[1], 'inflight')) or 0
-redis.call('HSET', KEYS[1], 'inflight', tostring(math.max(0, inflight - tonumber(ARGV[1]))))
-redis.call('HINCRBYFLOAT', KEYS[1], 'spent', ARGV[2])
-if ARGV[3] == '1' then
-  local turns = tonumber(redis.call('HGET', KEYS[1], 'turns')) or 0
-  redis.call('HSET', KEYS[1], 'turns', tostring(math.max(0, turns - 1)))
-end
-return 1
-"""
-
-# KEYS: session hash; ARGV: now, cooldown, reason, session id
-_TRIP = _COMMON + """
-local out = {}
-trip(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), 'breaker_session_budget', ARGV[3], out, 'session', ARGV[4])
+_ADMIT = BREAKER_LUA + """
+local r = br_check(KEYS, ARGV)
+if r then return r end
+local out = {'ok'}
+local trips = {}
+br_count(KEYS, ARGV, trips)
+for _, x in ipairs(trips) do out[#out + 1] = x end
 return out
 """
 
+# KEYS, ARGV as _ADMIT (ARGV[3] = streamed tokens)
+_TOKENS = BREAKER_LUA + """
+local out = {}
+local r = {tostring(br_velocity(KEYS, ARGV, out))}
+for _, x in ipairs(out) do r[#r + 1] = x end
+return r
+"""
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
+_FINISH = BREAKER_LUA + "return br_finish(KEYS, ARGV)\n"
+
+# KEYS: session hash; ARGV: now, cooldown, reason, session id
+_TRIP = BREAKER_LUA + """
+local out = {}
+br_trip(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), 'breaker_session_budget', ARGV[3], out, 'session', ARGV[4])
+return out
+"""
 
 
 def _opt(x: float | int | None) -> str:
@@ -200,48 +205,62 @@ class RedisBreakers:
                 _opt(c.session_tokens_per_min), secrets.token_hex(6), key_id, session_id or "",
                 str(int(self.session_ttl_s))]
 
-    def _collect(self, flat: list[str]) -> None:
+    def collect(self, flat: list[str]) -> None:
         for i in range(0, len(flat) - 4, 5):
             self.trips.append(Trip(flat[i], flat[i + 1], flat[i + 2], flat[i + 3], float(flat[i + 4])))
+
+    def admit_call(self, key_id: str, session_id: str | None, fingerprint: str | None, prompt_tokens: int,
+                   worst_cost_usd: float, now_s: float) -> tuple[list[str], list[str]]:
+        """Keys and arguments of the admission step (``br_check`` then ``br_count``)."""
+        return (self._keys(key_id, session_id),
+                self._args(key_id, session_id, fingerprint, prompt_tokens, worst_cost_usd, now_s))
+
+    def refusal(self, out: list[str], key_id: str, session_id: str | None, now_s: float) -> GatewayError:
+        """The 429 of ``br_check``'s answer ``['open', scope, code, reason, until, trips...]``."""
+        _, scope, code, reason, until = out[:5]
+        self.collect(out[5:])
+        wait = max(0.0, float(until) - now_s)
+        subject = f"key {key_id}" if scope == "key" else f"session {session_id!r}"
+        secs = max(1, int(-(-wait // 1)))
+        return GatewayError(429, f"circuit breaker open for {subject}: {reason}; retry after {secs} s",
+                            type="rate_limit_error", code=code, headers={"retry-after": str(secs)})
 
     async def admit(self, key_id: str, session_id: str | None, fingerprint: str | None, prompt_tokens: int,
                     worst_cost_usd: float, now_s: float) -> None:
         """Refuse (429 GatewayError) what an open or newly tripped breaker stops, else count the
         request: a turn, its fingerprint, its prompt tokens, its worst cost in flight."""
-        out = [_s(x) for x in await self._admit(
-            keys=self._keys(key_id, session_id),
-            args=self._args(key_id, session_id, fingerprint, prompt_tokens, worst_cost_usd, now_s))]
-        if out[0] == "ok":
-            self._collect(out[1:])
-            return
-        _, scope, code, reason, until = out[:5]
-        self._collect(out[5:])
-        wait = max(0.0, float(until) - now_s)
-        subject = f"key {key_id}" if scope == "key" else f"session {session_id!r}"
-        secs = max(1, int(-(-wait // 1)))
-        raise GatewayError(429, f"circuit breaker open for {subject}: {reason}; retry after {secs} s",
-                           type="rate_limit_error", code=code, headers={"retry-after": str(secs)})
+        keys, args = self.admit_call(key_id, session_id, fingerprint, prompt_tokens, worst_cost_usd, now_s)
+        out = [_s(x) for x in await self._admit(keys=keys, args=args)]
+        if out[0] != "ok":
+            raise self.refusal(out, key_id, session_id, now_s)
+        self.collect(out[1:])
 
     async def add_tokens(self, key_id: str, session_id: str | None, n: int, now_s: float) -> bool:
         """Count ``n`` streamed output tokens; False when a velocity cap is crossed (cut the stream)."""
         out = [_s(x) for x in await self._tokens(keys=self._keys(key_id, session_id),
                                                  args=self._args(key_id, session_id, None, n, 0.0, now_s))]
-        self._collect(out[1:])
+        self.collect(out[1:])
         return out[0] == "1"
+
+    def finish_call(self, key_id: str, session_id: str | None, worst_cost_usd: float, actual_usd: float,
+                    undo_turn: bool = False) -> tuple[list[str], list[str]]:
+        """Keys and arguments of ``br_finish`` (the session's hash '' when there is none)."""
+        return ([self._keys(key_id, session_id)[2]],
+                [repr(float(worst_cost_usd)), repr(float(actual_usd)), "1" if undo_turn else "0"])
 
     async def finish(self, key_id: str, session_id: str | None, worst_cost_usd: float, actual_usd: float,
                      undo_turn: bool = False) -> None:
         if session_id is None:
             return
-        await self._finish(keys=[self._keys(key_id, session_id)[2]],
-                           args=[repr(float(worst_cost_usd)), repr(float(actual_usd)), "1" if undo_turn else "0"])
+        keys, args = self.finish_call(key_id, session_id, worst_cost_usd, actual_usd, undo_turn)
+        await self._finish(keys=keys, args=args)
 
     async def budget_crossed(self, key_id: str, session_id: str, now_s: float) -> None:
         out = [_s(x) for x in await self._trip(
             keys=[self._keys(key_id, session_id)[2]],
             args=[repr(float(now_s)), repr(self.config.cooldown_s),
                   f"a streamed answer crossed the session budget of ${self.config.session_budget_usd}", session_id])]
-        self._collect(out)
+        self.collect(out)
 
     async def session_budget_left_usd(self, key_id: str, session_id: str | None) -> float | None:
         if session_id is None or self.config.session_budget_usd is None:

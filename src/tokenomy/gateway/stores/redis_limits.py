@@ -26,11 +26,18 @@ from redis.asyncio import Redis
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.tenancy import NodeLimits
 from tokenomy.gateway.stores.limits import _HEADER_NAMES, RPM, TPM, RateGrant, TokenBucket, openai_duration
+from tokenomy.gateway.stores.redis_store import RedisStore
+from tokenomy.gateway.stores.redis_store import text as _s
 
-# Bucket refill shared by the scripts: returns level after refilling to now, keeping what was used
-# when the capacity changed (as InProcessRateLimits does).
-_REFILL = """
-local function refill(key, cap, now)
+# The limit steps as Lua functions over (K, A), so that one script runs them alone (below) or as
+# part of a fleet admission (``redis_admission``). rl_refill: a bucket's level after refilling to
+# now, keeping what was used when the capacity changed (as InProcessRateLimits does).
+# rl_check / rl_apply: K per node i (1-based) its rpm bucket, tpm bucket and concurrency set;
+# A: now, tokens, request_id, lease_until, then per node: rpm cap, tpm cap, max concurrent (-1: none).
+# rl_check checks every node and returns a refusal ({'concurrency', i, max} | {'never', i, kind} |
+# {'wait', i, kind, seconds}) or the plan rl_apply charges: all or nothing.
+LIMITS_LUA = """
+local function rl_refill(key, cap, now)
   local h = redis.call('HMGET', key, 'level', 'ts', 'cap')
   local level, ts, old = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
   if level == nil then return cap, now end
@@ -41,90 +48,93 @@ local function refill(key, cap, now)
   end
   return level, ts
 end
-"""
-
-# KEYS: per node i (1-based) its rpm bucket, tpm bucket and concurrency set
-# ARGV: now, tokens, request_id, lease_until, then per node: rpm cap, tpm cap, max concurrent (-1: none)
-# Check every node, then charge every node: all or nothing.
-_ACQUIRE = _REFILL + """
-local now, tokens, rid, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local n = #KEYS / 3
-local plan = {}
-for i = 1, n do
-  local base = 4 + 3 * (i - 1)
-  local cc = KEYS[3 * i]
-  local maxc = tonumber(ARGV[base + 3])
-  redis.call('ZREMRANGEBYSCORE', cc, '-inf', now)
-  if maxc >= 0 and redis.call('ZCARD', cc) >= maxc then return {'concurrency', i, tostring(maxc)} end
-  for k = 1, 2 do
-    local cap = tonumber(ARGV[base + k])
-    if cap >= 0 then
-      local amount = 1.0
-      if k == 2 then amount = tokens end
-      local level, ts = refill(KEYS[3 * (i - 1) + k], cap, now)
-      if amount > level then
-        if amount > cap or cap <= 0 then return {'never', i, tostring(k)} end
-        return {'wait', i, tostring(k), tostring((amount - level) * 60.0 / cap)}
+local function rl_check(K, A)
+  local now, tokens = tonumber(A[1]), tonumber(A[2])
+  local plan = {}
+  for i = 1, #K / 3 do
+    local base = 4 + 3 * (i - 1)
+    local cc = K[3 * i]
+    local maxc = tonumber(A[base + 3])
+    redis.call('ZREMRANGEBYSCORE', cc, '-inf', now)
+    if maxc >= 0 and redis.call('ZCARD', cc) >= maxc then return {'concurrency', i, tostring(maxc)}, nil end
+    for k = 1, 2 do
+      local cap = tonumber(A[base + k])
+      if cap >= 0 then
+        local amount = 1.0
+        if k == 2 then amount = tokens end
+        local level, ts = rl_refill(K[3 * (i - 1) + k], cap, now)
+        if amount > level then
+          if amount > cap or cap <= 0 then return {'never', i, tostring(k)}, nil end
+          return {'wait', i, tostring(k), tostring((amount - level) * 60.0 / cap)}, nil
+        end
+        plan[#plan + 1] = {K[3 * (i - 1) + k], cap, level - amount, ts}
       end
-      plan[#plan + 1] = {KEYS[3 * (i - 1) + k], cap, level - amount, ts}
     end
   end
+  return nil, plan
 end
-local out = {'ok'}
-for _, p in ipairs(plan) do
-  redis.call('HSET', p[1], 'level', tostring(p[3]), 'ts', tostring(p[4]), 'cap', tostring(p[2]))
-  redis.call('PEXPIRE', p[1], 61000 + math.ceil((p[2] - p[3]) * 60000.0 / math.max(p[2], 1)))
-  out[#out + 1] = p[1]
-  out[#out + 1] = tostring(p[3])
+-- charge the plan and take a slot on every node; returns {bucket key, level, ...}
+local function rl_apply(K, A, plan)
+  local out = {}
+  for _, p in ipairs(plan) do
+    redis.call('HSET', p[1], 'level', tostring(p[3]), 'ts', tostring(p[4]), 'cap', tostring(p[2]))
+    redis.call('PEXPIRE', p[1], 61000 + math.ceil((p[2] - p[3]) * 60000.0 / math.max(p[2], 1)))
+    out[#out + 1] = p[1]
+    out[#out + 1] = tostring(p[3])
+  end
+  for i = 1, #K / 3 do
+    redis.call('ZADD', K[3 * i], tonumber(A[4]), A[3])
+    redis.call('PEXPIRE', K[3 * i], 86400000)
+  end
+  return out
 end
-for i = 1, n do
-  redis.call('ZADD', KEYS[3 * i], lease, rid)
-  redis.call('PEXPIRE', KEYS[3 * i], 86400000)
+-- K: tpm bucket keys; A: now, delta (actual - estimate)
+local function rl_correct(K, A)
+  local now, delta = tonumber(A[1]), tonumber(A[2])
+  for _, key in ipairs(K) do
+    local cap = tonumber(redis.call('HGET', key, 'cap'))
+    if cap ~= nil then
+      local level, ts = rl_refill(key, cap, now)
+      level = math.min(cap, level - delta)
+      redis.call('HSET', key, 'level', tostring(level), 'ts', tostring(ts))
+      redis.call('PEXPIRE', key, 61000 + math.ceil(math.max(0, cap - level) * 60000.0 / math.max(cap, 1)))
+    end
+  end
+  return 1
 end
+-- K: concurrency sets; rid: the request whose slots end
+local function rl_release(K, rid)
+  for _, key in ipairs(K) do redis.call('ZREM', key, rid) end
+end
+"""
+
+_ACQUIRE = LIMITS_LUA + """
+local refusal, plan = rl_check(KEYS, ARGV)
+if refusal then return refusal end
+local out = rl_apply(KEYS, ARGV, plan)
+table.insert(out, 1, 'ok')
 return out
 """
 
-
-# KEYS: tpm bucket keys; ARGV: now, delta (actual - estimate)
-_CORRECT = _REFILL + """
-local now, delta = tonumber(ARGV[1]), tonumber(ARGV[2])
-for _, key in ipairs(KEYS) do
-  local cap = tonumber(redis.call('HGET', key, 'cap'))
-  if cap ~= nil then
-    local level, ts = refill(key, cap, now)
-    level = math.min(cap, level - delta)
-    redis.call('HSET', key, 'level', tostring(level), 'ts', tostring(ts))
-    redis.call('PEXPIRE', key, 61000 + math.ceil(math.max(0, cap - level) * 60000.0 / math.max(cap, 1)))
-  end
-end
-return 1
-"""
+_CORRECT = LIMITS_LUA + "return rl_correct(KEYS, ARGV)\n"
 
 # KEYS: buckets to read; ARGV: now, then each key's cap
-_READ = _REFILL + """
+_READ = LIMITS_LUA + """
 local now = tonumber(ARGV[1])
 local out = {}
-for i, key in ipairs(KEYS) do out[i] = tostring((refill(key, tonumber(ARGV[1 + i]), now))) end
+for i, key in ipairs(KEYS) do out[i] = tostring((rl_refill(key, tonumber(ARGV[1 + i]), now))) end
 return out
 """
 
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
-class RedisRateLimits:
-    """``RateLimits`` in Redis (async). ``lease_s``: how long a concurrency slot outlives a replica
-    that stopped renewing it."""
+class RedisRateLimits(RedisStore):
+    """``RateLimits`` in Redis (async)."""
 
     def __init__(self, redis: Redis, lease_s: float = 30.0, prefix: str = "tk:") -> None:
-        self.redis = redis
-        self.lease_s = lease_s
-        self.prefix = prefix
+        super().__init__(redis, lease_s, prefix)
         self._acquire = redis.register_script(_ACQUIRE)
         self._correct = redis.register_script(_CORRECT)
         self._read = redis.register_script(_READ)
-        self._grant_rid: dict[int, str] = {}
 
     def _bucket_key(self, node_id: str, kind: str) -> str:
         return f"{self.prefix}rl:{node_id}:{kind}"
@@ -132,10 +142,9 @@ class RedisRateLimits:
     def _cc_key(self, node_id: str) -> str:
         return f"{self.prefix}cc:{node_id}"
 
-    async def acquire(self, path: Sequence[tuple[str, NodeLimits]], tokens: int, now_s: float,
-                      request_id: str) -> RateGrant:
-        """Charge one request and ``tokens`` on every node of ``path`` and take a concurrency slot
-        on each, or raise a 429 GatewayError and change nothing."""
+    def acquire_call(self, path: Sequence[tuple[str, NodeLimits]], tokens: int, now_s: float,
+                     request_id: str) -> tuple[list[str], list[Any], dict[str, tuple[int, str]]]:
+        """Keys and arguments of ``rl_check``/``rl_apply``, and each limited bucket's (cap, kind)."""
         keys: list[str] = []
         args: list[Any] = [repr(float(now_s)), tokens, request_id, repr(float(now_s + self.lease_s))]
         caps: dict[str, tuple[int, str]] = {}
@@ -148,14 +157,27 @@ class RedisRateLimits:
                 caps[rk] = (lim.rpm, RPM)
             if lim.tpm is not None:
                 caps[tk] = (lim.tpm, TPM)
-        out = [_s(x) for x in await self._acquire(keys=keys, args=args)]
-        if out[0] != "ok":
-            raise await self._refusal(out, path, tokens, now_s)
-        levels = {out[i]: float(out[i + 1]) for i in range(1, len(out), 2)}
+        return keys, args, caps
+
+    @staticmethod
+    def grant(levels_flat: Sequence[Any], caps: dict[str, tuple[int, str]], path: Sequence[tuple[str, NodeLimits]],
+              tokens: int) -> RateGrant:
+        """The grant of ``rl_apply``'s answer (bucket key, level, ...)."""
+        levels = {_s(levels_flat[i]): float(_s(levels_flat[i + 1])) for i in range(0, len(levels_flat), 2)}
         headers = _headers([(levels[k], cap, kind) for k, (cap, kind) in caps.items() if k in levels])
         return RateGrant(tuple(n for n, _ in path), tokens, headers)
 
-    async def _refusal(self, out: list[str], path: Sequence[tuple[str, NodeLimits]], tokens: int,
+    async def acquire(self, path: Sequence[tuple[str, NodeLimits]], tokens: int, now_s: float,
+                      request_id: str) -> RateGrant:
+        """Charge one request and ``tokens`` on every node of ``path`` and take a concurrency slot
+        on each, or raise a 429 GatewayError and change nothing."""
+        keys, args, caps = self.acquire_call(path, tokens, now_s, request_id)
+        out = [_s(x) for x in await self._acquire(keys=keys, args=args)]
+        if out[0] != "ok":
+            raise await self.refusal(out, path, tokens, now_s)
+        return self.grant(out[1:], caps, path, tokens)
+
+    async def refusal(self, out: list[str], path: Sequence[tuple[str, NodeLimits]], tokens: int,
                        now_s: float) -> GatewayError:
         what, i = out[0], int(out[1]) - 1
         node_id, lim = path[i]
@@ -187,10 +209,16 @@ class RedisRateLimits:
         levels = await self._read(keys=keys, args=[repr(float(now_s)), *(c for c, _ in caps)])
         return _headers([(float(_s(lv)), cap, kind) for lv, (cap, kind) in zip(levels, caps, strict=True)])
 
+    def finish_call(self, grant: RateGrant, actual_tokens: int, now_s: float) -> tuple[list[str], list[str], list[str]]:
+        """``rl_correct``'s keys and arguments (the TPM estimate replaced by ``actual_tokens``) and
+        ``rl_release``'s keys (the concurrency slots)."""
+        return ([self._bucket_key(n, TPM) for n in grant.node_ids], [repr(float(now_s)), str(actual_tokens - grant.tokens)],
+                [self._cc_key(n) for n in grant.node_ids])
+
     async def correct_tokens(self, grant: RateGrant, actual_tokens: int, now_s: float) -> None:
         """Replace the TPM estimate charged by ``grant`` with ``actual_tokens``."""
-        keys = [self._bucket_key(n, TPM) for n in grant.node_ids]
-        await self._correct(keys=keys, args=[repr(float(now_s)), actual_tokens - grant.tokens])
+        keys, args, _ = self.finish_call(grant, actual_tokens, now_s)
+        await self._correct(keys=keys, args=args)
 
     async def finish(self, grant: RateGrant, request_id: str) -> None:
         """Give back the request's concurrency slots (idempotent)."""

@@ -29,11 +29,14 @@ reclaim markers (a day).
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import orjson
 from redis.asyncio import Redis
 
+from tokenomy.gateway.stores.redis_store import RedisStore
+from tokenomy.gateway.stores.redis_store import text as _s
 from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal
 
 _EPS = 1e-12
@@ -44,93 +47,115 @@ class Unseeded(RuntimeError):
     """Redis holds no spend yet (new or restarted): seed it from the ledger, then retry."""
 
 
-# KEYS: seeded flag, hold, holds zset, then one usage key per charge
-# ARGV: request id, amount, lease until, charges json, then per charge its budget (-1: none)
-_RESERVE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'unseeded'} end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'ok'} end
-local amount = tonumber(ARGV[2])
-for i = 4, #KEYS do
-  local budget = tonumber(ARGV[i + 1])
-  if budget >= 0 then
-    local h = redis.call('HMGET', KEYS[i], 'spent', 'reserved')
-    local spent, reserved = tonumber(h[1]) or 0, tonumber(h[2]) or 0
-    if spent + reserved + amount > budget + 1e-12 then
-      return {'refused', tostring(i - 3), tostring(spent), tostring(reserved)}
-    end
-  end
-end
-for i = 4, #KEYS do redis.call('HINCRBYFLOAT', KEYS[i], 'reserved', ARGV[2]) end
-redis.call('HSET', KEYS[2], 'charges', ARGV[4], 'amount', ARGV[2], 'lease', ARGV[3])
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
-return {'ok'}
-"""
-
-# KEYS: hold, holds zset, marker, seeded flag
-# ARGV: 1 request id, 2 actual cost (settle) or '' (release), 3 prefix,
-#       4 mode ('finish' | 'reclaim': only if the lease has passed at ARGV[5] = now), 6 marker ttl,
-#       7 the ledger transaction id of the request's event ('' unknown), 8 its charges json
+# The hold steps as Lua functions over (K, A), so that one script runs them alone (below) or as
+# part of a fleet admission and finish (``redis_admission``).
+# bu_check / bu_hold: K: seeded flag, hold, holds zset, then one usage key per charge;
+# A: request id, amount, lease until, charges json, then per charge its budget (-1: none).
+# bu_check answers {'unseeded'}, {'held'} (this request id holds already), {'refused', charge
+# index, spent, reserved} or nil (it fits); bu_hold adds the hold to every charge and returns each
+# charge's spend.
+# bu_finish: K: hold, holds zset, marker, seeded flag
+# A: 1 request id, 2 actual cost (settle) or '' (release), 3 prefix,
+#    4 mode ('finish' | 'reclaim': only if the lease has passed at A[5] = now), 6 marker ttl,
+#    7 the ledger transaction id of the request's event ('' unknown), 8 its charges json
 # Markers: a reclaimed hold leaves 'settled' or its charges (released: a late settle charges them).
 # A settle that finds neither hold nor marker comes after Redis lost its data: its cost is added
 # unless the ledger snapshot the spend was rebuilt from (tk:seeded = 'xmin:xmax:xip,...') saw it.
-_FINISH = """
-local rid, actual, prefix, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local function add_spent(charges_json)
-  for _, c in ipairs(cjson.decode(charges_json)) do
-    redis.call('HINCRBYFLOAT', prefix .. 'bu:' .. c[1] .. ':' .. c[2], 'spent', actual)
+HOLDS_LUA = """
+local function bu_check(K, A)
+  if redis.call('EXISTS', K[1]) == 0 then return {'unseeded'} end
+  if redis.call('EXISTS', K[2]) == 1 then return {'held'} end
+  local amount = tonumber(A[2])
+  for i = 4, #K do
+    local budget = tonumber(A[i + 1])
+    if budget >= 0 then
+      local h = redis.call('HMGET', K[i], 'spent', 'reserved')
+      local spent, reserved = tonumber(h[1]) or 0, tonumber(h[2]) or 0
+      if spent + reserved + amount > budget + 1e-12 then
+        return {'refused', tostring(i - 3), tostring(spent), tostring(reserved)}
+      end
+    end
   end
+  return nil
 end
-local function seen_by_seed(xid)
-  local snap = redis.call('GET', KEYS[4])
-  if snap == false then return false end
-  local xmin, xmax, xip = string.match(snap, '^(%d+):(%d+):(.*)$')
-  if xmin == nil then return false end
-  xid = tonumber(xid)
-  if xid < tonumber(xmin) then return true end
-  if xid >= tonumber(xmax) then return false end
-  for x in string.gmatch(xip, '%d+') do if tonumber(x) == xid then return false end end
-  return true
-end
-local h = redis.call('HMGET', KEYS[1], 'charges', 'amount')
-if h[1] == false then
-  if mode ~= 'finish' or actual == '' then return {'none'} end
-  local marker = redis.call('GET', KEYS[3])
-  if marker == 'settled' or marker == 'done' then return {'none'} end
-  if marker then
-    redis.call('SET', KEYS[3], 'done', 'EX', ARGV[6])
-    add_spent(marker)
-    return {'late', marker, '0'}
+local function bu_hold(K, A)
+  local spent = {}
+  for i = 4, #K do
+    redis.call('HINCRBYFLOAT', K[i], 'reserved', A[2])
+    spent[#spent + 1] = redis.call('HGET', K[i], 'spent') or '0'
   end
-  if ARGV[7] ~= '' and ARGV[8] ~= '' and not seen_by_seed(ARGV[7]) then
-    redis.call('SET', KEYS[3], 'done', 'EX', ARGV[6])
-    add_spent(ARGV[8])
-    return {'late', ARGV[8], '0'}
+  redis.call('HSET', K[2], 'charges', A[4], 'amount', A[2], 'lease', A[3])
+  redis.call('ZADD', K[3], A[3], A[1])
+  return spent
+end
+local function bu_finish(K, A)
+  local rid, actual, prefix, mode = A[1], A[2], A[3], A[4]
+  local function add_spent(charges_json)
+    for _, c in ipairs(cjson.decode(charges_json)) do
+      redis.call('HINCRBYFLOAT', prefix .. 'bu:' .. c[1] .. ':' .. c[2], 'spent', actual)
+    end
   end
-  return {'none'}
+  local function seen_by_seed(xid)
+    local snap = redis.call('GET', K[4])
+    if snap == false then return false end
+    local xmin, xmax, xip = string.match(snap, '^(%d+):(%d+):(.*)$')
+    if xmin == nil then return false end
+    xid = tonumber(xid)
+    if xid < tonumber(xmin) then return true end
+    if xid >= tonumber(xmax) then return false end
+    for x in string.gmatch(xip, '%d+') do if tonumber(x) == xid then return false end end
+    return true
+  end
+  local h = redis.call('HMGET', K[1], 'charges', 'amount')
+  if h[1] == false then
+    if mode ~= 'finish' or actual == '' then return {'none'} end
+    local marker = redis.call('GET', K[3])
+    if marker == 'settled' or marker == 'done' then return {'none'} end
+    if marker then
+      redis.call('SET', K[3], 'done', 'EX', A[6])
+      add_spent(marker)
+      return {'late', marker, '0'}
+    end
+    if A[7] ~= '' and A[8] ~= '' and not seen_by_seed(A[7]) then
+      redis.call('SET', K[3], 'done', 'EX', A[6])
+      add_spent(A[8])
+      return {'late', A[8], '0'}
+    end
+    return {'none'}
+  end
+  if mode == 'reclaim' then
+    local lease = tonumber(redis.call('ZSCORE', K[2], rid))
+    if lease ~= nil and lease > tonumber(A[5]) then return {'renewed'} end
+  end
+  local amount = tonumber(h[2])
+  local spent = {}
+  for i, c in ipairs(cjson.decode(h[1])) do
+    local key = prefix .. 'bu:' .. c[1] .. ':' .. c[2]
+    local reserved = tonumber(redis.call('HGET', key, 'reserved')) or 0
+    redis.call('HSET', key, 'reserved', tostring(math.max(0, reserved - amount)))
+    if actual ~= '' then spent[i] = redis.call('HINCRBYFLOAT', key, 'spent', actual)
+    else spent[i] = redis.call('HGET', key, 'spent') or '0' end
+  end
+  redis.call('DEL', K[1])
+  redis.call('ZREM', K[2], rid)
+  if mode == 'reclaim' then
+    if actual == '' then redis.call('SET', K[3], h[1], 'EX', A[6])
+    else redis.call('SET', K[3], 'settled', 'EX', A[6]) end
+  end
+  local out = {'held', h[1], h[2]}
+  for _, x in ipairs(spent) do out[#out + 1] = x end
+  return out
 end
-if mode == 'reclaim' then
-  local lease = tonumber(redis.call('ZSCORE', KEYS[2], rid))
-  if lease ~= nil and lease > tonumber(ARGV[5]) then return {'renewed'} end
-end
-local amount = tonumber(h[2])
-local spent = {}
-for i, c in ipairs(cjson.decode(h[1])) do
-  local key = prefix .. 'bu:' .. c[1] .. ':' .. c[2]
-  local reserved = tonumber(redis.call('HGET', key, 'reserved')) or 0
-  redis.call('HSET', key, 'reserved', tostring(math.max(0, reserved - amount)))
-  if actual ~= '' then spent[i] = redis.call('HINCRBYFLOAT', key, 'spent', actual)
-  else spent[i] = redis.call('HGET', key, 'spent') or '0' end
-end
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], rid)
-if mode == 'reclaim' then
-  if actual == '' then redis.call('SET', KEYS[3], h[1], 'EX', ARGV[6])
-  else redis.call('SET', KEYS[3], 'settled', 'EX', ARGV[6]) end
-end
-local out = {'held', h[1], h[2]}
-for _, x in ipairs(spent) do out[#out + 1] = x end
-return out
 """
+
+_RESERVE = HOLDS_LUA + """
+local r = bu_check(KEYS, ARGV)
+if r == nil then bu_hold(KEYS, ARGV) return {'ok'} end
+if r[1] == 'held' then return {'ok'} end
+return r
+"""
+
+_FINISH = HOLDS_LUA + "return bu_finish(KEYS, ARGV)\n"
 
 # KEYS: seeded flag, then one usage key per charge; ARGV: owner, then each charge's spend
 _SEED = """
@@ -140,18 +165,11 @@ return 1
 """
 
 
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
-class RedisReservations:
-    """``Reservations`` in Redis (async); ``lease_s``: how long a hold outlives a replica that
-    stopped renewing it."""
+class RedisReservations(RedisStore):
+    """``Reservations`` in Redis (async)."""
 
     def __init__(self, redis: Redis, lease_s: float = 30.0, prefix: str = "tk:") -> None:
-        self.redis = redis
-        self.lease_s = lease_s
-        self.prefix = prefix
+        super().__init__(redis, lease_s, prefix)
         self._reserve = redis.register_script(_RESERVE)
         self._finish_script = redis.register_script(_FINISH)
         self._seed = redis.register_script(_SEED)
@@ -179,32 +197,49 @@ class RedisReservations:
         keys = [self.seeded_key, *(self._usage_key(c) for c in charges)]
         return bool(await self._seed(keys=keys, args=[snapshot, *(repr(float(spent[c])) for c in charges)]))
 
-    async def reserve(self, hold: Hold, budgets_usd: Mapping[Charge, float], now_s: float) -> Refusal | None:
-        """Record ``hold`` with a lease to ``now_s + lease_s`` if it fits every budget (None),
-        else change nothing and say why. Raises ``Unseeded`` when Redis has no spend yet."""
+    def reserve_call(self, hold: Hold, budgets_usd: Mapping[Charge, float], now_s: float) -> tuple[list[str], list[str]]:
+        """Keys and arguments of ``bu_check``/``bu_hold`` (a lease to ``now_s + lease_s``)."""
         keys = [self.seeded_key, self._hold_key(hold.request_id), self.holds_key,
                 *(self._usage_key(c) for c in hold.charges)]
         args = [hold.request_id, repr(float(hold.amount_usd)), repr(float(now_s + self.lease_s)),
-                json.dumps(hold.charges), *(repr(float(budgets_usd.get(c, -1.0))) for c in hold.charges)]
-        out = [_s(x) for x in await self._reserve(keys=keys, args=args)]
-        if out[0] == "ok":
-            return None
+                orjson.dumps(hold.charges).decode(), *(repr(float(budgets_usd.get(c, -1.0))) for c in hold.charges)]
+        return keys, args
+
+    @staticmethod
+    def refusal(out: list[str], hold: Hold, budgets_usd: Mapping[Charge, float]) -> Refusal:
+        """``bu_check``'s ``['refused', charge index, spent, reserved]`` (``Unseeded`` for ``['unseeded']``)."""
         if out[0] == "unseeded":
             raise Unseeded("Redis holds no budget state yet")
         charge = hold.charges[int(out[1]) - 1]
         return Refusal(charge, budgets_usd[charge], float(out[2]), float(out[3]))
 
-    async def _finish(self, request_id: str, actual: str, mode: str, now_s: float = 0.0, ledger_xid: int | None = None,
-                      charges: tuple[Charge, ...] = ()) -> tuple[str, Hold | None]:
+    async def reserve(self, hold: Hold, budgets_usd: Mapping[Charge, float], now_s: float) -> Refusal | None:
+        """Record ``hold`` with a lease to ``now_s + lease_s`` if it fits every budget (None),
+        else change nothing and say why. Raises ``Unseeded`` when Redis has no spend yet."""
+        keys, args = self.reserve_call(hold, budgets_usd, now_s)
+        out = [_s(x) for x in await self._reserve(keys=keys, args=args)]
+        return None if out[0] == "ok" else self.refusal(out, hold, budgets_usd)
+
+    def finish_call(self, request_id: str, actual: str, mode: str, now_s: float = 0.0,
+                    ledger_xid: int | None = None, charges: tuple[Charge, ...] = ()) -> tuple[list[str], list[Any]]:
+        """Keys and arguments of ``bu_finish`` (``actual``: the cost, or '' to release)."""
         keys = [self._hold_key(request_id), self.holds_key, self._marker_key(request_id), self.seeded_key]
-        out = [_s(x) for x in await self._finish_script(
-            keys=keys, args=[request_id, actual, self.prefix, mode, repr(float(now_s)), _MARKER_TTL_S,
-                             "" if ledger_xid is None else str(ledger_xid), json.dumps(charges) if charges else ""])]
+        return keys, [request_id, actual, self.prefix, mode, repr(float(now_s)), _MARKER_TTL_S,
+                      "" if ledger_xid is None else str(ledger_xid), orjson.dumps(charges).decode() if charges else ""]
+
+    def finished(self, request_id: str, answer: list[Any]) -> tuple[str, Hold | None]:
+        """``bu_finish``'s answer: its status and the hold it finished (``last_spent`` updated)."""
+        out = [_s(x) for x in answer]
         if out[0] in ("held", "late"):
             charges = tuple((str(n), str(p)) for n, p in json.loads(out[1]))
             self.last_spent = {c: float(x) for c, x in zip(charges, out[3:], strict=False)}
             return out[0], Hold(request_id, charges, float(out[2]), 0.0)
         return out[0], None
+
+    async def _finish(self, request_id: str, actual: str, mode: str, now_s: float = 0.0, ledger_xid: int | None = None,
+                      charges: tuple[Charge, ...] = ()) -> tuple[str, Hold | None]:
+        keys, args = self.finish_call(request_id, actual, mode, now_s, ledger_xid, charges)
+        return self.finished(request_id, await self._finish_script(keys=keys, args=args))
 
     async def settle(self, request_id: str, actual_usd: float, ledger_xid: int | None = None,
                      charges: tuple[Charge, ...] = ()) -> Hold | None:
@@ -245,6 +280,14 @@ class RedisReservations:
         """(spent_usd, reserved_usd) of one node in one period."""
         spent, reserved = await self._hmget(self._usage_key(charge), "spent", "reserved")
         return float(spent or 0.0), float(reserved or 0.0)
+
+    async def usages(self, charges: Sequence[Charge]) -> list[tuple[float, float]]:
+        """(spent_usd, reserved_usd) of each charge, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for c in charges:
+                pipe.hmget(self._usage_key(c), ["spent", "reserved"])
+            rows: list[Any] = await pipe.execute() if charges else []
+        return [(float(_s(s)) if s is not None else 0.0, float(_s(r)) if r is not None else 0.0) for s, r in rows]
 
     async def _hmget(self, key: str, *names: str) -> list[str | None]:
         values: list[Any] = await self.redis.hmget(key, list(names))

@@ -14,9 +14,10 @@ replica's heartbeat; a dead replica's requests stop counting when their lease pa
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from redis.asyncio import Redis
+
+from tokenomy.gateway.stores.redis_store import text as _s
 
 # KEYS: binding; ARGV: expected instance, new instance, ttl s
 _MOVE = """
@@ -28,10 +29,6 @@ end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return cur
 """
-
-
-def _s(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
 
 
 class RedisSessionBindings:
