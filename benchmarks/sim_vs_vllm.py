@@ -137,6 +137,8 @@ def main() -> int:
     ap.add_argument("--kv-cache-gib", type=int, default=1, help="whole GiB (vLLM CPU takes whole GiB only)")
     ap.add_argument("--ready-timeout", type=float, default=300.0)
     ap.add_argument("--repeats", type=int, default=5, help="profile rounds (each probe's median is kept)")
+    ap.add_argument("--cached-tails", type=int, nargs="*", default=[],
+                    help="profile chunks of these lengths after a cached context (the agent's turns' shape)")
     ap.add_argument("--slo-ttft", type=float, default=0.5)
     ap.add_argument("--slo-tpot", type=float, default=0.05)
     ap.add_argument("--json", type=Path, default=None)
@@ -152,7 +154,8 @@ def main() -> int:
     load_before = load_average()
     with engine(args) as (url, model_dir), tempfile.TemporaryDirectory() as tmp:
         model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        plan = ProfilePlan(repeats=args.repeats, max_num_batched_tokens=args.max_num_batched_tokens,
+        plan = ProfilePlan(repeats=args.repeats, cached_tails=tuple(args.cached_tails),
+                           max_num_batched_tokens=args.max_num_batched_tokens,
                            max_num_seqs=args.max_num_seqs)
         cal = profile(url, plan, model=model, on_progress=print)
         cal_path = Path(tmp) / "calibration.json"

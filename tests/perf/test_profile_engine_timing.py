@@ -92,7 +92,8 @@ def _bursty_vllm() -> Iterator[str]:
 
 @pytest.mark.integration
 def test_decode_steps_are_the_engines_when_the_client_reads_in_bursts() -> None:
-    plan = ProfilePlan(prompt_tokens=(16, 32, 64), batches=(1, 3), contexts=(32, 96), decode_tokens=8, repeats=2)
+    plan = ProfilePlan(prompt_tokens=(16, 32, 64), batches=(1, 3), contexts=(32, 96), decode_tokens=8, repeats=2,
+                       cached_tails=(24,))
     with _bursty_vllm() as url:
         cal = profile(url, plan, model="fake-model", seed=3)
     decode = [m for m in cal.measurements if m.kind == "decode"]
@@ -100,3 +101,8 @@ def test_decode_steps_are_the_engines_when_the_client_reads_in_bursts() -> None:
     # The client saw each answer arrive at once; the steps are what the engine stamped.
     assert [m.time_s for m in decode] == pytest.approx([ENGINE_ITL_S] * 4)
     assert cal.fit["decode_timing"] == {"engine": 8, "client": 0}
+    # An agent turn's shape: a 24-token chunk alone after each cached context.
+    after = sorted((m.steps[0].prefill_tokens, m.steps[0].prefill_context_tokens - m.steps[0].prefill_tokens)
+                   for m in cal.measurements if m.kind == "prefill" and m.steps[0].prefill_tokens >= 24
+                   and m.steps[0].prefill_context_tokens > m.steps[0].prefill_tokens)
+    assert [n for n, _ in after] == [24, 24] and all(cached > 0 for _, cached in after)

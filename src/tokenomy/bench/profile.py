@@ -62,7 +62,9 @@ statistics just after sending its tokens), 20 ms apart."""
 @dataclass(frozen=True)
 class ProfilePlan:
     """What to measure. ``repeats`` rounds of every prefill length and every decode point (each
-    probe's median over the rounds is kept); ``decode_tokens`` per decode stream. ``max_num_batched_tokens`` is
+    probe's median over the rounds is kept); ``decode_tokens`` per decode stream; ``cached_tails``:
+    prompt lengths sent alone after each context while it is cached (an agent turn's shape:
+    a chunk after a cached history). ``max_num_batched_tokens`` is
     the engine's per-step token budget, which chunks long prompts (None: read from the target
     when it says, else a prompt is one step)."""
 
@@ -71,6 +73,7 @@ class ProfilePlan:
     contexts: tuple[int, ...] = (128, 1024)
     decode_tokens: int = 48
     repeats: int = 3
+    cached_tails: tuple[int, ...] = ()
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
 
@@ -83,6 +86,8 @@ class ProfilePlan:
             raise ValueError(f"profile decode_tokens must be >= 8 (a decode probe needs gaps), got {self.decode_tokens}")
         if self.repeats < 1:
             raise ValueError(f"profile repeats must be >= 1, got {self.repeats}")
+        if self.cached_tails and min(self.cached_tails) < 1:
+            raise ValueError(f"profile cached_tails must be integers >= 1, got {self.cached_tails}")
 
 
 _INFO_LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -316,6 +321,10 @@ class Profiler:
         if batch == 1 and outs[0].cached_tokens > 0:
             alone = outs[0]
             found.append(Measurement("prefill", self._prefill(alone, chunk), alone.token_times_s[0] - alone.sent_s))
+            for n in self.plan.cached_tails:  # the context is still cached: a chunk after it, alone
+                tail = await self._send(opener, prefix + self.prompts.tail(n), 1)
+                if tail.cached_tokens > 0:
+                    found.append(Measurement("prefill", self._prefill(tail, chunk), tail.token_times_s[0] - tail.sent_s))
         made = [int(o.completion_tokens or len(o.token_times_s)) for o in outs]
         step = await self._engine_step_s(metrics, before, sum(n - 1 for n in made))
         if step is not None:

@@ -118,7 +118,7 @@ def _profile(args: argparse.Namespace) -> int:
     api_key = args.api_key if args.api_key is not None else os.environ.get("OPENAI_API_KEY")
     try:
         plan = ProfilePlan(prompt_tokens=args.prompt_tokens, batches=args.batches, contexts=args.contexts,
-                           decode_tokens=args.decode_tokens, repeats=args.repeats,
+                           decode_tokens=args.decode_tokens, repeats=args.repeats, cached_tails=args.cached_tails,
                            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
         target = normalize_target(args.target)
     except ValueError as exc:
@@ -189,6 +189,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="decode probe batch sizes (default: %(default)s)")
     prof.add_argument("--contexts", type=_ints, default=_PLAN.contexts,
                       help="decode probe context lengths in tokens (default: %(default)s)")
+    prof.add_argument("--cached-tails", type=_ints, default=_PLAN.cached_tails,
+                      help="prompt lengths sent alone after each context while it is cached, as an agent's turns "
+                           "are (default: none)")
     prof.add_argument("--decode-tokens", type=int, default=_PLAN.decode_tokens,
                       help="tokens each decode stream generates (default: %(default)s)")
     prof.add_argument("--repeats", type=int, default=_PLAN.repeats,
