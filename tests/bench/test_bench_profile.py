@@ -39,6 +39,8 @@ def test_profile_recovers_the_emulators_step_times(emulator_url: str, tmp_path: 
     assert cal.engine.block_size_tokens == 16 and cal.engine.max_num_batched_tokens == 8192
     assert cal.engine.num_gpu_blocks and cal.engine.max_model_len == 131_072  # Llama-3.1-8B's own window
     assert cal.model == "llama-3.1-8b" and cal.fit["points"] == len(cal.measurements) >= 10
+    # Decode steps come from the emulator's inter-token histogram, scaled by its time scale to wall time.
+    assert cal.fit["decode_timing"] == {"engine": 6, "client": 0}
     # Shapes the profile never measured, priced by the fit and by the emulator's own model.
     truth = PerfModel.from_names("llama-3.1-8b", "h100")
     for steps in (prefill_steps(1000, 8192), prefill_steps(4000, 8192), (decode_step(16, 16 * 1000),),

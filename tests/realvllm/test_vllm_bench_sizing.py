@@ -67,6 +67,8 @@ def test_profile_reads_vllms_limits_and_the_simulator_runs_the_calibration(
     assert cal.engine.max_model_len == 4096 and cal.engine.max_num_batched_tokens == 2048
     assert cal.fit["points"] == len(cal.measurements) == 8
     assert {m.kind for m in cal.measurements} == {"prefill", "decode"}
+    # Both decode points timed by vLLM's engine-stamped inter-token histogram, every gap counted.
+    assert cal.fit["decode_timing"] == {"engine": 2, "client": 0}
     # vLLM counted the probes' prompts in its own tokens (sized to the plan by its /tokenize); the
     # single stream's 16-token tail came after the 256-token context it had just cached.
     prefills = sorted((m.steps[0].prefill_tokens, m.steps[0].prefill_context_tokens)

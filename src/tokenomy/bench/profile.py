@@ -9,9 +9,18 @@ prefix cache by accident:
   TTFT covers the prompt's prefill steps (chunked by the engine's token budget) plus the
   server's own per-request work, which the fit's per-prefill-chunk term absorbs;
 - **decode**: ``batch`` streams at once whose prompts share a ``context``-token prefix (cached by
-  a first request, itself a prefill probe) plus a short unique tail; the median gap between
-  streamed tokens, taken while every stream is decoding (after the last first token, before
-  the first stream ends), is one decode step of ``batch`` sequences at the context they hold.
+  a first request, itself a prefill probe) plus a short unique tail, all asking for the same
+  number of tokens; their mean gap between tokens is one decode step of ``batch`` sequences at
+  the context they hold. The gaps are the engine's own when it exports vLLM's
+  ``vllm:inter_token_latency_seconds`` histogram (vLLM stamps each step's output in its engine
+  process; the probe reads the histogram's sum and count before and after), else the client's,
+  taken while every stream is decoding (after the last first token, before the first stream
+  ends). A client on a busy machine reads a stream late and in bursts (a whole answer can
+  arrive within a millisecond); the engine's stamps do not move with it.
+
+The plan runs ``repeats`` rounds, each probe once a round, and keeps each probe's median over
+the rounds: a busy spell on a shared machine then slows one repeat of many probes, not every
+repeat of a few.
 
 The token counts come from the target's ``usage``, not from the plan, so a target that counts
 differently is still priced on what it computed. The engine's limits are read from vLLM's
@@ -42,11 +51,20 @@ from tokenomy.perf.stepfit import Measurement, decode_step, fit_steps, prefill_s
 SUFFIX_TOKENS = 16
 """Unique tail of each decode probe's prompt after the shared context (one prefill chunk)."""
 
+ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
+"""vLLM's (and our emulator's) histogram of the gaps between a request's tokens, engine-timed."""
+
+ITL_SETTLE_TRIES = 10
+"""Reads of ``/metrics`` after a decode probe until its gaps are all counted (vLLM records a step's
+statistics just after sending its tokens), 20 ms apart."""
+
 
 @dataclass(frozen=True)
 class ProfilePlan:
-    """What to measure. ``repeats`` of every prefill length and of every decode point (the median
-    of each is kept); ``decode_tokens`` per decode stream. ``max_num_batched_tokens`` is
+    """What to measure. ``repeats`` rounds of every prefill length and every decode point (each
+    probe's median over the rounds is kept); ``decode_tokens`` per decode stream; ``cached_tails``:
+    prompt lengths sent alone after each context while it is cached (an agent turn's shape:
+    a chunk after a cached history). ``max_num_batched_tokens`` is
     the engine's per-step token budget, which chunks long prompts (None: read from the target
     when it says, else a prompt is one step)."""
 
@@ -55,6 +73,7 @@ class ProfilePlan:
     contexts: tuple[int, ...] = (128, 1024)
     decode_tokens: int = 48
     repeats: int = 3
+    cached_tails: tuple[int, ...] = ()
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
 
@@ -67,6 +86,8 @@ class ProfilePlan:
             raise ValueError(f"profile decode_tokens must be >= 8 (a decode probe needs gaps), got {self.decode_tokens}")
         if self.repeats < 1:
             raise ValueError(f"profile repeats must be >= 1, got {self.repeats}")
+        if self.cached_tails and min(self.cached_tails) < 1:
+            raise ValueError(f"profile cached_tails must be integers >= 1, got {self.cached_tails}")
 
 
 _INFO_LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -97,6 +118,15 @@ def _emulator_info(target: str, client: httpx.Client) -> dict[str, Any]:
             "max_num_batched_tokens": info.get("max_num_batched_tokens"), "max_num_seqs": info.get("max_num_seqs")}
 
 
+def _time_scale(target: str, client: httpx.Client) -> float:
+    """Wall seconds per second of the times the engine reports: our emulator's ``time_scale``, else 1."""
+    try:
+        scale = client.get(f"{target}/tokenomy/info").json().get("time_scale")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return 1.0
+    return float(scale) if isinstance(scale, int | float) and scale > 0 else 1.0
+
+
 def _vllm_cache_info(target: str, client: httpx.Client) -> dict[str, Any]:
     try:
         text = client.get(f"{target}/metrics").text
@@ -110,6 +140,23 @@ def _vllm_cache_info(target: str, client: httpx.Client) -> dict[str, Any]:
 
 def _int_or_none(text: str | None) -> int | None:
     return int(text) if text and text.isdigit() else None
+
+
+def histogram_totals(text: str, name: str) -> tuple[float, float] | None:
+    """``(sum, count)`` of the Prometheus histogram ``name`` in an exposition ``text``, added over its
+    label sets; None when the text has neither."""
+    totals = {"_sum": 0.0, "_count": 0.0}
+    seen = False
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        metric, _, value = line.rpartition(" ")
+        suffix = metric[len(name):].split("{", 1)[0].strip()
+        if suffix in totals:
+            with contextlib.suppress(ValueError):
+                totals[suffix] += float(value)
+                seen = True
+    return (totals["_sum"], totals["_count"]) if seen else None
 
 
 class _Prompts:
@@ -154,9 +201,13 @@ class Profiler:
     """Runs a :class:`ProfilePlan` against one target with the bench's HTTP client."""
 
     def __init__(self, target: str, model: str, plan: ProfilePlan, sizing: PromptSizing, *,
-                 api_key: str | None = None, seed: int | None = None, on_progress: Callable[[str], None] | None = None) -> None:
+                 api_key: str | None = None, seed: int | None = None, on_progress: Callable[[str], None] | None = None,
+                 time_scale: float = 1.0) -> None:
         self.config = BenchConfig(targets=(target,), model=model, api="completions", api_key=api_key)
         self.url = self.config.targets[0] + "/v1/completions"
+        self.metrics_url = self.config.targets[0] + "/metrics"
+        self.time_scale = time_scale  # wall seconds per second the engine reports (our emulator's --time-scale)
+        self.decode_timing = {"engine": 0, "client": 0}  # how each decode sample was timed
         self.plan = plan
         self.prompts = _Prompts(sizing, seed)
         self.clock = WallClock()
@@ -192,40 +243,71 @@ class Profiler:
         return Measurement(kind, steps, mid)
 
     async def run(self, chunk_tokens: int | None) -> list[Measurement]:
-        """Every probe of the plan, in order: warm-up, prefill lengths, decode points."""
+        """Every probe of the plan, ``repeats`` rounds of it after a warm-up; each probe's median."""
         opener = AiohttpOpener(self.config)
-        out: list[Measurement] = []
+        prefill: dict[int, list[Outcome]] = {n: [] for n in self.plan.prompt_tokens}
+        decode: dict[tuple[int, int], list[tuple[float, int]]] = {}
+        seen: dict[tuple[StepShape, ...], list[float]] = {}  # prefills the decode probes ran
         try:
-            await self._send(opener, self.prompts.text(64), 4)  # warm-up: connections, first-request costs
-            for n in self.plan.prompt_tokens:
-                runs = [await self._send(opener, self.prompts.text(n), 1) for _ in range(self.plan.repeats)]
-                out.append(self._median("prefill", self._prefill(runs[0], chunk_tokens),
-                                        [o.token_times_s[0] - o.sent_s for o in runs]))
-                self._say(f"prefill {runs[0].prompt_tokens} tokens: TTFT {out[-1].time_s * 1e3:.1f} ms")
-            for ctx in self.plan.contexts:
-                prefills: dict[tuple[StepShape, ...], list[float]] = {}
-                for batch in self.plan.batches:
-                    samples = []
-                    for _ in range(self.plan.repeats):
-                        found, sample = await self._decode(opener, ctx, batch, chunk_tokens)
-                        for m in found:
-                            prefills.setdefault(m.steps, []).append(m.time_s)
-                        if sample is not None:
-                            samples.append(sample)
-                    if samples:
-                        # The median step of the repeats, at their mean context (they differ by a few tokens).
-                        context = round(statistics.mean(c for _, c in samples))
-                        out.append(self._median("decode", (decode_step(batch, context),), [s for s, _ in samples]))
-                        self._say(f"decode batch {batch} @ {ctx} tokens: step {out[-1].time_s * 1e3:.2f} ms")
-                    else:
-                        self.skipped.append(f"decode batch {batch} @ {ctx}: the streams never all decoded at once")
-                # The shared context's cold prefills, and single streams' prefills after it (cached).
-                out += [self._median("prefill", steps, times) for steps, times in prefills.items()]
+            async with httpx.AsyncClient(timeout=10.0, headers=self._headers) as metrics:
+                await self._send(opener, self.prompts.text(64), 4)  # warm-up: connections, first-request costs
+                for r in range(self.plan.repeats):
+                    for n in self.plan.prompt_tokens:
+                        prefill[n].append(await self._send(opener, self.prompts.text(n), 1))
+                    for ctx in self.plan.contexts:
+                        for batch in self.plan.batches:
+                            found, sample = await self._decode(opener, metrics, ctx, batch, chunk_tokens)
+                            for m in found:
+                                seen.setdefault(m.steps, []).append(m.time_s)
+                            if sample is not None:
+                                decode.setdefault((ctx, batch), []).append(sample)
+                    self._say(f"round {r + 1} of {self.plan.repeats} done")
         finally:
             await opener.close()
-        return out
+        out = []
+        for runs in prefill.values():
+            out.append(self._median("prefill", self._prefill(runs[0], chunk_tokens),
+                                    [o.token_times_s[0] - o.sent_s for o in runs]))
+            self._say(f"prefill {runs[0].prompt_tokens} tokens: TTFT {out[-1].time_s * 1e3:.1f} ms")
+        for ctx in self.plan.contexts:
+            for batch in self.plan.batches:
+                samples = decode.get((ctx, batch), [])
+                if not samples:
+                    self.skipped.append(f"decode batch {batch} @ {ctx}: the streams never all decoded at once")
+                    continue
+                # The median step of the rounds, at their mean context (they differ by a few tokens).
+                context = round(statistics.mean(c for _, c in samples))
+                out.append(self._median("decode", (decode_step(batch, context),), [t for t, _ in samples]))
+                self._say(f"decode batch {batch} @ {ctx} tokens: step {out[-1].time_s * 1e3:.2f} ms")
+        # The shared contexts' cold prefills, and single streams' prefills after them (cached).
+        return out + [self._median("prefill", steps, times) for steps, times in seen.items()]
 
-    async def _decode(self, opener: Opener, ctx: int, batch: int, chunk: int | None
+    async def _itl_totals(self, metrics: httpx.AsyncClient) -> tuple[float, float] | None:
+        try:
+            resp = await metrics.get(self.metrics_url)
+        except httpx.HTTPError:
+            return None
+        return histogram_totals(resp.text, ITL_HISTOGRAM) if resp.status_code == 200 else None
+
+    async def _engine_step_s(self, metrics: httpx.AsyncClient, before: tuple[float, float] | None,
+                             gaps: int) -> float | None:
+        """Mean of the ``gaps`` inter-token gaps the engine recorded since ``before``; None when it
+        exports no histogram or counted other gaps (the probe was not alone)."""
+        if before is None or gaps < 1:
+            return None
+        for _ in range(ITL_SETTLE_TRIES):
+            after = await self._itl_totals(metrics)
+            if after is None:
+                return None
+            total, count = after[0] - before[0], round(after[1] - before[1])
+            if count == gaps and total > 0:
+                return total / count * self.time_scale
+            if count > gaps:
+                return None
+            await asyncio.sleep(0.02)
+        return None
+
+    async def _decode(self, opener: Opener, metrics: httpx.AsyncClient, ctx: int, batch: int, chunk: int | None
                       ) -> tuple[list[Measurement], tuple[float, int] | None]:
         """Prefill measurements (the shared context's cold prefill; with ``batch`` 1, the stream's own
         prefill after that cached context) and ``(step seconds, context tokens)`` of ``batch`` streams
@@ -233,14 +315,26 @@ class Profiler:
         prefix = self.prompts.text(ctx)
         first = await self._send(opener, prefix, 1)  # caches the shared context
         found = [Measurement("prefill", self._prefill(first, chunk), first.token_times_s[0] - first.sent_s)]
+        before = await self._itl_totals(metrics)
         outs = await asyncio.gather(*(self._send(opener, prefix + self.prompts.tail(SUFFIX_TOKENS),
                                                  self.plan.decode_tokens) for _ in range(batch)))
         if batch == 1 and outs[0].cached_tokens > 0:
             alone = outs[0]
             found.append(Measurement("prefill", self._prefill(alone, chunk), alone.token_times_s[0] - alone.sent_s))
+            for n in self.plan.cached_tails:  # the context is still cached: a chunk after it, alone
+                tail = await self._send(opener, prefix + self.prompts.tail(n), 1)
+                if tail.cached_tokens > 0:
+                    found.append(Measurement("prefill", self._prefill(tail, chunk), tail.token_times_s[0] - tail.sent_s))
+        made = [int(o.completion_tokens or len(o.token_times_s)) for o in outs]
+        step = await self._engine_step_s(metrics, before, sum(n - 1 for n in made))
+        if step is not None:
+            # Every gap of every stream: the context each holds halfway through its answer.
+            self.decode_timing["engine"] += 1
+            return found, (step, sum(int(o.prompt_tokens or 0) + n // 2 for o, n in zip(outs, made, strict=True)))
         steady = _steady_step_s(outs)
         if steady is None:
             return found, None
+        self.decode_timing["client"] += 1
         step, _, mid = steady
         # Context each sequence holds at the window's midpoint: its prompt and the tokens streamed by then.
         context = sum(int(o.prompt_tokens or 0) + sum(1 for t in o.token_times_s if t <= mid) for o in outs)
@@ -254,6 +348,7 @@ def profile(target: str, plan: ProfilePlan, *, model: str, api_key: str | None =
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=10.0, headers=headers) as client:
         limits = read_engine_limits(base, plan, client)
+        time_scale = _time_scale(base, client)
     tok = probe_remote(base, model=model, api_key=api_key)
     sizing = PromptSizing()
     if tok is not None:
@@ -263,13 +358,15 @@ def profile(target: str, plan: ProfilePlan, *, model: str, api_key: str | None =
             pass  # built-in sizing: the probes' lengths drift, the usage counts stay exact
         finally:
             tok.close()
-    profiler = Profiler(base, model, plan, sizing, api_key=api_key, seed=seed, on_progress=on_progress)
+    profiler = Profiler(base, model, plan, sizing, api_key=api_key, seed=seed, on_progress=on_progress,
+                        time_scale=time_scale)
     with asyncio.Runner() as runner:
         measurements = runner.run(profiler.run(limits.max_num_batched_tokens))
     fit = fit_steps(measurements)
     # How far a probe's repeats lay apart (median over probes): a busy machine's noise, which no fit removes.
     spread = statistics.median(profiler.spreads) if profiler.spreads else None
-    summary: dict[str, Any] = {**fit.summary(), "repeat_spread": spread, "prompt_sizing": sizing.source}
+    summary: dict[str, Any] = {**fit.summary(), "repeat_spread": spread, "prompt_sizing": sizing.source,
+                               "decode_timing": profiler.decode_timing}
     if profiler.skipped:
         summary["skipped"] = profiler.skipped
     return EngineCalibration(step=fit.coefficients, engine=limits, target=base, model=model, fit=summary,

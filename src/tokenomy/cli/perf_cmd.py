@@ -118,7 +118,7 @@ def _profile(args: argparse.Namespace) -> int:
     api_key = args.api_key if args.api_key is not None else os.environ.get("OPENAI_API_KEY")
     try:
         plan = ProfilePlan(prompt_tokens=args.prompt_tokens, batches=args.batches, contexts=args.contexts,
-                           decode_tokens=args.decode_tokens, repeats=args.repeats,
+                           decode_tokens=args.decode_tokens, repeats=args.repeats, cached_tails=args.cached_tails,
                            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
         target = normalize_target(args.target)
     except ValueError as exc:
@@ -144,6 +144,10 @@ def _profile(args: argparse.Namespace) -> int:
     noise = "" if spread is None else f"; repeats of one probe lay {spread:.0%} apart (median), the machine's noise"
     console.print(f"fit: {cal.fit['points']} measurements, mean |error| {cal.fit['mape']:.1%} ({by_kind}){noise}")
     console.print(f"engine limits: {engine}")
+    timing = cal.fit.get("decode_timing")
+    if timing:
+        console.print(f"decode probes timed by the engine's inter-token histogram: {timing['engine']}, "
+                      f"by the client: {timing['client']}")
     for note in cal.fit.get("skipped", []):
         console.print(f"skipped: {note}")
     console.print(f"wrote {args.out}; simulate with: tokenomy sim --calibration {args.out} --model <config.json> ...")
@@ -185,10 +189,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="decode probe batch sizes (default: %(default)s)")
     prof.add_argument("--contexts", type=_ints, default=_PLAN.contexts,
                       help="decode probe context lengths in tokens (default: %(default)s)")
+    prof.add_argument("--cached-tails", type=_ints, default=_PLAN.cached_tails,
+                      help="prompt lengths sent alone after each context while it is cached, as an agent's turns "
+                           "are (default: none)")
     prof.add_argument("--decode-tokens", type=int, default=_PLAN.decode_tokens,
                       help="tokens each decode stream generates (default: %(default)s)")
     prof.add_argument("--repeats", type=int, default=_PLAN.repeats,
-                      help="repeats of each probe (default: %(default)s)")
+                      help="rounds of the whole plan, each probe once a round; its median is kept (default: %(default)s)")
     prof.add_argument("--max-num-batched-tokens", type=int, default=None,
                       help="the engine's per-step token budget, which chunks long prompts (default: what the target "
                            "reports; vLLM does not, so give it: 2048 on vLLM CPU, 8192 on GPU by default)")
