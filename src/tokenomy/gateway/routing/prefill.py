@@ -38,7 +38,7 @@ REMOTE_DECODE_PARAMS: dict[str, Any] = {
 HISTORY_KEY = "tokenomy_history_tokens"
 """Our extension in the prefill request's ``kv_transfer_params`` (AMPD): the prompt-prefix tokens
 whose KV the session's decode backend already holds; the emulator's prefill side pulls them instead
-of recomputing (``tokenomy.emulator.service.HISTORY_KEY``). Absent when 0."""
+of recomputing (``tokenomy.emulator.pd.HISTORY_KEY``). Absent when 0."""
 
 
 def prefill_body(body: dict[str, Any], history_tokens: int = 0) -> dict[str, Any]:
