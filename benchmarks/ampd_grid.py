@@ -9,6 +9,9 @@ reports AMPD against the best of the other three:
 * ``goodput_ratio``: DistServe goodput (highest rate with >= 90% attainment, interpolated);
 * ``p99_ttft_no_worse``: at every rate where AMPD attains >= 90%, its P99 TTFT <= the best other's
   (the best other at that rate, by attainment);
+* the split: a kind with several splits runs each at the middle rate (the screening rate) and
+  only its best at every rate (every other rate of a losing split is skipped: a third of the
+  grid's cost at (a));
 * the planner's choice (``tokenomy.experiment.choose``: every candidate simulated at the point's
   planning rate on an independent sample, seed + 1), its predicted goodput there, and
   ``planner_goodput_ratio``: the chosen deployment's grid goodput over the best found.
@@ -98,8 +101,13 @@ def compare(spec: ExperimentSpec, results: dict[Job, RunResult]) -> dict[str, An
     assert spec.rates is not None
     rates = spec.rates
     curves: dict[str, Curve] = {}
+    def complete(dep: DeploymentSpec, split: Any) -> bool:
+        return all(Job(dep, split, r) in results for r in rates)
+
     for dep in spec.deployments:
         for split in spec.splits_of(dep):
+            if not complete(dep, split):  # a split screened out at the screening rate
+                continue
             curve = Curve(dep.label, split, rates, tuple(results[Job(dep, split, r)] for r in rates),
                           spec.attainment_target)
             kind = dep.name
@@ -109,7 +117,7 @@ def compare(spec: ExperimentSpec, results: dict[Job, RunResult]) -> dict[str, An
         dep.label if dep.split or not split else f"{dep.label}@{split[0]}:{split[1]}":
             Curve(dep.label, split, rates, tuple(results[Job(dep, split, r)] for r in rates),
                   spec.attainment_target).max_rate_at_target
-        for dep in spec.deployments for split in spec.splits_of(dep)}
+        for dep in spec.deployments for split in spec.splits_of(dep) if complete(dep, split)}
     ampd = curves["ampd"]
     others = {k: c for k, c in curves.items() if k != "ampd"}
     per_rate, band = [], []
@@ -152,12 +160,50 @@ def _cached(cache: Path | None, spec: ExperimentSpec, job: Job) -> Path | None:
     return cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.pkl"
 
 
-def run_point(key: str, spec: ExperimentSpec, workers: int, cache: Path | None, t0: float) -> dict[Job, RunResult]:
-    """Every (deployment, split, rate) of one point; finished jobs are kept in ``cache`` (a rerun
-    skips them: the simulator is deterministic)."""
-    jobs = [Job(d, split, r) for d in spec.deployments for split in spec.splits_of(d) for r in spec.rates or ()]
-    jobs.sort(key=lambda j: -(j.rate_per_s or 0))  # heavy (high rate) first
+def screening_rate(spec: ExperimentSpec) -> float:
+    """The rate at which a kind's splits are compared (the middle rate)."""
+    assert spec.rates
+    return spec.rates[len(spec.rates) // 2]
+
+
+def best_splits(spec: ExperimentSpec, results: dict[Job, RunResult]) -> set[DeploymentSpec]:
+    """Per kind with several splits, the split of highest attainment at the screening rate (ties:
+    lower P99 TTFT); every other deployment as it is."""
+    rate = screening_rate(spec)
+    keep: dict[str, tuple[tuple[float, float], DeploymentSpec]] = {}
+    for dep in spec.deployments:
+        runs = [results.get(Job(dep, split, rate)) for split in spec.splits_of(dep)]
+        if any(r is None for r in runs):
+            continue
+        score = max((r.summary.slo_attainment, -(r.summary.ttft_p99_s or 0.0)) for r in runs if r is not None)
+        if dep.name not in keep or score > keep[dep.name][0]:
+            keep[dep.name] = (score, dep)
+    return {dep for _, dep in keep.values()}
+
+
+def run_point(key: str, spec: ExperimentSpec, workers: int, cache: Path | None, t0: float,
+              cpu: dict[str, float]) -> dict[Job, RunResult]:
+    """One point: a kind with several splits (``ampd@1:7``, ``ampd@2:6``) runs them all at the
+    screening rate and only the best at every rate; finished jobs are kept in ``cache`` (a rerun
+    skips them: the simulator is deterministic). ``cpu``: CPU seconds per job label, filled in."""
+    assert spec.rates
+    rate = screening_rate(spec)
+    kinds: dict[str, int] = {}
+    for dep in spec.deployments:
+        kinds[dep.name] = kinds.get(dep.name, 0) + 1
+    screened = [Job(d, split, rate) for d in spec.deployments if kinds[d.name] > 1 for split in spec.splits_of(d)]
     results: dict[Job, RunResult] = {}
+    _run_jobs(key, spec, screened, workers, cache, t0, results, cpu)
+    chosen = best_splits(spec, results)
+    jobs = [Job(d, split, r) for d in spec.deployments if kinds[d.name] == 1 or d in chosen
+            for split in spec.splits_of(d) for r in spec.rates]
+    _run_jobs(key, spec, [j for j in jobs if j not in results], workers, cache, t0, results, cpu)
+    return results
+
+
+def _run_jobs(key: str, spec: ExperimentSpec, jobs: list[Job], workers: int, cache: Path | None, t0: float,
+              results: dict[Job, RunResult], cpu: dict[str, float]) -> None:
+    jobs = sorted(jobs, key=lambda j: -(j.rate_per_s or 0))  # heavy (high rate) first
     todo = []
     for job in jobs:
         path = _cached(cache, spec, job)
@@ -165,19 +211,21 @@ def run_point(key: str, spec: ExperimentSpec, workers: int, cache: Path | None, 
             results[job] = pickle.loads(path.read_bytes())
         else:
             todo.append(job)
+    if not todo:
+        return
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [pool.submit(_run, (key, spec, j)) for j in todo]
         for fut in as_completed(futures):
-            _, job, res, cpu = fut.result()
+            _, job, res, cpu_s = fut.result()
             results[job] = res
-            CPU_S[0] += cpu
+            CPU_S[0] += cpu_s
+            cpu[f"{job.deployment.label}@{job.rate_per_s:g}"] = round(cpu_s, 1)
             path = _cached(cache, spec, job)
             if path is not None:
                 path.write_bytes(pickle.dumps(res))
-            print(f"[{len(results)}/{len(jobs)} {time.perf_counter() - t0:6.0f}s] {key} {job.deployment.label} "
-                  f"{job.split} @ {job.rate_per_s:g}/s: {res.summary.slo_attainment:.1%} ({res.wall_s:.0f} s)",
-                  flush=True)
-    return results
+            print(f"[{len(results)} {time.perf_counter() - t0:6.0f}s] {key} {job.deployment.label} "
+                  f"{job.split} @ {job.rate_per_s:g}/s: {res.summary.slo_attainment:.1%} "
+                  f"({res.wall_s:.0f} s wall, {cpu_s:.0f} s CPU)", flush=True)
 
 
 def main() -> int:
@@ -204,9 +252,12 @@ def main() -> int:
         p = POINTS[k]
         rates = (p.rates[0], p.rates[len(p.rates) // 2], p.rates[-1]) if args.quick else p.rates
         spec = p.spec(rates, p.duration_s / 2 if args.quick else None, first_split_only=args.quick)
-        results = run_point(k, spec, args.workers, args.cache, t0)
+        cpu: dict[str, float] = {}
+        cpu0 = CPU_S[0]
+        results = run_point(k, spec, args.workers, args.cache, t0, cpu)
         sim_s += sum(r.wall_s for r in results.values())
         out = compare(spec, results)
+        out["screening_rate"] = screening_rate(spec)
         if not args.no_planner:
             assert spec.rates is not None
             rate = p.planning_rate or spec.rates[len(spec.rates) // 2]
@@ -222,6 +273,11 @@ def main() -> int:
                 if path is not None:
                     path.write_bytes(pickle.dumps(choice))
             sim_s += sum(r.wall_s for r in choice.results)
+            if choice.label not in out["split_goodput"]:  # a split the screening dropped: its curve too
+                dep = DeploymentSpec.parse(choice.label)
+                _run_jobs(k, spec, [Job(dep, s_, r) for s_ in spec.splits_of(dep) for r in spec.rates],
+                          args.workers, args.cache, t0, results, cpu)
+                out = {**compare(spec, results), "screening_rate": out["screening_rate"]}
             chosen = out["split_goodput"][choice.label]
             best = max(out["goodput"].values())
             out["planner"] = choice.to_dict()
@@ -230,6 +286,7 @@ def main() -> int:
             out["planner_simulated_goodput_rate"] = chosen
             out["planner_goodput_ratio"] = chosen / best if best > 0 else None
         out["spec"] = spec.to_dict()
+        out["cpu_s"] = {"grid": round(CPU_S[0] - cpu0, 1), "per_job": cpu}
         points[k] = out
         _print(k, out)
         _write(args, points, t0, sim_s)
