@@ -48,7 +48,9 @@ class Choice:
 
     @property
     def _chosen(self) -> RunResult:
-        return next(r for r in self.results if r.deployment == self.deployment and r.split == self.split)
+        # a candidate with a pinned split is labelled ``name@P:D``
+        return next(r for r in self.results
+                    if r.deployment.partition("@")[0] == self.deployment and r.split == self.split)
 
     def to_dict(self) -> dict[str, object]:
         return {
