@@ -24,7 +24,8 @@ est_itl_local`` and ``ttft_slack = slo.ttft_s - est_ttft_remote`` of the best pr
 * the decode node lacks free KV blocks for the request's uncached prompt and output now: remote
   (a local prefill would only wait there, stalling behind memory);
 * incremental prefill (``history_tokens > 0``): local iff ``itl_slack >= 0`` and
-  (``ttft_slack < 0`` or ``est_ttft_local < est_ttft_remote``); else remote;
+  ``est_ttft_local < est_ttft_remote`` (with ``late_goes_local``, the rule before the sixth
+  round: also whenever ``ttft_slack < 0``, however slow local is); else remote;
 * first turn: remote unless ``itl_slack >= 0`` and every prefill node misses TTFT while local meets it.
 
 Remote always goes to the prefill node of lowest estimated TTFT (ties by id).
@@ -60,6 +61,11 @@ class PlacementConfig:
     one KV block); off (the default): always ``local_budget_tokens``. It needs a decode engine
     that caps one request's chunk (the simulator's engine does; a live vLLM backend has only
     an instance-wide ``max_num_batched_tokens``, so the gateway keeps it off).
+    ``late_goes_local``: an incremental prefill that every prefill node would serve late runs
+    locally whenever the decode node has ITL slack, even when local is slower (the rule until
+    the sixth round: it keeps a lost request off the shared prefill pool, but a turn that lost
+    its history then recomputes it in small chunks on a slow decode card for minutes: the P99
+    TTFT). Off: the faster side, as when remote is on time.
     """
 
     local_budget_tokens: int = 2048
@@ -68,6 +74,7 @@ class PlacementConfig:
     link_bytes_per_s: float | None = None
     size_local_chunks: bool = False
     min_local_chunk_tokens: int = 16
+    late_goes_local: bool = False
 
     def __post_init__(self) -> None:
         if self.local_budget_tokens < 1 or self.prefill_budget_tokens < 1:
@@ -211,7 +218,7 @@ class AdaptivePlacement:
         if request.history_tokens > 0:
             if itl_slack < 0:
                 return place(False, "decode node has no ITL slack for the prefill")
-            if ttft_slack < 0:
+            if ttft_slack < 0 and self.config.late_goes_local:
                 return place(True, "every prefill node misses TTFT; decode node has ITL slack")
             if ttft_local < ttft_remote:
                 return place(True, "local is faster and within ITL slack")
