@@ -9,6 +9,8 @@ reports AMPD against the best of the other three:
 * ``goodput_ratio``: DistServe goodput (highest rate with >= 90% attainment, interpolated);
 * ``p99_ttft_no_worse``: at every rate where AMPD attains >= 90%, its P99 TTFT <= the best other's
   (the best other at that rate, by attainment);
+* the shape: every split (and TP shape of the inventory, ``alt_gpus``) of a kind runs at every
+  rate, and the kind's best curve (``Curve.score``: goodput, then mean attainment) stands for it;
 * the planner's choice (``tokenomy.experiment.choose``: every candidate simulated at the point's
   planning rate on an independent sample, seed + 1), its predicted goodput there, and
   ``planner_goodput_ratio``: the chosen deployment's grid goodput over the best found.
@@ -35,12 +37,12 @@ import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tokenomy.core import SLO
-from tokenomy.experiment.choose import choose_deployment
+from tokenomy.experiment.choose import choose_on
 from tokenomy.experiment.results import Curve, RunResult
 from tokenomy.experiment.spec import ClusterSpec, DeploymentSpec, ExperimentSpec, WorkloadSpec
 from tokenomy.experiment.sweep import Job, run_job
@@ -60,6 +62,13 @@ class Point:
     ampd_splits: tuple[str, ...] = ()  # "P:D" (empty: the inventory's split, or the spec's default)
     disagg_splits: tuple[str, ...] = ()
     planning_rate: float = 0.0  # 0: the middle rate
+    alt_gpus: tuple[str, ...] = ()  # other TP shapes of the same GPUs, open to every deployment
+
+    def specs(self, rates: tuple[float, ...] | None = None, duration_s: float | None = None,
+              first_split_only: bool = False) -> list[ExperimentSpec]:
+        """One spec per inventory shape (``gpus``, then ``alt_gpus``)."""
+        base = self.spec(rates, duration_s, first_split_only)
+        return [base] + [replace(base, cluster=replace(base.cluster, gpus=g)) for g in self.alt_gpus]
 
     def spec(self, rates: tuple[float, ...] | None = None, duration_s: float | None = None,
              first_split_only: bool = False) -> ExperimentSpec:
@@ -77,10 +86,14 @@ class Point:
 POINTS: dict[str, Point] = {
     "a": Point("gaia", "llama-3.1-8b", "h100:8", SLO(2.0, 0.1), (2.0, 2.5, 3.0, 3.5, 4.0), 120.0,
                ampd_splits=("1:7", "2:6"), disagg_splits=("5:3", "3:5")),
+    # H100s at TP2 cannot hold a 70B with a coding agent's context (141 GB of weights on 160 GB),
+    # nor can H20s at TP2; the H20s at TP8 can (one instance of 768 GB): every deployment may take it.
     "b": Point("coding-agent", "llama-3.1-70b", "h100:4@tp4,h20:8@tp4", SLO(10.0, 0.1),
-               (0.03, 0.045, 0.06, 0.08, 0.1), 1200.0),
-    "c": Point("coding-agent", "llama-3.1-70b", "h100:16@tp4", SLO(10.0, 0.05), (0.03, 0.05, 0.07, 0.09),
-               600.0, ampd_splits=("2:2", "1:3"), disagg_splits=("1:3",)),
+               (0.03, 0.045, 0.06, 0.08, 0.1), 1200.0, alt_gpus=("h100:4@tp4,h20:8@tp8",)),
+    # 600 s of arrivals left every deployment >= 97% up to 0.09/s (sixth round): the rates and
+    # the duration are (b)'s scale, so the curves cross 90%.
+    "c": Point("coding-agent", "llama-3.1-70b", "h100:16@tp4", SLO(10.0, 0.05), (0.04, 0.06, 0.08, 0.1, 0.12),
+               1200.0, ampd_splits=("2:2", "1:3"), disagg_splits=("1:3",)),
     "d": Point("toolbench", "llama-3.1-8b", "h100:4,h20:4", SLO(2.0, 0.1), (10.0, 20.0, 30.0, 40.0, 50.0), 40.0),
 }
 
@@ -93,23 +106,43 @@ def _run(args: tuple[str, ExperimentSpec, Job]) -> tuple[str, Job, RunResult, fl
     return key, job, res, time.process_time() - cpu0
 
 
-def compare(spec: ExperimentSpec, results: dict[Job, RunResult]) -> dict[str, Any]:
-    """Best split per kind (ampd, each other deployment), then AMPD against the best other."""
-    assert spec.rates is not None
-    rates = spec.rates
+Cand = tuple[int, DeploymentSpec, Any]  # (inventory index, deployment, split)
+Key = tuple[int, Job]
+
+
+def label(specs: list[ExperimentSpec], cand: Cand) -> str:
+    i, dep, split = cand
+    name = f"{dep.name}@{split[0]}:{split[1]}" if split else dep.name
+    return f"{name} [{specs[i].cluster.gpus}]" if len(specs) > 1 else name
+
+
+def candidates(specs: list[ExperimentSpec]) -> list[Cand]:
+    return [(i, d, split) for i, spec in enumerate(specs) for d in spec.deployments for split in spec.splits_of(d)]
+
+
+def curve(specs: list[ExperimentSpec], results: dict[Key, RunResult], cand: Cand) -> Curve | None:
+    i, dep, split = cand
+    rates = specs[0].rates or ()
+    runs = [results.get((i, Job(dep, split, r))) for r in rates]
+    if any(r is None for r in runs):  # not run (--quick runs one split per kind)
+        return None
+    return Curve(dep.label, split, rates, tuple(r for r in runs if r is not None), specs[0].attainment_target)
+
+
+def compare(specs: list[ExperimentSpec], results: dict[Key, RunResult]) -> dict[str, Any]:
+    """Best shape per kind (ampd, each other deployment), then AMPD against the best other."""
+    rates = specs[0].rates or ()
     curves: dict[str, Curve] = {}
-    for dep in spec.deployments:
-        for split in spec.splits_of(dep):
-            curve = Curve(dep.label, split, rates, tuple(results[Job(dep, split, r)] for r in rates),
-                          spec.attainment_target)
-            kind = dep.name
-            if kind not in curves or curve.score() > curves[kind].score():
-                curves[kind] = curve
-    split_goodput = {
-        dep.label if dep.split or not split else f"{dep.label}@{split[0]}:{split[1]}":
-            Curve(dep.label, split, rates, tuple(results[Job(dep, split, r)] for r in rates),
-                  spec.attainment_target).max_rate_at_target
-        for dep in spec.deployments for split in spec.splits_of(dep)}
+    chosen: dict[str, str] = {}
+    split_goodput: dict[str, float] = {}
+    for cand in candidates(specs):
+        c = curve(specs, results, cand)
+        if c is None:
+            continue
+        split_goodput[label(specs, cand)] = c.max_rate_at_target
+        kind = cand[1].name
+        if kind not in curves or c.score() > curves[kind].score():
+            curves[kind], chosen[kind] = c, label(specs, cand)
     ampd = curves["ampd"]
     others = {k: c for k, c in curves.items() if k != "ampd"}
     per_rate, band = [], []
@@ -129,7 +162,7 @@ def compare(spec: ExperimentSpec, results: dict[Job, RunResult]) -> dict[str, An
     goodput = {k: c.max_rate_at_target for k, c in curves.items()}
     best_other = max(others, key=lambda k: goodput[k])
     return {
-        "curves": {k: {"split": list(c.split) if c.split else None, "attainment": c.attainment,
+        "curves": {k: {"shape": chosen[k], "split": list(c.split) if c.split else None, "attainment": c.attainment,
                        "goodput_rps": goodput[k],
                        "ttft_p99_s": [r.summary.ttft_p99_s for r in c.runs],
                        "tpot_p99_s": [r.summary.tpot_p99_s for r in c.runs],
@@ -152,32 +185,48 @@ def _cached(cache: Path | None, spec: ExperimentSpec, job: Job) -> Path | None:
     return cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.pkl"
 
 
-def run_point(key: str, spec: ExperimentSpec, workers: int, cache: Path | None, t0: float) -> dict[Job, RunResult]:
-    """Every (deployment, split, rate) of one point; finished jobs are kept in ``cache`` (a rerun
-    skips them: the simulator is deterministic)."""
-    jobs = [Job(d, split, r) for d in spec.deployments for split in spec.splits_of(d) for r in spec.rates or ()]
-    jobs.sort(key=lambda j: -(j.rate_per_s or 0))  # heavy (high rate) first
-    results: dict[Job, RunResult] = {}
+def run_point(key: str, specs: list[ExperimentSpec], workers: int, cache: Path | None, t0: float,
+              cpu: dict[str, float]) -> dict[Key, RunResult]:
+    """Every shape (inventory, split) of every deployment at every rate of one point; finished
+    jobs are kept in ``cache`` (a rerun skips them: the simulator is deterministic). ``cpu``: CPU
+    seconds per job, filled in.
+
+    (Screening shapes at the middle rate and running only the best at every rate was tried and
+    dropped: at (b) it took AMPD's H20-TP8 shape, 93.2% against TP4's 92.2% at 0.06/s, though
+    TP4 leads at 0.08/s, 74.7% to 63.0%; and colocated-offload's TP4, where TP8 leads at 0.08/s.)"""
+    rates = specs[0].rates or ()
+    results: dict[Key, RunResult] = {}
+    _run_jobs(key, specs, [(c[0], Job(c[1], c[2], r)) for c in candidates(specs) for r in rates],
+              workers, cache, t0, results, cpu)
+    return results
+
+
+def _run_jobs(key: str, specs: list[ExperimentSpec], jobs: list[Key], workers: int, cache: Path | None, t0: float,
+              results: dict[Key, RunResult], cpu: dict[str, float]) -> None:
+    jobs = sorted((j for j in jobs if j not in results), key=lambda j: -(j[1].rate_per_s or 0))  # heavy first
     todo = []
-    for job in jobs:
-        path = _cached(cache, spec, job)
+    for i, job in jobs:
+        path = _cached(cache, specs[i], job)
         if path is not None and path.exists():
-            results[job] = pickle.loads(path.read_bytes())
+            results[(i, job)] = pickle.loads(path.read_bytes())
         else:
-            todo.append(job)
+            todo.append((i, job))
+    if not todo:
+        return
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = [pool.submit(_run, (key, spec, j)) for j in todo]
+        futures = {pool.submit(_run, (key, specs[i], job)): i for i, job in todo}
         for fut in as_completed(futures):
-            _, job, res, cpu = fut.result()
-            results[job] = res
-            CPU_S[0] += cpu
-            path = _cached(cache, spec, job)
+            i = futures[fut]
+            _, job, res, cpu_s = fut.result()
+            results[(i, job)] = res
+            CPU_S[0] += cpu_s
+            name = label(specs, (i, job.deployment, job.split))
+            cpu[f"{name} @ {job.rate_per_s:g}"] = round(cpu_s, 1)
+            path = _cached(cache, specs[i], job)
             if path is not None:
                 path.write_bytes(pickle.dumps(res))
-            print(f"[{len(results)}/{len(jobs)} {time.perf_counter() - t0:6.0f}s] {key} {job.deployment.label} "
-                  f"{job.split} @ {job.rate_per_s:g}/s: {res.summary.slo_attainment:.1%} ({res.wall_s:.0f} s)",
-                  flush=True)
-    return results
+            print(f"[{len(results)} {time.perf_counter() - t0:6.0f}s] {key} {name} @ {job.rate_per_s:g}/s: "
+                  f"{res.summary.slo_attainment:.1%} ({res.wall_s:.0f} s wall, {cpu_s:.0f} s CPU)", flush=True)
 
 
 def main() -> int:
@@ -203,33 +252,47 @@ def main() -> int:
     for k in keys:
         p = POINTS[k]
         rates = (p.rates[0], p.rates[len(p.rates) // 2], p.rates[-1]) if args.quick else p.rates
-        spec = p.spec(rates, p.duration_s / 2 if args.quick else None, first_split_only=args.quick)
-        results = run_point(k, spec, args.workers, args.cache, t0)
+        specs = p.specs(rates, p.duration_s / 2 if args.quick else None, first_split_only=args.quick)
+        spec = specs[0]
+        cpu: dict[str, float] = {}
+        cpu0 = CPU_S[0]
+        results = run_point(k, specs, args.workers, args.cache, t0, cpu)
         sim_s += sum(r.wall_s for r in results.values())
-        out = compare(spec, results)
+        out = compare(specs, results)
         if not args.no_planner:
             assert spec.rates is not None
             rate = p.planning_rate or spec.rates[len(spec.rates) // 2]
             path = _cached(args.cache, spec, Job(DeploymentSpec("ampd"), None, -rate))  # the choice's own key
+            if len(specs) > 1 and path is not None:
+                path = path.with_suffix(f".{len(specs)}.pkl")
             if path is not None and path.exists():
                 choice = pickle.loads(path.read_bytes())
             else:
-                cpu0 = time.process_time()
-                # The grid's own candidates, at their splits (the chooser sees no grid result).
-                choice = choose_deployment(spec, rate, candidates=spec.deployments, workers=args.workers,
-                                           duration_s=spec.workload.duration_s)
-                CPU_S[0] += time.process_time() - cpu0  # (its pool's children count in process_cpu_s)
+                cpu1 = time.process_time()
+                # The grid's own candidates, at their shapes (the chooser sees no grid result).
+                choice = choose_on([(s_, s_.deployments) for s_ in specs], rate, workers=args.workers,
+                                   duration_s=spec.workload.duration_s)
+                CPU_S[0] += time.process_time() - cpu1  # (its pool's children count in process_cpu_s)
                 if path is not None:
                     path.write_bytes(pickle.dumps(choice))
             sim_s += sum(r.wall_s for r in choice.results)
-            chosen = out["split_goodput"][choice.label]
+            inv = next((i for i, s_ in enumerate(specs) if (s_.cluster.gpus or "") == choice.gpus), 0)
+            picked = next(c for c in candidates(specs)
+                          if c[0] == inv and c[1].name == choice.deployment and c[2] == choice.split)
+            if label(specs, picked) not in out["split_goodput"]:  # a shape --quick left out: its curve too
+                _run_jobs(k, specs, [(inv, Job(picked[1], picked[2], r)) for r in spec.rates], args.workers,
+                          args.cache, t0, results, cpu)
+                out = compare(specs, results)
+            chosen = out["split_goodput"][label(specs, picked)]
             best = max(out["goodput"].values())
             out["planner"] = choice.to_dict()
-            out["planner_choice"] = choice.label
+            out["planner_choice"] = label(specs, picked)
             out["planner_predicted_goodput_rps"] = choice.predicted_goodput_rps
             out["planner_simulated_goodput_rate"] = chosen
             out["planner_goodput_ratio"] = chosen / best if best > 0 else None
         out["spec"] = spec.to_dict()
+        out["inventories"] = [s_.cluster.gpus for s_ in specs]
+        out["cpu_s"] = {"grid": round(CPU_S[0] - cpu0, 1), "per_job": cpu}
         points[k] = out
         _print(k, out)
         _write(args, points, t0, sim_s)

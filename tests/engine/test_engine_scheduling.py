@@ -131,6 +131,18 @@ def test_long_prefill_threshold_caps_each_chunk() -> None:
     assert [s.prefill_tokens for s in perf.shapes] == [50, 50, 50, 50]
 
 
+def test_a_request_chunk_cap_limits_only_that_request() -> None:
+    perf = FakePerf()
+    engine = create_engine(perf, max_num_batched_tokens=1000)
+    engine.add_request(Request("a", 0.0, 100, 1), 0.0, max_chunk_tokens=40)
+    engine.add_request(Request("b", 0.0, 100, 1), 0.0)
+    run(engine)
+    # a computes 40 + 40 + 20 over three steps; b, uncapped, its whole prompt in the first
+    assert [s.prefill_tokens for s in perf.shapes] == [140, 40, 20]
+    with pytest.raises(ValueError, match="max_chunk_tokens"):
+        engine.add_request(Request("c", 0.0, 10, 1), 0.0, max_chunk_tokens=-1)
+
+
 def test_chunked_prefill_splits_a_prompt_over_the_budget() -> None:
     perf = FakePerf()
     engine = create_engine(perf, max_num_batched_tokens=64)

@@ -48,3 +48,24 @@ def test_the_engine_keeps_one_waiting_turn_until_memory_frees() -> None:
     assert decide(queue, now=5.0, engine_waiting=1, engine_waiting_blocks=10, free_blocks=20) == "a"
     assert decide(queue, now=5.0, engine_waiting=0, free_blocks=0) == "a"  # nothing waits: the engine queues it
     assert decide([], now=5.0) is None
+
+
+def test_a_hopeless_turn_is_overtaken_at_most_three_times() -> None:
+    # "old" is late; fresh turns with slack keep coming and go first, until it has been
+    # overtaken three times: then it goes (without the cap it would wait as long as they come)
+    policy = SlackAdmission(LinearEstimator(), max_overtakes=3)
+    old = task("old", 0.0)
+    released = []
+    for k in range(5):
+        queue = [old, task(f"fresh{k}", 9.9)]
+        d = policy.decide(queue, engine_waiting=0, engine_waiting_blocks=0, free_blocks=0, slo=SLO_, now=10.0)
+        assert d is not None
+        released.append(d.request_id)
+        if d.request_id == "old":
+            break
+    assert released == ["fresh0", "fresh1", "fresh2", "old"]
+    uncapped = SlackAdmission(LinearEstimator())  # the default: no cap
+    late = task("late", 0.0, blocks=10)
+    late.overtaken = 99
+    assert uncapped.decide([late, task("fresh", 9.9)], engine_waiting=0, engine_waiting_blocks=0, free_blocks=0,
+                           slo=SLO_, now=10.0).request_id == "fresh"  # type: ignore[union-attr]

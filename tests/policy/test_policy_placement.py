@@ -117,6 +117,36 @@ def test_local_prefill_is_chunked_by_the_decode_budget() -> None:
     assert not d.local  # a 0.21 s step breaks the 0.1 s ITL bound
 
 
+def test_local_chunk_is_sized_to_the_itl_slack() -> None:
+    # 2048- and 1024-token chunks beside 32 decodes break the 0.1 s bound; 512 fits (0.064 s):
+    # the prefill goes local in 512-token chunks (9 full, then 392) instead of remote past TTFT.
+    decode = FakeView("d", num_decoding=32)
+    d = placement(size_local_chunks=True).decide(
+        incremental(new_tokens=5000), decode=decode, prefills=[prefill("p1", 100_000)], slo=SLO_, now=0.0,
+        history_cached_tokens_on_decode=4000,
+    )  # fmt: skip
+    full, last = 0.01 + 512e-4 + 32e-4, 0.01 + 392e-4 + 32e-4
+    assert d.local and d.chunk_tokens == 512
+    assert d.est_itl_local_s == pytest.approx(full) and d.itl_slack_s > 0
+    assert d.est_ttft_local_s == pytest.approx(9 * full + last)
+    # the same decision without sizing: one 2048-token chunk breaks ITL, so it goes remote
+    fixed = placement().decide(
+        incremental(new_tokens=5000), decode=decode, prefills=[prefill("p1", 100_000)], slo=SLO_, now=0.0,
+        history_cached_tokens_on_decode=4000,
+    )  # fmt: skip
+    assert not fixed.local and fixed.chunk_tokens == 0
+
+
+def test_no_chunk_fits_a_decode_batch_at_its_itl_bound() -> None:
+    # 900 decodes alone take 0.1 s: even a 16-token chunk breaks the bound, so remote
+    d = placement(size_local_chunks=True).decide(
+        incremental(), decode=FakeView("d", num_decoding=900), prefills=[prefill("p1", 100_000)], slo=SLO_,
+        now=0.0, history_cached_tokens_on_decode=4000,
+    )  # fmt: skip
+    assert not d.local and d.itl_slack_s < 0
+    assert d.est_itl_local_s == pytest.approx(0.01 + 16e-4 + 900e-4)
+
+
 @pytest.mark.parametrize(
     ("prefill_waiting", "decode_waiting", "expected_local"),
     [
@@ -148,7 +178,8 @@ def test_no_prefill_instance_means_local() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"local_budget_tokens": 0}, {"itl_bound_factor": 0.0}, {"link_bytes_per_s": -1.0}],
+    [{"local_budget_tokens": 0}, {"itl_bound_factor": 0.0}, {"link_bytes_per_s": -1.0},
+     {"min_local_chunk_tokens": 0}, {"local_budget_tokens": 64, "min_local_chunk_tokens": 128}],
 )
 def test_config_bounds(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
@@ -193,3 +224,17 @@ def test_backlog_beyond_the_engine_queue_prices_the_remote_wait() -> None:
     busy = placement().decide(incremental(history=0), prefill_backlog_tokens={"p1": 40_000}, **kwargs)
     assert busy.est_ttft_remote_s == pytest.approx(idle.est_ttft_remote_s + 4.0)
 
+
+
+def test_a_late_increment_goes_to_the_faster_side_unless_late_goes_local() -> None:
+    # Every prefill node misses TTFT (60k tokens queued: ~6 s), and a 40k-token recompute on
+    # the decode node takes longer still (~12 s in 64-token chunks): remote keeps the tail
+    # shorter; the rule before the sixth round sent it local anyway.
+    decode = FakeView("d", num_decoding=8, free_blocks=10_000, total_blocks=10_000)
+    request = incremental(new_tokens=40_000, history=4000)
+    kwargs: dict[str, Any] = dict(decode=decode, prefills=[prefill("p1", 60_000)], slo=SLO_, now=0.0,
+                                  history_cached_tokens_on_decode=0)
+    d = placement(local_budget_tokens=64).decide(request, **kwargs)
+    assert d.ttft_slack_s < 0 and d.itl_slack_s >= 0 and d.est_ttft_local_s > d.est_ttft_remote_s
+    assert not d.local and d.reason == "remote is at least as fast"
+    assert placement(local_budget_tokens=64, late_goes_local=True).decide(request, **kwargs).local

@@ -123,3 +123,34 @@ def test_the_host_tier_baseline_moves_history_with_a_session_its_router_moves() 
 def test_unknown_variant_is_a_clear_error() -> None:
     with pytest.raises(KeyError, match="known: colocated"):
         make_variant("nope", BASE)
+
+
+def test_h20_decode_node_takes_increments_in_chunks_sized_to_its_itl_slack() -> None:
+    # 70B, one H100-TP4 prefill instance, one H20-TP4 decode instance. Ten sessions' 22k-token
+    # first turns queue on the prefill instance; their 600-token second turns come 0.2 s after
+    # each answer. A 512-token chunk of a 70B prefill takes ~0.2 s on the H20s (past the 100 ms
+    # ITL bound), so with fixed chunks every increment waits behind the queue; sized to the
+    # decode batch's slack, they run locally in small chunks, within the bound.
+    het = SimConfig(deployment="ampd", model="llama-3.1-70b", gpu="h100", tp=4, instances=2, prefill=1, decode=1,
+                    decode_gpu="h20", decode_tp=4)
+    sys_tokens, first, new, out = 2000, 20_000, 600, 40
+    sessions = []
+    for i in range(10):
+        t0 = Turn(prompt_tokens=sys_tokens + first, output_tokens=out, history_tokens=0, think_time_s=0.0,
+                  content=((1, sys_tokens), (100 + i, first + out)))
+        t1 = Turn(prompt_tokens=sys_tokens + first + out + new, output_tokens=out,
+                  history_tokens=sys_tokens + first + out, think_time_s=0.2,
+                  content=((1, sys_tokens), (100 + i, first + out + new + out)))
+        sessions.append(Session(f"s{i}", 0.1 * i, (t0, t1)))
+    slo = SLO(ttft_s=10.0, tpot_s=0.1)
+    later = {}
+    for variant in ("ampd", "ampd-fixed-chunk"):
+        res = simulate(sessions, make_variant(variant, het), slo)
+        later[variant] = [r for r in res.records if r.turn == 1]
+        assert all(r.max_itl_s <= slo.tpot_s for r in res.records)
+    assert not any(r.prefill_instance == r.decode_instance for r in later["ampd-fixed-chunk"])
+    local = [r for r in later["ampd"] if r.prefill_instance == r.decode_instance]
+    assert len(local) >= 8
+    assert all(r.first_token_s is not None and r.first_token_s - r.arrival_s < 1.0 for r in local)
+    worst_fixed = max(r.first_token_s - r.arrival_s for r in later["ampd-fixed-chunk"] if r.first_token_s is not None)
+    assert worst_fixed > 5.0  # behind the first turns on the prefill instance

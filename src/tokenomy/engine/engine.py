@@ -83,6 +83,7 @@ class Engine:
         emitted_tokens: int = 0,
         prefill_only: bool = False,
         continuation: bool = False,
+        max_chunk_tokens: int = 0,
     ) -> None:
         """Queue a request (FCFS, but see ``continuation``).
 
@@ -93,6 +94,9 @@ class Engine:
         ``continuation``: the client already has this request's first token (its prefill ran
         elsewhere), so every step it waits stalls a live stream: it is queued behind preempted
         requests and other continuations but ahead of requests that have not started.
+        ``max_chunk_tokens``: > 0 caps the prompt tokens this request computes per step (a
+        per-request ``long_prefill_token_threshold``: AMPD sizes a decode node's local prefill
+        chunks to the ITL slack of its running batch).
 
         Raises ValueError for a duplicate id, counts out of range, or a request that could never
         run here (more KV than the instance has; without chunked prefill, more tokens than a step).
@@ -110,6 +114,10 @@ class Engine:
             raise ValueError(
                 f"request {rid!r}: preloaded_tokens must be in [0, {request.prompt_tokens}], got {preloaded_tokens}"
             )
+        if max_chunk_tokens < 0:
+            raise ValueError(f"request {rid!r}: max_chunk_tokens must be >= 0, got {max_chunk_tokens}")
+        if max_chunk_tokens and not self.config.enable_chunked_prefill:
+            raise ValueError(f"request {rid!r}: max_chunk_tokens needs chunked prefill")
         if not 0 <= emitted_tokens < request.max_output_tokens:
             raise ValueError(
                 f"request {rid!r}: emitted_tokens must be in [0, max_output_tokens={request.max_output_tokens}), "
@@ -123,6 +131,7 @@ class Engine:
             preloaded_tokens=preloaded_tokens,
             emitted_tokens=emitted_tokens,
             prefill_only=prefill_only,
+            chunk_cap=max_chunk_tokens,
         )
         self._check_fits(req)
         self._next_uid += 1

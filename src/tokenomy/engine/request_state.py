@@ -45,6 +45,7 @@ class RequestState:
         "num_preemptions",
         "continuation",
         "admit_blocked",
+        "chunk_cap",
     )
 
     def __init__(
@@ -56,6 +57,7 @@ class RequestState:
         preloaded_tokens: int,
         emitted_tokens: int,
         prefill_only: bool,
+        chunk_cap: int = 0,
     ) -> None:
         self.request = request
         self.request_id = request.request_id
@@ -88,6 +90,7 @@ class RequestState:
         self.num_preemptions = 0
         self.continuation = False  # queued ahead of not-yet-started requests (Engine.add_request)
         self.admit_blocked: tuple[int, int | None, int, bool] | None = None  # see KVManager.still_blocked
+        self.chunk_cap = chunk_cap  # > 0: most prompt tokens computed per step (Engine.add_request)
 
     @property
     def pending_tokens(self) -> int:

@@ -117,6 +117,8 @@ class Scheduler:
             n = req.num_tokens - nc
             if threshold and n > threshold:
                 n = threshold
+            if req.chunk_cap and n > req.chunk_cap:
+                n = req.chunk_cap
             if n > budget:
                 n = budget
             if not self._grow_or_preempt(req, nc + n, plan):
@@ -140,6 +142,8 @@ class Scheduler:
             n = req.num_tokens - start
             if cfg.long_prefill_token_threshold and n > cfg.long_prefill_token_threshold:
                 n = cfg.long_prefill_token_threshold
+            if req.chunk_cap and n > req.chunk_cap:
+                n = req.chunk_cap
             if n > budget and not cfg.enable_chunked_prefill:
                 req.admit_blocked = kv.blocked_state(req, len(hits), n, over_budget=True)
                 break

@@ -37,6 +37,7 @@ class Choice:
     rate_per_s: float
     results: tuple[RunResult, ...]
     why: str
+    gpus: str = ""  # the chosen candidate's inventory (``ClusterSpec.gpus``; "" on one GPU type)
 
     @property
     def label(self) -> str:
@@ -48,7 +49,9 @@ class Choice:
 
     @property
     def _chosen(self) -> RunResult:
-        return next(r for r in self.results if r.deployment == self.deployment and r.split == self.split)
+        # a candidate with a pinned split is labelled ``name@P:D``
+        return next(r for r in self.results
+                    if r.deployment.partition("@")[0] == self.deployment and r.split == self.split)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -58,6 +61,7 @@ class Choice:
             "rate_per_s": self.rate_per_s,
             "predicted_goodput_rps": self.predicted_goodput_rps,
             "why": self.why,
+            "gpus": self.gpus,
             "candidates": [
                 {"deployment": r.deployment, "split": list(r.split) if r.split else None,
                  "slo_attainment": r.summary.slo_attainment, "goodput_rps": r.summary.goodput_rps,
@@ -96,6 +100,7 @@ def choose_on(
     if not rate_per_s > 0:
         raise ValueError(f"the planning rate must be > 0, got {rate_per_s}")
     results: list[RunResult] = []
+    gpus: dict[int, str] = {}  # id(result) -> its topology's inventory
     for spec, candidates in topologies:
         workload = replace(spec.workload, seed=spec.workload.seed + seed_offset,
                            duration_s=duration_s if duration_s is not None else spec.workload.duration_s)
@@ -104,6 +109,7 @@ def choose_on(
         jobs = [Job(d, split, rate_per_s) for d in deployments for split in sample.splits_of(d)]
         done = run_jobs(sample, jobs, executor="pool", workers=workers)
         results.extend(done[j] for j in jobs)
+        gpus.update((id(done[j]), spec.cluster.gpus or "") for j in jobs)
     spec = topologies[0][0]
     order = {id(r): i for i, r in enumerate(results)}
     top = max(r.summary.slo_attainment for r in results)
@@ -118,7 +124,7 @@ def choose_on(
     ranked = sorted(results, key=key)
     best = ranked[0]
     name = best.deployment.partition("@")[0]
-    return Choice(name, best.split, rate_per_s, tuple(results), _why(best, ranked[1:], spec))
+    return Choice(name, best.split, rate_per_s, tuple(results), _why(best, ranked[1:], spec), gpus=gpus[id(best)])
 
 
 def plan_topologies(

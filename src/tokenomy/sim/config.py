@@ -29,9 +29,12 @@ class AMPDOptions:
     admission: bool = True
     link_aware: bool = True  # placement adds the KV ports' queueing to a remote prefill's TTFT
     binding_config: BindingConfig = field(default_factory=BindingConfig)
-    # Decode-side chunks of 512 tokens (decodes included) keep a local prefill's ITL cost small;
-    # 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).
-    placement_config: PlacementConfig = field(default_factory=lambda: PlacementConfig(local_budget_tokens=512))
+    # Decode-side chunks of at most 512 tokens (decodes included) keep a local prefill's ITL cost
+    # small; 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).
+    # Each local prefill's chunk is sized down to the decode batch's ITL slack (sixth round).
+    placement_config: PlacementConfig = field(
+        default_factory=lambda: PlacementConfig(local_budget_tokens=512, size_local_chunks=True)
+    )
     reorder_config: ReorderConfig = field(default_factory=ReorderConfig)
     retention_config: RetentionConfig = field(default_factory=RetentionConfig)
     tool_latency_prior_s: float = 5.0

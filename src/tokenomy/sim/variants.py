@@ -30,6 +30,14 @@ def _link_blind(c: SimConfig) -> SimConfig:
     return replace(c, ampd=replace(c.ampd, link_aware=False))
 
 
+def _placement(c: SimConfig, **changes: bool) -> SimConfig:
+    return replace(c, ampd=replace(c.ampd, placement_config=replace(c.ampd.placement_config, **changes)))
+
+
+def _fixed_chunk(c: SimConfig) -> SimConfig:
+    return _placement(c, size_local_chunks=False)
+
+
 VARIANTS: dict[str, Variant] = {
     "colocated": lambda c: replace(c, deployment="colocated", router="prefix_aware"),
     "colocated-affinity": lambda c: replace(c, deployment="colocated", router="session_affinity"),
@@ -45,6 +53,10 @@ VARIANTS: dict[str, Variant] = {
     "ampd": _ampd(True, True, True, True, True),
     # Ablation of the fifth round: placement blind to the KV ports' queueing.
     "ampd-link-blind": lambda c: _link_blind(_ampd(True, True, True, True, True)(c)),
+    # Ablation of the sixth round: every local prefill in full local_budget_tokens chunks.
+    "ampd-fixed-chunk": lambda c: _fixed_chunk(_ampd(True, True, True, True, True)(c)),
+    # ... and the placement rule before it: a late increment runs locally even when slower.
+    "ampd-late-local": lambda c: _placement(_ampd(True, True, True, True, True)(c), late_goes_local=True),
 }
 
 

@@ -11,9 +11,21 @@ cache sees them reused; ``history_tokens`` of turn k > 0 is ``sys_tokens + strea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from tokenomy.core import Segment, Turn
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """An agent that compacts its context instead of stopping: a turn whose prompt plus output
+    would pass ``at_tokens`` starts a new session stream (``restart()`` gives its key and the
+    summary's tokens, which the turn's prompt carries before its new tokens): the history's
+    prefix is lost, only the system prompt is still shared."""
+
+    at_tokens: int
+    restart: Callable[[], tuple[int, int]]
 
 
 def grow_turns(
@@ -24,11 +36,13 @@ def grow_turns(
     output_tokens: Sequence[int],
     think_time_s: Sequence[float],
     max_context_tokens: int | None = None,
+    compaction: Compaction | None = None,
 ) -> tuple[Turn, ...]:
     """Turns for one session; ``new_tokens[k]`` is the user message (k=0) or tool result (k>0).
 
-    With ``max_context_tokens`` the session ends before the first turn whose prompt plus
-    output would exceed it (an agent hitting its context window stops); turn 0 is always kept.
+    With ``compaction``, a turn > 0 over its threshold is made after a compaction. With
+    ``max_context_tokens`` the session ends before the first turn whose prompt plus output
+    would exceed it (an agent hitting its context window stops); turn 0 is always kept.
     ``think_time_s[0]`` is ignored (turn 0 starts the session).
     """
     if not len(new_tokens) == len(output_tokens) == len(think_time_s) >= 1:
@@ -38,10 +52,14 @@ def grow_turns(
     turns: list[Turn] = []
     stream = 0
     for k, (new, out, think) in enumerate(zip(new_tokens, output_tokens, think_time_s, strict=True)):
-        prompt = sys_tokens + stream + int(new)
+        new = int(new)
+        if k > 0 and compaction is not None and sys_tokens + stream + new + int(out) > compaction.at_tokens:
+            session_key, summary = compaction.restart()
+            stream, new = 0, new + summary
+        prompt = sys_tokens + stream + new
         if k > 0 and max_context_tokens is not None and prompt + int(out) > max_context_tokens:
             break
-        content: tuple[Segment, ...] = ((session_key, stream + int(new) + int(out)),)
+        content: tuple[Segment, ...] = ((session_key, stream + new + int(out)),)
         if sys_tokens:
             content = ((sys_key, sys_tokens), *content)
         turns.append(
@@ -53,5 +71,5 @@ def grow_turns(
                 content=content,
             )
         )
-        stream += int(new) + int(out)
+        stream += new + int(out)
     return tuple(turns)

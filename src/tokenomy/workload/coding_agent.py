@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenomy.core import Segment, Session, Turn
+from tokenomy.core import Session
+from tokenomy.workload.build import Compaction, grow_turns
 from tokenomy.workload.dists import LogNormal
 from tokenomy.workload.keys import StreamKeys
 
@@ -81,11 +82,19 @@ def coding_agent_sessions(
     profile: CodingAgentProfile = CODING_AGENT,
     id_prefix: str | None = None,
 ) -> list[Session]:
-    """One coding session per start time, ids ``f"{id_prefix or profile.name}-{i}"``, in input order."""
+    """One coding session per start time, ids ``f"{id_prefix or profile.name}-{i}"``, in input order.
+
+    The turns are :func:`~tokenomy.workload.build.grow_turns`' (the agent workloads' layout)
+    with a :class:`~tokenomy.workload.build.Compaction`: a new stream and a sampled summary."""
     keys = keys or StreamKeys()
     prefix = id_prefix or profile.name
-    sys_key, sys_tokens = keys.new(), profile.system_prompt_tokens
+    sys_key = keys.new()
     n_turns = profile.turns.sample_int(rng, len(start_times_s))
+
+    def restart() -> tuple[int, int]:
+        return keys.new(), int(profile.summary_tokens.sample_int(rng, 1)[0])
+
+    compaction = Compaction(profile.compact_at_tokens, restart)
     sessions = []
     for i, (start, n) in enumerate(zip(start_times_s, n_turns, strict=True)):
         n = int(n)
@@ -93,22 +102,7 @@ def coding_agent_sessions(
         new[0] = profile.first_context_tokens.sample_int(rng, 1)[0]
         outs = profile.output_tokens.sample_int(rng, n)
         thinks = profile.think_time_s.sample(rng, n)
-        turns: list[Turn] = []
-        key, stream = keys.new(), 0
-        for k in range(n):
-            add, out = int(new[k]), int(outs[k])
-            if k > 0 and sys_tokens + stream + add + out > profile.compact_at_tokens:
-                # Compaction: the history is rewritten as a summary; its KV is no prefix of anything held.
-                key, stream = keys.new(), 0
-                add += int(profile.summary_tokens.sample_int(rng, 1)[0])
-            content: tuple[Segment, ...] = ((sys_key, sys_tokens), (key, stream + add + out))
-            turns.append(Turn(
-                prompt_tokens=sys_tokens + stream + add,
-                output_tokens=out,
-                history_tokens=0 if k == 0 else sys_tokens + stream,
-                think_time_s=0.0 if k == 0 else float(thinks[k]),
-                content=content,
-            ))
-            stream += add + out
-        sessions.append(Session(session_id=f"{prefix}-{i}", start_s=float(start), turns=tuple(turns)))
+        turns = grow_turns(sys_key, profile.system_prompt_tokens, keys.new(), new.tolist(), outs.tolist(),
+                           thinks.tolist(), compaction=compaction)
+        sessions.append(Session(session_id=f"{prefix}-{i}", start_s=float(start), turns=turns))
     return sessions

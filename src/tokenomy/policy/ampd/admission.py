@@ -6,6 +6,11 @@ in FIFO order in the engine. When its KV memory is full, turns queue in front of
 
 * **gate**: release while the engine has no request waiting for admission, or while its free
   KV blocks cover the pick's blocks plus the blocks of what still waits in the engine;
+* **starvation cap** (optional, off by default): the first task already overtaken
+  ``max_overtakes`` times goes next. Hopeless turns go last for as long as turns with slack
+  keep coming (minutes of P99 TTFT under sustained memory pressure); a cap of 3 (the prefill
+  reordering's ``max_deferrals``) halved AMPD's P99 TTFT at point (c) of the grid but cost
+  3-14 points of attainment there (docs/ampd-results.md, sixth round), so it is not the default;
 * **pick**: the task of least slack that can still meet its TTFT (``slack_s >= 0``); tasks that
   cannot (hopeless) go last, oldest first. Slack: arrival + TTFT SLO - now - the estimated
   prefill of what the turn still computes there (none for a remote turn whose KV arrived: in
@@ -24,16 +29,18 @@ from tokenomy.policy.estimator import Estimator
 from tokenomy.policy.trace import TraceSink, emit, fields_dict
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AdmissionTask:
     """A turn waiting to be admitted on a decode instance: ``prefill_tokens`` it still computes
-    there after ``cached_tokens`` (0 for a remote turn whose KV arrived), ``blocks`` of KV it needs."""
+    there after ``cached_tokens`` (0 for a remote turn whose KV arrived), ``blocks`` of KV it
+    needs; ``overtaken``: how often a later task was released before it."""
 
     request_id: str
     arrival_s: float
     prefill_tokens: int
     cached_tokens: int
     blocks: int
+    overtaken: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +60,12 @@ class AdmissionDecision:
 class SlackAdmission:
     """Gates and orders admission on a full decode instance (module docstring)."""
 
-    def __init__(self, estimator: Estimator, *, trace: TraceSink | None = None) -> None:
+    def __init__(self, estimator: Estimator, *, trace: TraceSink | None = None, max_overtakes: int | None = None) -> None:
+        if max_overtakes is not None and max_overtakes < 0:
+            raise ValueError(f"max_overtakes must be >= 0 or None, got {max_overtakes}")
         self.estimator = estimator
         self.trace = trace
+        self.max_overtakes = max_overtakes  # None: no cap
 
     def slack_s(self, task: AdmissionTask, slo: SLO, now: float) -> float:
         """Seconds ``task`` may still wait and meet ``slo``'s TTFT (negative: hopeless)."""
@@ -81,11 +91,22 @@ class SlackAdmission:
         if not queue:
             return None
         slacks = [self.slack_s(t, slo, now) for t in queue]
-        index = min(range(len(queue)), key=lambda i: (slacks[i] < 0, slacks[i] if slacks[i] >= 0 else queue[i].arrival_s, i))
+        cap = self.max_overtakes
+        capped = [i for i, t in enumerate(queue) if cap is not None and t.overtaken >= cap]
+        if capped:
+            index = capped[0]
+        else:
+            index = min(range(len(queue)),
+                        key=lambda i: (slacks[i] < 0, slacks[i] if slacks[i] >= 0 else queue[i].arrival_s, i))
         task = queue[index]
         if engine_waiting > 0 and free_blocks < engine_waiting_blocks + task.blocks:
             return None
-        reason = "least slack that can still meet its SLO" if slacks[index] >= 0 else "every waiting turn is late"
+        for ahead in queue[:index]:  # released before them: each is overtaken once more
+            ahead.overtaken += 1
+        if capped:
+            reason = f"overtaken {task.overtaken} times"
+        else:
+            reason = "least slack that can still meet its SLO" if slacks[index] >= 0 else "every waiting turn is late"
         slack = slacks[index] if math.isfinite(slacks[index]) else 0.0
         decision = AdmissionDecision(index, task.request_id, slack, reason, decode_instance)
         emit(self.trace, "admission", now, decision)

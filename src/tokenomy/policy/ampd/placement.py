@@ -8,10 +8,14 @@ Estimates (all from ``now``; the TTFTs reported add the time the request already
   + transfer from the decode node of the history ``p`` lacks and the decode node holds
   + prefill of the rest of the prompt after what ``p`` then has
   + transfer back of the prompt KV the decode node lacks;
-* local TTFT = the decode node's queued prompt tokens, then this request's uncached tokens, in
-  chunks of ``local_budget_tokens`` tokens, each step also carrying the running
-  decodes; local ITL = the longest of the steps carrying this request's chunks (the ITL the
-  running decodes suffer).
+* local chunk = the largest of ``local_budget_tokens``, its half, its quarter, ... (down to
+  ``min_local_chunk_tokens``) whose step, carrying the running decodes at the prefill's last
+  (longest) context, fits the ITL bound: the prefill takes only what the decode batch's ITL
+  slack leaves, chunked across steps (the whitepaper's slack-based local prefill; with
+  ``size_local_chunks`` off, always ``local_budget_tokens``);
+* local TTFT = the decode node's queued prompt tokens, then this request's uncached tokens in
+  such chunks, each step also carrying the running decodes; local ITL = the longest of those
+  steps (the ITL the running decodes suffer).
 
 Rule (docs/ampd.md, "Adaptive placement"), with ``itl_slack = itl_bound_factor * slo.tpot_s -
 est_itl_local`` and ``ttft_slack = slo.ttft_s - est_ttft_remote`` of the best prefill node:
@@ -20,7 +24,8 @@ est_itl_local`` and ``ttft_slack = slo.ttft_s - est_ttft_remote`` of the best pr
 * the decode node lacks free KV blocks for the request's uncached prompt and output now: remote
   (a local prefill would only wait there, stalling behind memory);
 * incremental prefill (``history_tokens > 0``): local iff ``itl_slack >= 0`` and
-  (``ttft_slack < 0`` or ``est_ttft_local < est_ttft_remote``); else remote;
+  ``est_ttft_local < est_ttft_remote`` (with ``late_goes_local``, the rule before the sixth
+  round: also whenever ``ttft_slack < 0``, however slow local is); else remote;
 * first turn: remote unless ``itl_slack >= 0`` and every prefill node misses TTFT while local meets it.
 
 Remote always goes to the prefill node of lowest estimated TTFT (ties by id).
@@ -51,16 +56,34 @@ class PlacementConfig:
     ``itl_bound_factor``: the per-step ITL bound as a multiple of the TPOT SLO (1.0: a single
     inflated step may not exceed the TPOT SLO).
     ``link_bytes_per_s``: KV link bandwidth handed to the estimator (None: its default link).
+    ``size_local_chunks``: a local prefill's chunk is the largest that keeps the decode step
+    within the ITL bound (module docstring), down to ``min_local_chunk_tokens`` (our choice: 16,
+    one KV block); off (the default): always ``local_budget_tokens``. It needs a decode engine
+    that caps one request's chunk (the simulator's engine does; a live vLLM backend has only
+    an instance-wide ``max_num_batched_tokens``, so the gateway keeps it off).
+    ``late_goes_local``: an incremental prefill that every prefill node would serve late runs
+    locally whenever the decode node has ITL slack, even when local is slower (the rule until
+    the sixth round: it keeps a lost request off the shared prefill pool, but a turn that lost
+    its history then recomputes it in small chunks on a slow decode card for minutes: the P99
+    TTFT). Off: the faster side, as when remote is on time.
     """
 
     local_budget_tokens: int = 2048
     prefill_budget_tokens: int = 8192
     itl_bound_factor: float = 1.0
     link_bytes_per_s: float | None = None
+    size_local_chunks: bool = False
+    min_local_chunk_tokens: int = 16
+    late_goes_local: bool = False
 
     def __post_init__(self) -> None:
         if self.local_budget_tokens < 1 or self.prefill_budget_tokens < 1:
             raise ValueError("local_budget_tokens and prefill_budget_tokens must be >= 1")
+        if not 1 <= self.min_local_chunk_tokens <= self.local_budget_tokens:
+            raise ValueError(
+                f"min_local_chunk_tokens must be in [1, local_budget_tokens={self.local_budget_tokens}], "
+                f"got {self.min_local_chunk_tokens}"
+            )
         if not self.itl_bound_factor > 0:
             raise ValueError(f"itl_bound_factor must be > 0, got {self.itl_bound_factor}")
         if self.link_bytes_per_s is not None and not self.link_bytes_per_s > 0:
@@ -74,7 +97,8 @@ class PlacementDecision:
     ``local`` True: on the bound decode node, ``prefill_instance`` None. TTFTs include the time
     already waited (``now - arrival_s``). ``est_ttft_remote_s`` and ``ttft_slack_s`` are those of
     the best prefill node (``inf`` / ``-inf`` when there is none); ``itl_slack_s`` is the decode
-    node's ITL bound minus ``est_itl_local_s``.
+    node's ITL bound minus ``est_itl_local_s``; ``chunk_tokens`` the most prompt tokens a local
+    prefill computes per step (the decode engine's per-request cap).
     """
 
     local: bool
@@ -87,6 +111,7 @@ class PlacementDecision:
     reason: str
     request_id: str = ""
     decode_instance: str = ""
+    chunk_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields, for the decision trace."""
@@ -158,9 +183,10 @@ class AdaptivePlacement:
             )
         waited = max(0.0, now - request.arrival_s)
         on_decode = min(history_cached_tokens_on_decode, request.prompt_tokens)
-        local_s, itl_s = self._local(request, decode, on_decode)
+        itl_bound = self.config.itl_bound_factor * slo.tpot_s
+        local_s, itl_s, chunk = self._local(request, decode, on_decode, itl_bound)
         ttft_local = waited + local_s
-        itl_slack = self.config.itl_bound_factor * slo.tpot_s - itl_s
+        itl_slack = itl_bound - itl_s
         remote = [
             (
                 waited
@@ -172,14 +198,16 @@ class AdaptivePlacement:
         ]
         if not remote:
             return PlacementDecision(
-                True, None, math.inf, ttft_local, itl_s, -math.inf, itl_slack, "no prefill instance"
+                True, None, math.inf, ttft_local, itl_s, -math.inf, itl_slack, "no prefill instance",
+                chunk_tokens=chunk,
             )
         ttft_remote, best = min(remote)
         ttft_slack = slo.ttft_s - ttft_remote
 
         def place(local: bool, reason: str) -> PlacementDecision:
             return PlacementDecision(
-                local, None if local else best, ttft_remote, ttft_local, itl_s, ttft_slack, itl_slack, reason
+                local, None if local else best, ttft_remote, ttft_local, itl_s, ttft_slack, itl_slack, reason,
+                chunk_tokens=chunk if local else 0,
             )
 
         room_blocks = decode.free_blocks - math.ceil(
@@ -190,7 +218,7 @@ class AdaptivePlacement:
         if request.history_tokens > 0:
             if itl_slack < 0:
                 return place(False, "decode node has no ITL slack for the prefill")
-            if ttft_slack < 0:
+            if ttft_slack < 0 and self.config.late_goes_local:
                 return place(True, "every prefill node misses TTFT; decode node has ITL slack")
             if ttft_local < ttft_remote:
                 return place(True, "local is faster and within ITL slack")
@@ -240,28 +268,48 @@ class AdaptivePlacement:
             + self._transfer_s(prompt - on_decode)
         )
 
-    def _local(self, request: Request, decode: InstanceView, on_decode: int) -> tuple[float, float]:
-        """(TTFT from now, longest step carrying this prefill) on the decode node."""
-        budget = self.config.local_budget_tokens
+    def _step_s(self, n: int, context: int, seqs: int, decode_ctx: int) -> float:
+        """One decode-node step: a prefill chunk of ``n`` tokens after ``context``, beside ``seqs``
+        decodes holding ``decode_ctx`` tokens of context."""
+        return self.estimator.step_time_s(StepShape(
+            prefill_tokens=n,
+            prefill_seqs=1,
+            prefill_attn_pairs=StepShape.chunk_attn_pairs(n, context),
+            prefill_context_tokens=context + n,
+            decode_seqs=seqs,
+            decode_context_tokens=decode_ctx,
+        ))
+
+    def _local(
+        self, request: Request, decode: InstanceView, on_decode: int, itl_bound: float
+    ) -> tuple[float, float, int]:
+        """(TTFT from now, longest step carrying this prefill, chunk) on the decode node.
+
+        Step time grows with the context, so the longest step is the last; the steps between
+        are priced by the trapezoid of the first and the last (step time is close to linear in
+        the context), which keeps a decision O(log budget) whatever the chunk."""
+        cfg = self.config
+        budget = cfg.local_budget_tokens
         wait = self._drain_s(decode.num_waiting_tokens, budget)
         context = min(on_decode, request.prompt_tokens - 1)
         todo = request.prompt_tokens - context
         seqs, decode_ctx = decode.num_decoding, decode.decode_context_tokens
-        elapsed = itl = 0.0
-        while todo > 0:
-            n = min(todo, budget)
-            shape = StepShape(
-                prefill_tokens=n,
-                prefill_seqs=1,
-                prefill_attn_pairs=StepShape.chunk_attn_pairs(n, context),
-                prefill_context_tokens=context + n,
-                decode_seqs=seqs,
-                decode_context_tokens=decode_ctx,
-            )
-            step = self.estimator.step_time_s(shape)
-            elapsed += step
-            itl = max(itl, step)
-            todo -= n
-            context += n
-            decode_ctx += seqs  # each running decode grows by one token per step
-        return wait + elapsed, itl
+
+        def price(chunk: int) -> tuple[float, float]:
+            n = min(todo, chunk)
+            steps = -(-todo // n)
+            first = self._step_s(n, context, seqs, decode_ctx)
+            if steps == 1:
+                return first, first
+            last_n = todo - (steps - 1) * n
+            last = self._step_s(last_n, context + todo - last_n, seqs, decode_ctx + (steps - 1) * seqs)
+            # the last full chunk bounds the ITL (the final one may be shorter)
+            peak = self._step_s(n, context + todo - last_n - n, seqs, decode_ctx + (steps - 2) * seqs)
+            return (steps - 1) * (first + peak) / 2 + last, max(first, peak, last)
+
+        chunk = budget
+        elapsed, itl = price(chunk)
+        while cfg.size_local_chunks and itl > itl_bound and chunk > cfg.min_local_chunk_tokens:
+            chunk = max(cfg.min_local_chunk_tokens, chunk // 2)
+            elapsed, itl = price(chunk)
+        return wait + elapsed, itl, min(chunk, todo)

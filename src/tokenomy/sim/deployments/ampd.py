@@ -159,8 +159,9 @@ class AMPD(Deployment):
             if kv_arrived:
                 # Its prefill is done: in the engine it goes ahead of local prefills waiting there.
                 decode.submit(req, at, preloaded_tokens=req.prompt_tokens, emitted_tokens=1, continuation=True)
-            else:
-                decode.submit(req, at, preloaded_tokens=preloaded)
+            else:  # a local prefill, in the chunks placement sized to the batch's ITL slack
+                chunk = turn.placement.chunk_tokens if turn.placement is not None else 0
+                decode.submit(req, at, preloaded_tokens=preloaded, max_chunk_tokens=chunk)
 
         queue = self._admit.get(turn.decode_id)
         if queue is None:

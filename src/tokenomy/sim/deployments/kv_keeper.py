@@ -179,6 +179,8 @@ class KVKeeper:
 
     def _make_room(self, session_id: str, instance_id: str, nbytes: int, now: float) -> None:
         """Evict host copies on ``instance_id`` as the host-eviction policy decides, for ``nbytes`` more."""
+        if self._host_bytes[instance_id] + nbytes <= self._host_capacity_bytes and self._eviction.trace is None:
+            return  # it fits: the policy would evict nothing (and no trace wants its decision)
         kv_bytes = self._kv_bytes
         copies = [
             HostCopyView(sid, c.kv_tokens * kv_bytes, c.expire_s)
