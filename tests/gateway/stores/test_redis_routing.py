@@ -8,11 +8,11 @@ import secrets
 import pytest
 from redis.asyncio import Redis
 
+from helpers.polling import wait_for
 from tokenomy.gateway.stores.redis_routing import RedisInFlight, RedisSessionBindings
 from tokenomy.gateway.stores.servers import RedisServer
 
 pytestmark = pytest.mark.integration
-T0 = 1_800_000_000.0
 
 
 def test_racing_replicas_bind_a_session_to_one_instance_and_rebind_by_compare_and_set(redis_srv: RedisServer) -> None:
@@ -39,23 +39,24 @@ def test_racing_replicas_bind_a_session_to_one_instance_and_rebind_by_compare_an
     asyncio.run(main())
 
 
-def test_in_flight_counts_cover_the_fleet_and_drop_a_dead_replicas_requests(redis_srv: RedisServer) -> None:
+def test_each_replica_reads_the_others_in_flight_counts_and_a_dead_replicas_lapse(redis_srv: RedisServer) -> None:
     prefix = f"t{secrets.token_hex(4)}:"
-
-    async def main() -> None:
-        a_client, b_client = Redis.from_url(redis_srv.url), Redis.from_url(redis_srv.url)
-        try:
-            a, b = RedisInFlight(a_client, lease_s=2.0, prefix=prefix), RedisInFlight(b_client, lease_s=2.0, prefix=prefix)
-            await a.dispatched("d0", "a1", T0)
-            await a.dispatched("d1", "a2", T0)
-            await b.dispatched("d0", "b1", T0)
-            assert await b.counts(["d0", "d1", "d2"], T0 + 1) == {"d0": 2, "d1": 1, "d2": 0}
-            await b.renew([("d0", "b1")], T0 + 1.5)  # replica a died: only b renews
-            assert await a.counts(["d0", "d1"], T0 + 2.5) == {"d0": 1, "d1": 0}
-            await b.finished("d0", "b1")
-            assert await a.counts(["d0"], T0 + 2.5) == {"d0": 0}
-        finally:
-            await a_client.aclose()
-            await b_client.aclose()
-
-    asyncio.run(main())
+    loop = asyncio.new_event_loop()
+    client = Redis.from_url(redis_srv.url)
+    try:
+        a = RedisInFlight(client, "a", lease_s=0.3, prefix=prefix)  # stops publishing: its counts lapse
+        b, c = (RedisInFlight(client, r, lease_s=30.0, prefix=prefix) for r in ("b", "c"))
+        run = loop.run_until_complete
+        assert run(a.exchange({"d0": 2, "d1": 1})) == {"d0": 0, "d1": 0}
+        assert run(b.exchange({"d0": 1, "d1": 0})) == {"d0": 2, "d1": 1}
+        assert run(c.exchange({"d0": 0, "d1": 0, "d2": 4})) == {"d0": 3, "d1": 1, "d2": 0}
+        assert run(a.exchange({"d0": 1, "d1": 1})) == {"d0": 1, "d1": 0}  # its own never counted twice
+        assert run(b.exchange({"d0": 1, "d1": 0, "d2": 0})) == {"d0": 1, "d1": 1, "d2": 4}
+        wait_for(lambda: run(c.exchange({"d0": 0, "d1": 0, "d2": 4})) == {"d0": 1, "d1": 0, "d2": 0},
+                 timeout_s=5.0, what="replica a's counts to lapse with its lease")
+        assert not run(client.hexists(f"{prefix}if:d0", "a"))  # the reader deleted them
+        run(b.leave(["d0", "d1", "d2"]))  # a clean shutdown withdraws at once
+        assert run(c.exchange({"d0": 0})) == {"d0": 0}
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.close()

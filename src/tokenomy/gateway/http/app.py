@@ -39,10 +39,11 @@ from tokenomy.gateway.ops.guard import Guard
 from tokenomy.gateway.routing.ampd_live import AmpdRouting
 from tokenomy.gateway.routing.backends import BackendPool
 from tokenomy.gateway.routing.build import build_routing
+from tokenomy.gateway.routing.fleet_load import FleetLoad
 from tokenomy.gateway.routing.tls import host_port, tls_contexts
 from tokenomy.gateway.routing.upstream import Upstream, UpstreamPool, UpstreamTimeouts
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
-from tokenomy.gateway.stores.redis_routing import RedisSessionBindings
+from tokenomy.gateway.stores.redis_routing import RedisInFlight, RedisSessionBindings
 from tokenomy.policy.router import make_router
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,10 @@ def build_app(
         metrics.watch_ampd(routing.live)
         if fleet is not None and shared is not None:  # one session, one decode instance, fleet-wide
             routing.live.bindings = RedisSessionBindings(fleet.guard.redis, ttl_s=shared.binding_ttl_s)
+    fleet_load = None  # a fleet: routers read every replica's in-flight counts, refreshed off the request path
+    if fleet is not None and shared is not None:
+        fleet_load = FleetLoad(pool, RedisInFlight(fleet.guard.redis, fleet.guard.owner, shared.in_flight_lease_s),
+                               shared.in_flight_period_s)
     proxy = Proxy(config, pool, routing, the_ledger, guard, metrics, upstream)
     openapi = spec(config.models())
 
@@ -203,7 +208,8 @@ def build_app(
         if gauges is not None:
             await gauges.refresh()
         for b in pool.backends:
-            metrics.in_flight.labels(b.instance_id).set(b.in_flight)
+            metrics.in_flight.labels(b.instance_id).set(b.own_in_flight)
+            metrics.fleet_in_flight.labels(b.instance_id).set(b.in_flight)
             metrics.healthy.labels(b.instance_id).set(1 if b.healthy else 0)
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
@@ -221,12 +227,16 @@ def build_app(
         if fleet is not None:
             await fleet.start()
         pool.start()
+        if fleet_load is not None:
+            fleet_load.start()
         gc.collect()
         gc.freeze()  # start-up objects live as long as the process: the collector need not scan them
         try:
             yield
         finally:
             await pool.stop()
+            if fleet_load is not None:
+                await fleet_load.stop()
             for task in list(proxy.completion.background):
                 with contextlib.suppress(Exception):
                     await task

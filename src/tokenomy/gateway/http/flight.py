@@ -170,7 +170,7 @@ class Completion:
         """Make ``ev`` durable in the ledger (before the client sees completion)."""
         try:
             # alone: no request is at a backend, so none can join this event's group commit
-            await self.ledger.record(ev, alone=not any(b.in_flight for b in self.pool.backends))
+            await self.ledger.record(ev, alone=not any(b.own_in_flight for b in self.pool.backends))
         except Exception:
             await self.guard.settle(flight.admission, settled)  # charge what the backend did, even unrecorded
             self.metrics.errors.labels("ledger_write_failed").inc()

@@ -106,7 +106,11 @@ class GatewayMetrics:
         self.ttft = Histogram("tokenomy_gateway_ttft_seconds",
                               "Time to first token of answered requests, as the client saw it at the gateway",
                               buckets=_TTFT_BUCKETS_S, registry=r)
-        self.in_flight = Gauge("tokenomy_gateway_in_flight", "Requests in flight per backend", ["backend"], registry=r)
+        self.in_flight = Gauge("tokenomy_gateway_in_flight", "Requests this replica has in flight per backend",
+                               ["backend"], registry=r)
+        self.fleet_in_flight = Gauge("tokenomy_gateway_fleet_in_flight",
+                                     "Requests in flight per backend as routing sees them: this replica's plus the "
+                                     "fleet's other replicas' last published counts", ["backend"], registry=r)
         self.healthy = Gauge("tokenomy_gateway_backend_healthy", "1 when the backend is in rotation", ["backend"], registry=r)
 
     def watch_ampd(self, live: Any) -> None:

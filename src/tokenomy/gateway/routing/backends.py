@@ -7,7 +7,9 @@ A :class:`Backend` combines two sources, each with one owner:
   ``vllm:gpu_cache_usage_perc``), scraped by :class:`BackendPool`'s health loop;
 * the gateway's own counts, changed only by :meth:`Backend.dispatched`, :meth:`Backend.first_token`
   and :meth:`Backend.finished` (requests in flight, prompt tokens not yet prefilled, and which
-  conversation prefixes it last served, for ``cached_prefix_tokens``).
+  conversation prefixes it last served, for ``cached_prefix_tokens``);
+* in a fleet, the other replicas' requests in flight there, as they last published them
+  (``others_in_flight``, owned by :class:`tokenomy.gateway.routing.fleet_load.FleetLoad`).
 
 Health: ``GET /health`` every ``interval_s``; a failed check or a connection error takes the
 backend out, and it is tried again after a backoff that doubles per failure (``backoff_initial_s``
@@ -58,13 +60,19 @@ class Backend:
         self.scraped_waiting = 0
         self.kv_usage = 0.0
         # the gateway's own counts (owned by the dispatch methods below)
-        self.in_flight = 0
+        self.own_in_flight = 0  # forwarded by this process
+        self.others_in_flight = 0  # forwarded by the fleet's other replicas (0 when embedded)
         self._prefilling: dict[str, int] = {}  # request id -> prompt tokens before its first token
         self._decoding: dict[str, int] = {}  # request id -> prompt tokens, after its first token
         self._prefixes: OrderedDict[int, int] = OrderedDict()  # stream key -> tokens held
         # Called with a request id when one of its requests gets its first token or leaves, and
         # with None after a scrape (AMPD's decode admission gate pumps on it).
         self.on_progress: Callable[[str | None], None] | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in flight here, from every replica of the fleet (this process's alone when embedded)."""
+        return self.own_in_flight + self.others_in_flight
 
     # -- InstanceView ------------------------------------------------------------------------
     @property
@@ -101,7 +109,7 @@ class Backend:
 
     # -- the gateway's own counts ----------------------------------------------------------
     def dispatched(self, request_id: str, prompt_tokens: int) -> None:
-        self.in_flight += 1
+        self.own_in_flight += 1
         self._prefilling[request_id] = prompt_tokens
 
     def first_token(self, request_id: str) -> None:
@@ -115,7 +123,7 @@ class Backend:
         """The request left this backend; ``context_tokens`` of ``stream_key`` are now cached there."""
         self._prefilling.pop(request_id, None)
         self._decoding.pop(request_id, None)
-        self.in_flight = max(0, self.in_flight - 1)
+        self.own_in_flight = max(0, self.own_in_flight - 1)
         if stream_key is not None and context_tokens > 0:
             self._prefixes[stream_key] = context_tokens
             self._prefixes.move_to_end(stream_key)

@@ -10,8 +10,9 @@ budget holds/spend     ``reservations.Reservations``      ``InProcessReservation
 RPM/TPM, concurrency   ``limits.RateLimits``              ``InProcessRateLimits``; a fleet:
                                                           ``redis_limits.RedisRateLimits``
 breaker state          ``ops.breaker.Breakers``           in process; a fleet: ``redis_breakers.RedisBreakers``
-session bindings,      (routing)                          a fleet: ``redis_routing.RedisSessionBindings``,
-in-flight counts                                          ``redis_routing.RedisInFlight``
+session bindings       (routing)                          a fleet: ``redis_routing.RedisSessionBindings``
+in-flight counts       ``in_flight.InFlightExchange``     none embedded (one process's own counts); a
+                                                          fleet: ``redis_routing.RedisInFlight``
 usage ledger           ``metering.ledger.Ledger``         ``ledger_sql.SqlLedger`` (``ledger.url``); a fleet:
                                                           ``pg_ledger.PgLedger`` (PostgreSQL, asyncpg)
 tenants and keys       ``tenancy_sql.TenantStore``        SQL (``ops.db_url``, else the ledger's); a fleet:

@@ -7,13 +7,15 @@ instance whichever replica they pass. A rebind is a compare-and-set (only from t
 caller saw), and a binding expires ``ttl_s`` after the session's last turn (sessions end without
 saying so; the in-process binder's map grew forever).
 
-In-flight counts: a sorted set per backend of request ids scored by lease expiry, renewed by the
-replica's heartbeat; a dead replica's requests stop counting when their lease passes.
+In-flight counts: each replica publishes its own count per backend every ``in_flight_period_s``
+and reads the other replicas' in the same script (``RedisInFlight.exchange``); routing adds its
+own live count to the others' last published ones, so no request waits on Redis for them. A
+published count carries a lease: a dead replica's counts stop counting when it passes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 
 from redis.asyncio import Redis
 
@@ -66,36 +68,61 @@ class RedisSessionBindings:
         await self.redis.delete(self._key(session_id))
 
 
-class RedisInFlight:
-    """Requests in flight per backend, over the whole fleet."""
+# KEYS: one hash per backend (field: replica, value: "count:expiry ms"); ARGV[1]: this replica,
+# ARGV[2]: lease ms, ARGV[2 + i]: its count on backend i. Server time: replicas' clocks may differ.
+_EXCHANGE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local me, lease = ARGV[1], tonumber(ARGV[2])
+local out = {}
+for i, key in ipairs(KEYS) do
+  redis.call('HSET', key, me, ARGV[i + 2] .. ':' .. string.format('%d', now + lease))
+  redis.call('PEXPIRE', key, lease)
+  local sum, fields = 0, redis.call('HGETALL', key)
+  for j = 1, #fields, 2 do
+    if fields[j] ~= me then
+      local c, e = string.match(fields[j + 1], '^(%d+):(%d+)$')
+      if c == nil or tonumber(e) <= now then
+        redis.call('HDEL', key, fields[j])
+      else
+        sum = sum + tonumber(c)
+      end
+    end
+  end
+  out[i] = sum
+end
+return out
+"""
 
-    def __init__(self, redis: Redis, lease_s: float = 30.0, prefix: str = "tk:") -> None:
+
+class RedisInFlight:
+    """Requests in flight per backend over the fleet (:class:`tokenomy.gateway.stores.in_flight.InFlightExchange`).
+
+    One hash per backend, one field per replica: its count and the server time its lease ends.
+    ``exchange`` writes this replica's counts and reads the others' sums in one script; a field
+    whose lease passed (a replica that stopped publishing) is deleted by the next reader.
+    """
+
+    def __init__(self, redis: Redis, replica_id: str, lease_s: float = 2.0, prefix: str = "tk:") -> None:
         self.redis = redis
-        self.lease_s = lease_s
+        self.replica_id = replica_id
+        self.lease_ms = max(1, int(lease_s * 1000))
         self.prefix = prefix
+        self._exchange = redis.register_script(_EXCHANGE)
 
     def _key(self, backend_id: str) -> str:
         return f"{self.prefix}if:{backend_id}"
 
-    async def dispatched(self, backend_id: str, request_id: str, now_s: float) -> None:
-        await self.redis.zadd(self._key(backend_id), {request_id: now_s + self.lease_s})
+    async def exchange(self, own: Mapping[str, int]) -> dict[str, int]:
+        ids = list(own)
+        if not ids:
+            return {}
+        sums = await self._exchange(keys=[self._key(b) for b in ids],
+                                    args=[self.replica_id, self.lease_ms, *(max(0, int(own[b])) for b in ids)])
+        return {b: int(n) for b, n in zip(ids, sums, strict=True)}
 
-    async def finished(self, backend_id: str, request_id: str) -> None:
-        await self.redis.zrem(self._key(backend_id), request_id)
-
-    async def renew(self, flights: Iterable[tuple[str, str]], now_s: float) -> None:
-        """Extend the lease of each (backend id, request id) still running on this replica."""
-        until = now_s + self.lease_s
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for backend_id, rid in flights:
-                pipe.zadd(self._key(backend_id), {rid: until}, xx=True)
-            await pipe.execute()
-
-    async def counts(self, backend_ids: Sequence[str], now_s: float) -> dict[str, int]:
-        """Each backend's requests in flight on any replica whose lease has not passed."""
+    async def leave(self, backend_ids: Iterable[str]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             for b in backend_ids:
-                pipe.zremrangebyscore(self._key(b), "-inf", repr(float(now_s)))
-                pipe.zcard(self._key(b))
-            out = await pipe.execute()
-        return {b: int(out[2 * i + 1]) for i, b in enumerate(backend_ids)}
+                pipe.hdel(self._key(b), self.replica_id)
+            await pipe.execute()

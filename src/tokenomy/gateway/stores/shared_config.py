@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 OutageMode = Literal["fail_closed", "local"]
 
@@ -46,9 +46,21 @@ class SharedStoresConfig(BaseModel):
                                                                     "tenant tree (revocations take this long)")
     binding_ttl_s: float = Field(default=3600.0, gt=0, description="a session binding ends this long after "
                                                                    "the session's last turn")
+    in_flight_period_s: float = Field(default=0.2, gt=0, description="how often a replica publishes its "
+                                      "per-backend in-flight counts and reads the others' (routing's view of the "
+                                      "other replicas is this old at most)")
+    in_flight_lease_s: float = Field(default=2.0, gt=0, description="a replica's published in-flight counts stop "
+                                     "counting this long after it last published (a dead replica's vanish)")
     token_flush: int = Field(default=32, ge=1, description="streamed tokens counted locally before they are "
                                                            "added to the shared velocity windows")
     on_outage: OutageConfig = OutageConfig()
+
+    @model_validator(mode="after")
+    def _lease_outlives_period(self) -> SharedStoresConfig:
+        if self.in_flight_lease_s <= self.in_flight_period_s:
+            raise ValueError(f"ops.shared.in_flight_lease_s ({self.in_flight_lease_s:g}) must exceed "
+                             f"in_flight_period_s ({self.in_flight_period_s:g}): live replicas' counts would lapse")
+        return self
 
     @property
     def heartbeat_period_s(self) -> float:
