@@ -8,14 +8,14 @@ import asyncio
 import heapq
 import json
 import re
-import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from helpers.prefix_cache import shared_prefix
+from helpers.threaded_http import serve_thread
 
 BLOCK = 16
 _TOKEN = re.compile(r" ?[A-Za-z]+|\S")
@@ -214,13 +214,5 @@ def serve_loopback(engine: FakeEngine) -> Iterator[str]:
                 self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
             self.wfile.write(b"0\r\n\r\n")
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve_thread(Handler) as url:
+        yield url

@@ -8,12 +8,13 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
 from bench.fakes import FakeEngine
+from helpers.threaded_http import serve_thread
 from tokenomy.bench.profile import ITL_HISTOGRAM, ProfilePlan, histogram_totals, profile
 
 ENGINE_ITL_S = 0.004
@@ -78,16 +79,8 @@ def _bursty_vllm() -> Iterator[str]:
                 itl["count"] += len(words) - 1
             self._send(200, "text/event-stream", "".join(e for _, e in engine.events(body, words, usage)).encode())
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve_thread(Handler) as url:
+        yield url
 
 
 @pytest.mark.integration

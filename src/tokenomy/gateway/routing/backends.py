@@ -19,7 +19,6 @@ up to ``backoff_max_s``). A success puts it back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 import time
@@ -30,6 +29,7 @@ import httpx
 
 from tokenomy.core import Role, Segment
 from tokenomy.gateway.config import BackendConfig, HealthConfig
+from tokenomy.gateway.routing.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class BackendPool:
         self.health = health
         self.client = client
         self.tls_clients = tls_clients or {}  # backend id -> a client with that backend's TLS context
-        self._task: asyncio.Task[None] | None = None
+        self._health_loop = Periodic("health loop", self.check_all, health.interval_s)
 
     def candidates(self, model: str, now_s: float, exclude: frozenset[str] = frozenset()) -> list[Backend]:
         """Healthy backends serving ``model``; when none is healthy, those whose backoff has passed."""
@@ -243,21 +243,8 @@ class BackendPool:
         due = [b for b in self.backends if b.healthy or b.retry_at_s <= now]
         await asyncio.gather(*(self.check(b) for b in due))
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.check_all()
-            except Exception:  # a bug here must not stop health checking
-                log.exception("health loop")
-            await asyncio.sleep(self.health.interval_s)
-
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop())
+        self._health_loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._health_loop.stop()

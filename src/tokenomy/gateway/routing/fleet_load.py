@@ -18,6 +18,7 @@ import logging
 from redis.exceptions import RedisError
 
 from tokenomy.gateway.routing.backends import BackendPool
+from tokenomy.gateway.routing.periodic import Periodic
 from tokenomy.gateway.stores.in_flight import InFlightExchange
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class FleetLoad:
         self.store = store
         self.period_s = period_s
         self.store_ok = True
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic("fleet in-flight sync", self.sync, period_s)
 
     async def sync(self) -> None:
         """Publish this replica's counts and take the others' (zero when the store fails)."""
@@ -49,24 +50,11 @@ class FleetLoad:
         for b in self.pool.backends:
             b.others_in_flight = others.get(b.instance_id, 0)
 
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.sync()
-            except Exception:  # a bug here must not stop the sync
-                log.exception("fleet in-flight sync")
-            await asyncio.sleep(self.period_s)
-
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="fleet-in-flight")
+        self._loop.start()
 
     async def stop(self) -> None:
         """Stop syncing and withdraw this replica's counts (they would otherwise last a lease)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._loop.stop()
         with contextlib.suppress(*_STORE_ERRORS):
             await self.store.leave([b.instance_id for b in self.pool.backends])
