@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from helpers.gateway_core_support import MODEL, FakeUpstream, serve
+from helpers.polling import wait_for
 from tokenomy.gateway.config import config_from_dict
 from tokenomy.gateway.http.app import build_app
 from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
@@ -38,16 +39,6 @@ class CappedGuard(AllowAllGuard):
             self.refused_at = self.refused_at or time.monotonic()
             return False
         return True
-
-
-def wait_for(pred: Callable[[], Any], timeout_s: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture

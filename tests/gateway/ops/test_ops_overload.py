@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -11,20 +10,13 @@ import pytest
 
 from helpers.gateway_core_support import MODEL, FakeUpstream, serve
 from helpers.ops_factory import SECRET
+from helpers.polling import wait_for
 from tokenomy.gateway.config import config_from_dict
 from tokenomy.gateway.http.app import build_app
 from tokenomy.gateway.ops.keys import new_api_key
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
 
 pytestmark = pytest.mark.integration
-
-
-def _wait(cond, what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached: {what}")
-        time.sleep(0.01)
 
 
 def test_a_full_queue_sheds_the_low_priority_request_for_the_high_one(tmp_path: Path) -> None:
@@ -62,10 +54,10 @@ def test_a_full_queue_sheds_the_low_priority_request_for_the_high_one(tmp_path: 
                     assert pool.signals("default").in_flight == 1
                     threads.append(threading.Thread(target=call, args=("lo-queued", lo, 2)))
                     threads[-1].start()
-                    _wait(lambda: pool.signals("default").queue_depth == 1, "one request queued")
+                    wait_for(lambda: pool.signals("default").queue_depth == 1, 20.0, 0.01, "one request queued")
                     threads.append(threading.Thread(target=call, args=("hi", hi, 2)))
                     threads[-1].start()
-                    _wait(lambda: "lo-queued" in results, "the low-priority request answered")
+                    wait_for(lambda: "lo-queued" in results, 20.0, 0.01, "the low-priority request answered")
                     assert "hi" not in results  # still queued behind the stream
                 # leaving the stream disconnects it: the slot passes to the queued high-priority request
                 for t in threads:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import httpx
 import pytest
 
 from helpers.gateway_core_support import free_port
+from helpers.launch import healthy, stop, wait_until
 from tokenomy.emulator.launcher import port_free
 from tokenomy.gateway.ops.keys import new_api_key
 from tokenomy.gateway.routing.backends import parse_prometheus
@@ -33,30 +33,6 @@ GENERATED = "vllm:generation_tokens_total"
 RETAINED = "tokenomy:kv_retained_requests_total"
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_for(check: object, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{what} exited with status {proc.returncode}")
-        try:
-            if check():  # type: ignore[operator]
-                return
-        except (httpx.HTTPError, OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not ready in {timeout_s}s")
-
-
 @pytest.fixture(scope="module")
 def pd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """``tokenomy up --prefill 1 --decode 2``; yields instance id -> URL; always stopped."""
@@ -68,11 +44,11 @@ def pd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, s
                              "--port-base", str(base), "--time-scale", "0.2", "--json", str(out)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     try:
-        _wait_for(out.exists, proc, "tokenomy up")
+        wait_until(out.exists, proc, "tokenomy up", 90.0)
         insts = json.loads(out.read_text())
         yield {i["id"]: i["url"] for i in insts["instances"]}
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -100,7 +76,7 @@ def _run_session(pd_cluster: dict[str, str], tmp_path: Path, routing: dict[str, 
     url = f"http://127.0.0.1:{port}"
     sid = f"trip-{routing['mode']}"
     try:
-        _wait_for(lambda: httpx.get(url + "/health", timeout=1).status_code == 200, gw, "tokenomy serve", 30)
+        wait_until(healthy(url), gw, "tokenomy serve", 30)
         messages = [{"role": "system", "content": f"You are a travel agent with tools ({sid}). " * 60},
                     {"role": "user", "content": "Find the cheapest flight to Lisbon and book it."}]
         tool_results = ["ok", "fare table: " + "LIS 120 EUR, OPO 95 EUR, FAO 80 EUR; " * 400, "booked"]
@@ -125,7 +101,7 @@ def _run_session(pd_cluster: dict[str, str], tmp_path: Path, routing: dict[str, 
                     gateway_metrics[name] = float(value)
         return per_turn
     finally:
-        _stop(gw)
+        stop(gw)
 
 
 def test_ampd_session_stays_on_its_decode_instance_and_only_remote_turns_pull_kv(
