@@ -30,30 +30,25 @@ from tokenomy.workload import FORMATS, SYNTHETIC
 _W, _C, _S = WorkloadSpec(), ClusterSpec(), SLO()
 
 
-def _positive_int() -> Any:
+def _int_at_least(low: int) -> Any:
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
         return value
 
     return parse
+
+
+def _positive_int() -> Any:
+    return _int_at_least(1)
 
 
 def _nonnegative_int() -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-        return value
-
-    return parse
+    return _int_at_least(0)
 
 
 def _number(minimum: float = 0.0, strict: bool = False) -> Any:
