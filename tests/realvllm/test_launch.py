@@ -9,6 +9,7 @@ import pytest
 
 from tokenomy.cli.main import main
 from tokenomy.emulator.cluster import ClusterSpec, Pool, VllmSection, expand, load_cluster
+from tokenomy.emulator.launcher import ephemeral_ports
 from tokenomy.vllm.launch import VLLM_PYTHON_ENV, find_vllm_python, vllm_launcher
 
 
@@ -40,8 +41,12 @@ def test_pd_instances_on_cpu_get_nixl_float32_and_their_own_folders(tmp_path: Pa
     folder = tmp_path / "run" / "decode-0"
     assert env["VLLM_CACHE_ROOT"].startswith(str(folder)) and env["TMPDIR"] == str(folder / "tmp")
     assert runs[1].log_path == folder / "vllm.log" and runs[1].own_group
-    side = {r.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for r in runs if r.env}
+    side = {int(r.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) for r in runs if r.env}
     assert len(side) == 3  # one NIXL side channel per instance
+    # vLLM binds it only after loading the model: never a port the kernel may hand out meanwhile
+    # (a fresh-clone run lost an instance to "Address already in use" on one from bind(0))
+    low, _ = ephemeral_ports()
+    assert all(p < low for p in side) and not side & {i.port for i in insts}
 
 
 def test_mixed_gpu_cluster_gets_no_connector_and_vllm_defaults(tmp_path: Path) -> None:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,32 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for ports it hands out by itself (bind to 0, a client's local port)."""
+    try:
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def quiet_port(host: str, avoid: Collection[int] = ()) -> int:
+    """A port free on ``host`` now, for a server that binds it only later, chosen below the kernel's
+    ephemeral range: a port from bind(0), closed again, can be handed meanwhile to another process's
+    socket (seen with vLLM's NIXL side channel, bound after the model loads: "Address already in
+    use"); a port the kernel never hands out races only with other explicit choices."""
+    low, _ = ephemeral_ports()
+    rng = random.Random()
+    if low > 12_000:
+        for _ in range(500):
+            port = rng.randrange(10_000, low)
+            if port not in avoid and port_free(host, port):
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no quiet range: the OS's choice
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def parent_death_signal() -> Callable[[], None] | None:

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
 from tokenomy.emulator.cluster import ClusterSpec, Instance, VllmSection
-from tokenomy.emulator.launcher import Launch
+from tokenomy.emulator.launcher import Launch, quiet_port
 
 VLLM_PYTHON_ENV = "TOKENOMY_VLLM_PYTHON"
 """Environment variable naming the Python of a vLLM install."""
@@ -53,13 +52,6 @@ def find_vllm_python(explicit: str | None = None) -> str:
             return str(py)
     raise ValueError(f"no vLLM python: run `make vllm` (builds {PROJECT_VENV}/), or give --vllm-python "
                      f"or ${VLLM_PYTHON_ENV}")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS reports free now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def served_name(model: str, engine: dict[str, object]) -> str:
@@ -146,9 +138,14 @@ def vllm_launcher(spec: ClusterSpec, python: str | None = None) -> Callable[[Ins
     connector = connector_of(spec)
     run_dir = Path(spec.vllm.run_dir).expanduser().resolve()
 
+    taken: set[int] = set()  # instances' HTTP ports and the side-channel ports handed out so far
+
     def launch(inst: Instance) -> Launch:
         folder = run_dir / inst.instance_id
-        env = vllm_env(inst, spec.vllm, folder, free_port(inst.host))
+        taken.add(inst.port)
+        side_channel = quiet_port(inst.host, avoid=taken)
+        taken.add(side_channel)
+        env = vllm_env(inst, spec.vllm, folder, side_channel)
         return Launch([exe, "-m", SERVER_MODULE, *vllm_argv(inst, spec.vllm, connector)], env=env,
                       log_path=folder / "vllm.log", own_group=True, stop_grace_s=_STOP_GRACE_S)
 
