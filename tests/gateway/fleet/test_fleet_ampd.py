@@ -15,6 +15,8 @@ import httpx
 import pytest
 
 from helpers.gateway_core_support import free_port
+from helpers.launch import stop, wait_until
+from helpers.ports import free_port_base
 from helpers.servers import postgres_server, redis_server
 from tokenomy.gateway.http.replicas import Replica, start_replicas, stop_all
 from tokenomy.gateway.ops.keys import new_api_key
@@ -33,18 +35,13 @@ def _metrics(url: str) -> dict[str, float]:
 def ampd_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], list[Replica], str]]:
     tmp = tmp_path_factory.mktemp("ampd-fleet")
     out = tmp / "cluster.json"
-    base = free_port()
-    while base > 65000:
-        base = free_port()
+    base = free_port_base(3)  # three consecutive ports, all free now
     up = subprocess.Popen([sys.executable, "-m", "tokenomy.cli.up_cmd", "--prefill", "1", "--decode", "2",
                            "--port-base", str(base), "--time-scale", "0.2", "--json", str(out)],
                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     replicas: list[Replica] = []
     try:
-        deadline = time.monotonic() + 120
-        while not out.exists():
-            assert up.poll() is None and time.monotonic() < deadline, "tokenomy up did not start"
-            time.sleep(0.2)
+        wait_until(out.exists, up, "tokenomy up", 120.0)
         cluster = {i["id"]: i["url"] for i in json.loads(out.read_text())["instances"]}
         key = new_api_key()
         with redis_server(tmp) as redis, postgres_server() as pg:
@@ -63,13 +60,7 @@ def ampd_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[
             finally:
                 stop_all(replicas)
     finally:
-        if up.poll() is None:
-            up.terminate()
-            try:
-                up.wait(20)
-            except subprocess.TimeoutExpired:
-                up.kill()
-                up.wait()
+        stop(up, timeout_s=20)
 
 
 def test_a_10_turn_session_over_3_replicas_stays_on_its_bound_decode_instance(
