@@ -4,6 +4,7 @@ the simulated and the live run are built from (``ampd_live.py``, ``closed_loop.p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -138,3 +139,9 @@ def metric_lines(url: str) -> list[tuple[str, float]]:
             except ValueError:
                 continue
     return out
+
+
+def spec_json(spec: object) -> dict[str, Any]:
+    """A benchmark's spec (a dataclass of settings, some themselves dataclasses) for its JSON."""
+    return {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v)
+            for k, v in vars(spec).items()}

@@ -47,11 +47,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _live import EngineShape, emulator_health, live_cluster, metric_lines, run_health
+from _live import EngineShape, emulator_health, live_cluster, metric_lines, run_health, spec_json
 
 from tokenomy.bench import BenchConfig, run_bench
 from tokenomy.core import SLO, RequestRecord, Session
 from tokenomy.gateway.ops.keys import new_api_key
+from tokenomy.metrics.report import write_json
 from tokenomy.metrics.summary import Summary
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.variants import make_variant
@@ -244,13 +245,10 @@ def main() -> int:
         print(f"live {m}: {live[m]:.3f} (sim {sim[m]:.3f}); {health[m]}", flush=True)
     out = {"sim": sim, "live": live, "diff": {m: live[m] - sim[m] for m in live},
            "sim_misses": sim_misses, "live_errors": errors, "live_health": health,
-           "spec": {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
-                    for k, v in vars(spec).items()}}
+           "spec": spec_json(spec)}
     print(json.dumps(out))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json}")
+        print(f"wrote {write_json(args.json, out)}")
     return 0
 
 

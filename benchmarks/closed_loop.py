@@ -50,11 +50,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _live import EngineShape
+from _live import EngineShape, spec_json
 from ampd_live import LiveSpec
 
 from tokenomy.core import SLO, RequestRecord, Session
 from tokenomy.metrics import max_rate_at_attainment
+from tokenomy.metrics.report import write_json
 from tokenomy.metrics.summary import Summary
 from tokenomy.policy.closedloop import RetryPolicy
 from tokenomy.sim import SimConfig, simulate
@@ -336,14 +337,12 @@ def main() -> int:
             print(f"live {m}: {json.dumps(brief(out['live'][m]))}; load {out['live_health'][m]['loadavg']}", flush=True)
         common_goodput(out["live"])
     out["checks"] = checks(out)
-    out["spec"] = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in vars(spec).items()}
+    out["spec"] = spec_json(spec)
     out["loadavg_end"] = os.getloadavg()
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(out["checks"], indent=2))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json}")
+        print(f"wrote {write_json(args.json, out)}")
     return 0
 
 
