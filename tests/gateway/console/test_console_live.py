@@ -71,13 +71,18 @@ def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
 
 def _click(b: Any, element: Any) -> None:
     """Click a submit button or link and wait until the next page replaced this one."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.wait import WebDriverWait
 
-    page = b.find_element(By.TAG_NAME, "html")
+    # Mark this page's window and wait for a loaded document without the mark. Waiting for the old
+    # <html> element to go stale races the navigation: chromedriver can answer "Node with given id
+    # does not belong to the document" (a WebDriverException, not a StaleElementReferenceException)
+    # while the old document is being torn down, which failed a CI run.
+    b.execute_script("window.__tokenomy_old_page = true")
     element.click()
-    WebDriverWait(b, 15).until(expected_conditions.staleness_of(page))
+    WebDriverWait(b, 15, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script(
+            "return window.__tokenomy_old_page === undefined && document.readyState === 'complete'"))
 
 
 def _shot(b: Any, folder: Path, name: str) -> Path:
