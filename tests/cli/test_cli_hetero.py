@@ -49,9 +49,10 @@ def test_sim_compare_on_a_mixed_inventory_runs_every_deployment_on_the_same_gpus
 
 
 def test_a_pinned_split_against_the_inventory_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # prefill runs on the compute-rich type only: 3 prefill instances of 2 H100s cannot be
     assert main(["sim", "compare", "--workload", "toolbench", "--gpus", "h100:2,h20:2", "--rates", "1",
-                 "--deployments", "ampd@1:3"]) == 2
-    assert "compute-rich type prefills" in capsys.readouterr().err
+                 "--deployments", "ampd@3:1"]) == 2
+    assert "prefill instances are 1 to 2 of the compute-rich type" in capsys.readouterr().err
 
 
 def test_up_runs_each_role_on_its_own_gpu_and_tp() -> None:

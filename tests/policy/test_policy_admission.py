@@ -69,3 +69,21 @@ def test_a_hopeless_turn_is_overtaken_at_most_three_times() -> None:
     late.overtaken = 99
     assert uncapped.decide([late, task("fresh", 9.9)], engine_waiting=0, engine_waiting_blocks=0, free_blocks=0,
                            slo=SLO_, now=10.0).request_id == "fresh"  # type: ignore[union-attr]
+
+
+def test_a_remote_turn_is_lent_only_once_its_deadline_passed_and_the_lender_has_the_memory() -> None:
+    policy = SlackAdmission(LinearEstimator(), lend_late=True)
+    remote = task("r", 0.0, prefill=0, blocks=10)  # its KV arrived: TTFT due at 2.0 s
+
+    def lend(t: AdmissionTask, now: float, free: int = 100, need: int = 30, backlog: int = 0) -> bool:
+        return policy.lend(t, lender_free_blocks=free, lender_blocks=need, lender_backlog_blocks=backlog,
+                           slo=SLO_, now=now) is not None
+
+    assert not lend(remote, 1.9)  # it can still make its TTFT here
+    assert lend(remote, 2.0)
+    assert not lend(remote, 3.0, free=29)  # the lender cannot hold it
+    assert not lend(remote, 3.0, free=100, backlog=71)  # ... beside the prompts waiting for it
+    assert lend(remote, 3.0, free=100, backlog=70)
+    assert not lend(task("local", 0.0, prefill=500), 3.0)  # a local turn has no prefill node's KV
+    off = SlackAdmission(LinearEstimator())  # the default: not lent
+    assert off.lend(remote, lender_free_blocks=100, lender_blocks=30, slo=SLO_, now=3.0) is None

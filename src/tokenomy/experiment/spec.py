@@ -201,9 +201,10 @@ class ExperimentSpec:
         mixed = self.mixed_split
         if mixed is not None:
             for dep in self.deployments:
-                if dep.split is not None and dep.split != mixed:
-                    raise ValueError(f"{dep.label}: on the mixed inventory {self.cluster.gpus} the split is "
-                                     f"{mixed[0]}:{mixed[1]} (the compute-rich type prefills)")
+                if dep.split is not None and not 1 <= dep.split[0] <= mixed[0]:
+                    raise ValueError(f"{dep.label}: on the mixed inventory {self.cluster.gpus} the prefill "
+                                     f"instances are 1 to {mixed[0]} of the compute-rich type (its others decode "
+                                     f"beside the {mixed[1]} of the other type), got {dep.split[0]}")
         pinned = [(d.label, d.split) for d in self.deployments if d.split]
         listed = [] if isinstance(self.splits, str) else [(f"splits {p}:{d}", (p, d)) for p, d in self.splits]
         fixed = [("fixed split", self.fixed_split)] if self.fixed_split else []
@@ -221,8 +222,8 @@ class ExperimentSpec:
         if not dep.disaggregated:
             return [None]
         mixed = self.mixed_split
-        if mixed is not None:  # a mixed inventory: its types are the roles
-            return [mixed]
+        if mixed is not None:  # a mixed inventory: its types are the roles (a pinned split: fewer prefill)
+            return [dep.split or mixed]
         if dep.split is not None:
             return [dep.split]
         n = self.cluster.instances
@@ -266,7 +267,9 @@ class ExperimentSpec:
             config = replace(config, mixed_pools=tuple((p.gpu, p.tp, p.instances) for p in pools))
         elif len(pools) > 1:
             pre, dec = role_pools(pools)
-            config = replace(config, gpu=pre.gpu, tp=pre.tp, prefill=pre.instances, decode=dec.instances)
+            p = split[0] if split else pre.instances  # the compute-rich type's others decode
+            config = replace(config, gpu=pre.gpu, tp=pre.tp, prefill=p, decode=dec.instances,
+                             prefill_type_decodes=pre.instances - p)
             shapes = {"prefill_gpu": pre.gpu, "prefill_tp": pre.tp, "decode_gpu": dec.gpu, "decode_tp": dec.tp}
         if shapes:  # after the variant: SimConfig refuses role shapes on a non-disaggregated deployment
             config = replace(config, **shapes)

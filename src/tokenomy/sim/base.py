@@ -190,6 +190,18 @@ class Deployment(ABC):
         self.instances.append(inst)
         return inst
 
+    def _make_decodes(self, max_num_batched_tokens: int) -> list[SimInstance]:
+        """The decode pool: ``prefill_type_decodes`` instances of the prefill role's shape, then
+        ``decode`` of the decode role's (``decode-0``, ``decode-1``, ... in that order)."""
+        cfg = self.ctx.config
+        alt = self.ctx.role_perf.get(Role.PREFILL, self.ctx.perf)
+        n = cfg.prefill_type_decodes
+        return [
+            self._make_instance(f"decode-{i}", Role.DECODE, max_num_batched_tokens=max_num_batched_tokens,
+                                perf=alt if i < n else None)
+            for i in range(n + cfg.decode)
+        ]
+
     def _on_step(self, instance: SimInstance, result: StepResult) -> None:
         # Pooled ITL: every decode token of this step waited one step duration (vLLM's ITL pools gaps).
         if result.shape.decode_seqs:

@@ -28,6 +28,9 @@ class AMPDOptions:
     retention: bool = True
     admission: bool = True
     link_aware: bool = True  # placement adds the KV ports' queueing to a remote prefill's TTFT
+    # A remote turn held on a memory-full decode instance past its TTFT deadline is decoded by
+    # its prefill instance (SlackAdmission.lend; seventh round: tried, off, variant ``ampd-lend``).
+    lend_late_turns: bool = False
     binding_config: BindingConfig = field(default_factory=BindingConfig)
     # Decode-side chunks of at most 512 tokens (decodes included) keep a local prefill's ITL cost
     # small; 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).
@@ -68,7 +71,10 @@ class SimConfig:
     per GPU type, every instance mixed (``instances``, ``gpu`` and ``tp`` then only name the
     first pool). ``gpus_per_node``: instances fill nodes of that many GPUs in order, and KV
     moves over NVLink inside a node and over RDMA NICs across nodes (None: every instance is
-    its own node). ``kv_transfer_timeout_s``: a KV transfer still in flight after that long is
+    its own node). ``prefill_type_decodes``: decode instances of the prefill role's GPU and TP,
+    ahead of the ``decode`` instances of the decode role's shape (``disagg`` and ``ampd`` on a
+    mixed inventory whose compute-rich type also decodes: ``prefill`` of its instances prefill,
+    the rest decode beside the other type). ``kv_transfer_timeout_s``: a KV transfer still in flight after that long is
     cut and its request recorded as incomplete (None: no timeout).
     ``calibration`` is a file from ``tokenomy perf profile``: steps cost what the profiled
     engine's fitted model says, and its limits (block size, KV blocks, token budget, batch
@@ -98,6 +104,7 @@ class SimConfig:
     prefill_gpu: str | None = None
     decode_gpu: str | None = None
     mixed_pools: tuple[tuple[str, int, int], ...] | None = None
+    prefill_type_decodes: int = 0
     gpus_per_node: int | None = None
     kv_transfer_timeout_s: float | None = None
     calibration: str | None = None
@@ -129,6 +136,10 @@ class SimConfig:
                 raise ValueError(f"mixed_pools are for colocated deployments, not {self.deployment!r}")
             if not self.mixed_pools or any(tp < 1 or n < 1 for _, tp, n in self.mixed_pools):
                 raise ValueError(f"mixed_pools need (gpu, tp >= 1, instances >= 1) each, got {self.mixed_pools}")
+        if self.prefill_type_decodes < 0:
+            raise ValueError(f"prefill_type_decodes must be >= 0, got {self.prefill_type_decodes}")
+        if self.prefill_type_decodes and self.deployment not in ("disagg", "ampd"):
+            raise ValueError(f"prefill_type_decodes are for disagg and ampd, not {self.deployment!r}")
         if self.gpus_per_node is not None and self.gpus_per_node < 1:
             raise ValueError(f"gpus_per_node must be >= 1, got {self.gpus_per_node}")
         if self.kv_transfer_timeout_s is not None and not self.kv_transfer_timeout_s > 0:

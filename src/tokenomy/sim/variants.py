@@ -57,6 +57,9 @@ VARIANTS: dict[str, Variant] = {
     "ampd-fixed-chunk": lambda c: _fixed_chunk(_ampd(True, True, True, True, True)(c)),
     # ... and the placement rule before it: a late increment runs locally even when slower.
     "ampd-late-local": lambda c: _placement(_ampd(True, True, True, True, True)(c), late_goes_local=True),
+    # Seventh round, tried: a remote turn held past its TTFT deadline decodes on its prefill node.
+    "ampd-lend": lambda c: replace(c, deployment="ampd",
+                                   ampd=replace(_ampd(True, True, True, True, True)(c).ampd, lend_late_turns=True)),
 }
 
 

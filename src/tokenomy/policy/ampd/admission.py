@@ -14,7 +14,16 @@ in FIFO order in the engine. When its KV memory is full, turns queue in front of
 * **pick**: the task of least slack that can still meet its TTFT (``slack_s >= 0``); tasks that
   cannot (hopeless) go last, oldest first. Slack: arrival + TTFT SLO - now - the estimated
   prefill of what the turn still computes there (none for a remote turn whose KV arrived: in
-  vLLM's P/D protocol its first token comes from the decode side, so its wait here is TTFT).
+  vLLM's P/D protocol its first token comes from the decode side, so its wait here is TTFT);
+* **lend** (``lend_late``, off by default: tried in the seventh round, it cost attainment): a remote turn still held when its slack runs out
+  (its TTFT deadline passes on a memory-full decode instance) is decoded by the prefill
+  instance that computed its prompt, if that instance has the KV blocks free
+  (:meth:`SlackAdmission.lend`). Slack order serves such a turn last, so under sustained memory
+  pressure it waited minutes (docs/ampd-results.md, seventh round: 27 of the 28 slowest turns at
+  point (c), 0.06/s, waited 20-107 s here after a prefill of under 2 s); a prefill instance holds
+  KV only while it prefills, so it has the memory the decode pool lacks, and its prefix cache
+  still holds the prompt. The turn is already late: it is the tail that this bounds, at the
+  cost of its TPOT (it decodes beside prefill chunks) and of some of the prefill node's cache.
 """
 
 from __future__ import annotations
@@ -60,12 +69,32 @@ class AdmissionDecision:
 class SlackAdmission:
     """Gates and orders admission on a full decode instance (module docstring)."""
 
-    def __init__(self, estimator: Estimator, *, trace: TraceSink | None = None, max_overtakes: int | None = None) -> None:
+    def __init__(self, estimator: Estimator, *, trace: TraceSink | None = None, max_overtakes: int | None = None,
+                 lend_late: bool = False) -> None:
         if max_overtakes is not None and max_overtakes < 0:
             raise ValueError(f"max_overtakes must be >= 0 or None, got {max_overtakes}")
         self.estimator = estimator
         self.trace = trace
         self.max_overtakes = max_overtakes  # None: no cap
+        self.lend_late = lend_late
+
+    def lend(self, task: AdmissionTask, *, lender_free_blocks: int, lender_blocks: int, slo: SLO, now: float,
+             lender_backlog_blocks: int = 0, lender: str = "", decode_instance: str = "") -> AdmissionDecision | None:
+        """Whether held ``task`` (a remote turn whose KV arrived) should be decoded by ``lender``,
+        the prefill instance that computed it, instead (module docstring): only once its slack
+        is spent, and only with memory the lender's own prefill work does not need: its free
+        blocks must cover ``lender_blocks`` (the turn's) plus ``lender_backlog_blocks`` (the
+        prompts waiting for it). The decision's ``index`` is -1 (the caller takes the task out
+        of its queue by id)."""
+        if not self.lend_late or task.prefill_tokens > 0:
+            return None
+        slack = self.slack_s(task, slo, now)
+        if slack > 0 or lender_free_blocks < lender_blocks + lender_backlog_blocks:
+            return None
+        decision = AdmissionDecision(-1, task.request_id, slack, f"TTFT deadline passed here: decoded on {lender}",
+                                     decode_instance)
+        emit(self.trace, "admission_lend", now, decision)
+        return decision
 
     def slack_s(self, task: AdmissionTask, slo: SLO, now: float) -> float:
         """Seconds ``task`` may still wait and meet ``slo``'s TTFT (negative: hopeless)."""

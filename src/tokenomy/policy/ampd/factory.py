@@ -38,6 +38,7 @@ class AmpdPolicyConfig:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     tool_latency: ToolLatencyConfig = field(default_factory=ToolLatencyConfig)
     admission: bool = True  # slack-ordered admission on a full decode instance
+    lend_late_turns: bool = False  # a remote turn held there past its TTFT deadline decodes on its prefill node (tried, off)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,9 @@ def _host_eviction(cfg: AmpdPolicyConfig, deps: PolicyDeps) -> HostEvictionPolic
 
 @AMPD_POLICIES.register("admission")
 def _admission(cfg: AmpdPolicyConfig, deps: PolicyDeps) -> SlackAdmission | None:
-    return SlackAdmission(deps.estimator, trace=deps.trace) if cfg.admission else None
+    if not cfg.admission:
+        return None
+    return SlackAdmission(deps.estimator, trace=deps.trace, lend_late=cfg.lend_late_turns)
 
 
 @dataclass

@@ -43,6 +43,7 @@ class _Turn:
     prefill: FinishedRequest | None = None
     kv_arrived_s: float | None = None
     placement: PlacementDecision | None = None  # why it runs where it runs (None: placement off)
+    lent: bool = False  # decoded by its prefill instance (SlackAdmission.lend)
 
 
 @register_deployment
@@ -56,10 +57,7 @@ class AMPD(Deployment):
         # Decode instances run local prefills in the small chunks the placement policy prices,
         # so that a local prefill inflates each decode step by a bounded amount.
         local_budget = opts.placement_config.local_budget_tokens + cfg.decode_max_num_seqs
-        self.decodes = [
-            self._make_instance(f"decode-{i}", Role.DECODE, max_num_batched_tokens=local_budget)
-            for i in range(cfg.decode)
-        ]
+        self.decodes = self._make_decodes(local_budget)
         self._by_id = {inst.instance_id: inst for inst in self.instances}
         self._decode_views = [inst.engine for inst in self.decodes]
         self._prefill_views = [inst.engine for inst in self.prefills]
@@ -67,19 +65,28 @@ class AMPD(Deployment):
         self.policies = sim_policies(ctx)
         self._binder = self.policies.binder
         self._placement = self.policies.placement
+        # Decode instances of the prefill role's shape price their own work with their own model.
+        alt = (sim_policies(ctx, decode_perf=ctx.role_perf.get(Role.PREFILL, ctx.perf)) if cfg.prefill_type_decodes
+               else None)
+        self._alt_ids = {d.instance_id for d in self.decodes[:cfg.prefill_type_decodes]}
+        self._alt_placement = alt.placement if alt is not None else None
         self._decode_router = make_router(cfg.decode_router)
         self._router = make_router(cfg.router)
         self._queues = {p.instance_id: PrefillQueue(p, self.policies.dispatch) for p in self.prefills}
         self.fabric = kv_fabric(ctx, self.instances)
         admission = self.policies.admission
         self._admit = {} if admission is None else {
-            d.instance_id: DecodeAdmissionQueue(d, admission, ctx.slo) for d in self.decodes
+            d.instance_id: DecodeAdmissionQueue(
+                d, alt.admission if alt is not None and alt.admission is not None and d.instance_id in self._alt_ids
+                else admission, ctx.slo)
+            for d in self.decodes
         }
         self._keeper = KVKeeper(ctx, self.decodes, self.policies, self.fabric) if opts.retention else None
         self._turns: dict[str, _Turn] = {}
         self._kv_bytes = ctx.role_perf.get(Role.DECODE, ctx.perf).kv_bytes_per_token
         self.local_prefills = 0
         self.remote_prefills = 0
+        self.lent_turns = 0
 
     # ---- arrival: bind, place ----------------------------------------------------------------
     def submit(self, request: Request, now: float) -> None:
@@ -88,10 +95,11 @@ class AMPD(Deployment):
         decode = self._bind(request, now)
         on_decode = self._history_on_decode(request, decode)
         placement: PlacementDecision | None = None
-        if self._placement is None:
+        policy = self._alt_placement if decode.instance_id in self._alt_ids else self._placement
+        if policy is None:
             local, prefill_id = False, self._router.choose(request, self._prefill_views, now)
         else:
-            placement = self._placement.decide(
+            placement = policy.decide(
                 request,
                 decode=decode.engine,
                 prefills=self._prefill_views,
@@ -177,6 +185,33 @@ class AMPD(Deployment):
             blocks=-(-(req.prompt_tokens + req.max_output_tokens - (0 if kv_arrived else cached)) // bs),
         )
         queue.push(task, submit, now)
+        if kv_arrived and self.policies.admission is not None and self.policies.admission.lend_late \
+                and queue.held(req.request_id) is not None:
+            self.ctx.loop.at(max(now, req.arrival_s + self.ctx.slo.ttft_s), self._lend, turn)
+
+    def _lend(self, turn: _Turn) -> None:
+        """``turn``'s TTFT deadline passed while its decode instance held it: the prefill instance
+        that computed it decodes it, if the admission policy says so (it has the blocks)."""
+        req, now = turn.request, self.ctx.loop.now
+        queue = self._admit[turn.decode_id]
+        task = queue.held(req.request_id)
+        admission = self.policies.admission
+        if task is None or admission is None:
+            return
+        prefill = self._by_id[turn.prefill_id]
+        engine = prefill.engine
+        cached = engine.cached_prefix_tokens(req.content, req.prompt_tokens)
+        need = -(-(req.prompt_tokens - cached + req.max_output_tokens) // engine.block_size_tokens)
+        backlog = -(-self._queues[prefill.instance_id].backlog_tokens() // engine.block_size_tokens)
+        if admission.lend(task, lender_free_blocks=engine.free_blocks, lender_blocks=need, slo=self.ctx.slo, now=now,
+                          lender_backlog_blocks=backlog, lender=prefill.instance_id,
+                          decode_instance=turn.decode_id) is None:
+            return
+        queue.take(req.request_id)
+        turn.lent, turn.decode_id = True, prefill.instance_id
+        self.lent_turns += 1
+        # Its prompt's KV is in the prefill node's prefix cache (what LRU evicted is recomputed).
+        prefill.submit(req, now, emitted_tokens=1, continuation=True)
 
     # ---- remote prefill ----------------------------------------------------------------------
     def _enqueue_remote(self, turn: _Turn, now: float) -> None:
@@ -235,7 +270,12 @@ class AMPD(Deployment):
         turn = self._turns[fin.request_id]
         if instance.engine.role is Role.PREFILL:
             self._queues[instance.instance_id].pump(fin.finish_s)
-            self._after_prefill(turn, instance, fin)
+            if turn.lent:  # a late turn's decode, lent by the prefill instance
+                if self._keeper is not None:
+                    self._keeper.tool_started(turn.request.session_id, fin.finish_s)
+                self._finish(turn, fin)
+            else:
+                self._after_prefill(turn, instance, fin)
         else:
             self._after_decode(turn, instance, fin)
             queue = self._admit.get(instance.instance_id)

@@ -41,6 +41,18 @@ class DecodeAdmissionQueue:
         self._items.append(_Held(task, submit))
         self.pump(now)
 
+    def held(self, request_id: str) -> AdmissionTask | None:
+        """The held task of ``request_id`` (None once released or taken)."""
+        return next((h.task for h in self._items if h.task.request_id == request_id), None)
+
+    def take(self, request_id: str) -> bool:
+        """Remove the held task of ``request_id`` (another instance serves it); False if not held."""
+        for i, h in enumerate(self._items):
+            if h.task.request_id == request_id:
+                del self._items[i]
+                return True
+        return False
+
     def pump(self, now: float) -> None:
         engine = self.instance.engine
         while self._items:

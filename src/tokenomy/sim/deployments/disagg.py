@@ -73,10 +73,7 @@ class Disaggregated(Deployment):
         self.prefills = [self._make_instance(f"prefill-{i}", Role.PREFILL) for i in range(ctx.config.prefill)]
         # Decode steps carry one token per sequence: the budget only has to cover the batch.
         budget = max(ctx.config.max_num_batched_tokens, ctx.config.decode_max_num_seqs)
-        self.decodes = [
-            self._make_instance(f"decode-{i}", Role.DECODE, max_num_batched_tokens=budget)
-            for i in range(ctx.config.decode)
-        ]
+        self.decodes = self._make_decodes(budget)
         self._by_id = {inst.instance_id: inst for inst in self.instances}
         self._prefill_views = [inst.engine for inst in self.prefills]
         self._decode_views = [inst.engine for inst in self.decodes]

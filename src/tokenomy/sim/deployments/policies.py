@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tokenomy.core import Role
+from tokenomy.perf import PerfModel
 from tokenomy.policy.ampd import (
     AmpdPolicies,
     AmpdPolicyConfig,
@@ -40,6 +41,7 @@ def ampd_policy_config(config: SimConfig) -> AmpdPolicyConfig:
         dispatch=DispatchConfig(engine_budget_tokens=budget),
         tool_latency=ToolLatencyConfig(prior_s=opts.tool_latency_prior_s),
         admission=opts.admission,
+        lend_late_turns=opts.lend_late_turns,
     )
 
 
@@ -48,11 +50,13 @@ def pcie_bytes_per_s(ctx: SimContext) -> float:
     return ctx.perf.gpu.pcie_bytes_per_s * ctx.config.tp
 
 
-def sim_policies(ctx: SimContext) -> AmpdPolicies:
-    """AMPD's policies for the simulated cluster ``ctx``, tracing to ``ctx.decision_trace``."""
+def sim_policies(ctx: SimContext, decode_perf: PerfModel | None = None) -> AmpdPolicies:
+    """AMPD's policies for the simulated cluster ``ctx``, tracing to ``ctx.decision_trace``;
+    ``decode_perf``: price decode-side work with this model (decode instances of another shape
+    than the decode role's, ``SimConfig.prefill_type_decodes``)."""
     return build_ampd_policies(
         ampd_policy_config(ctx.config),
-        ctx.role_perf.get(Role.DECODE, ctx.perf),
+        decode_perf or ctx.role_perf.get(Role.DECODE, ctx.perf),
         pcie_bytes_per_s=pcie_bytes_per_s(ctx),
         trace=ctx.decision_trace,
         prefill_estimator=ctx.role_perf.get(Role.PREFILL),
