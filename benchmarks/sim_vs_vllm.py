@@ -30,8 +30,10 @@ import argparse
 import dataclasses
 import os
 import signal
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,13 +41,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 from _emulated import cluster
-from _fidelity import Tolerance, compare, load_average, report
+from _fidelity import KEYS, Tolerance, compare, load_average, report
 
 from tokenomy.bench import BenchConfig, run_bench
 from tokenomy.bench.profile import ITL_HISTOGRAM, ProfilePlan, histogram_totals, profile
 from tokenomy.bench.sizing import measure_sizing, probe_remote
 from tokenomy.core import SLO, RequestRecord, Session
+from tokenomy.metrics import Summary
 from tokenomy.metrics.report import render_table
+from tokenomy.perf.engine_calibration import EngineCalibration, pool_calibrations
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.workload.agentic import TOOLBENCH, agent_sessions
 from tokenomy.workload.arrivals import poisson_arrivals
@@ -85,6 +89,26 @@ def burst_fraction(records: list[RequestRecord]) -> float | None:
     ``BURST_S`` apart on average."""
     tpots = [t for r in records if r.finished and r.output_tokens > 1 and (t := r.tpot_s) is not None]
     return sum(t < BURST_S for t in tpots) / len(tpots) if tpots else None
+
+
+def simulate_on(cal: EngineCalibration, sessions: list[Session], model: str, slo: SLO, path: Path) -> Summary:
+    """The workload simulated on one vLLM instance priced by ``cal`` (written to ``path``)."""
+    cal.save(path)
+    config = SimConfig(deployment="colocated", instances=1, calibration=str(path), model=model)
+    return simulate(sessions, config, slo).summary
+
+
+def profile_drift(cals: list[EngineCalibration]) -> dict[str, float] | None:
+    """Median over the probes both profiles made of (last profile's time / first's), per kind: how
+    much slower the engine read after the live run than before it (None: one profile)."""
+    if len(cals) < 2:
+        return None
+    first = {(m.kind, m.steps): m.time_s for m in cals[0].measurements}
+    ratios: dict[str, list[float]] = {}
+    for m in cals[-1].measurements:
+        if (t := first.get((m.kind, m.steps))) is not None:
+            ratios.setdefault(m.kind, []).append(m.time_s / t)
+    return {kind: statistics.median(r) for kind, r in sorted(ratios.items())}
 
 
 def workload(rate: float, duration: float, seed: int) -> list[Session]:
@@ -136,7 +160,10 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=128, help="vLLM CPU's default batch limit")
     ap.add_argument("--kv-cache-gib", type=int, default=1, help="whole GiB (vLLM CPU takes whole GiB only)")
     ap.add_argument("--ready-timeout", type=float, default=300.0)
-    ap.add_argument("--repeats", type=int, default=5, help="profile rounds (each probe's median is kept)")
+    ap.add_argument("--repeats", type=int, default=5, help="rounds of each profile (each probe's median is kept)")
+    ap.add_argument("--bracket", action=argparse.BooleanOptionalAction, default=True,
+                    help="profile again right after the live run and fit on both profiles (each probe's median "
+                         "over them), so a machine whose speed drifts over minutes is priced over the whole run")
     ap.add_argument("--cached-tails", type=int, nargs="*", default=[],
                     help="profile chunks of these lengths after a cached context (the agent's turns' shape)")
     ap.add_argument("--slo-ttft", type=float, default=0.5)
@@ -157,14 +184,16 @@ def main() -> int:
         plan = ProfilePlan(repeats=args.repeats, cached_tails=tuple(args.cached_tails),
                            max_num_batched_tokens=args.max_num_batched_tokens,
                            max_num_seqs=args.max_num_seqs)
-        cal = profile(url, plan, model=model, on_progress=print)
-        cal_path = Path(tmp) / "calibration.json"
-        cal.save(cal_path)
-        print(f"calibration: {cal.step}; fit {cal.fit['mape']:.1%} {cal.fit['mape_by_kind']}", flush=True)
-        config = SimConfig(deployment="colocated", instances=1, calibration=str(cal_path),
-                           model=args.sim_model or str(model_dir / "config.json"))
-        sim = simulate(sessions, config, slo).summary
-        print(f"simulated: {sim.requests} requests, TTFT P50 {sim.ttft_p50_s}", flush=True)
+        clock = time.monotonic
+        profiles: dict[str, tuple[EngineCalibration, float, float]] = {}  # name -> (calibration, start, end)
+
+        def take_profile(name: str) -> None:
+            start = clock()
+            cal = profile(url, plan, model=model, on_progress=lambda msg: print(f"{name}: {msg}", flush=True))
+            profiles[name] = (cal, start, clock())
+            print(f"profile {name}: {cal.step}; fit {cal.fit['mape']:.1%} {cal.fit['mape_by_kind']}", flush=True)
+
+        take_profile("before")
         api = "chat" if args.chat else "completions"
         tok = probe_remote(url, model=model)
         if tok is None:
@@ -172,9 +201,24 @@ def main() -> int:
         sizing = measure_sizing(tok, api) if tok is not None else None
         bench = BenchConfig(targets=(url,), model=model, api=api, slo=slo, seed=args.seed + 1000)
         itl_before = engine_itl(url)
+        live_start = clock()
         rep = run_bench(sessions, bench, sizing=sizing)
+        live_end = clock()
         itl_after = engine_itl(url)
         live_extras = {"errors_by_status": rep.errors_by_status, **rep.extras}
+        if args.bracket:
+            take_profile("after")
+        cal = pool_calibrations([c for c, _, _ in profiles.values()])
+        print(f"calibration ({len(profiles)} profile(s) pooled): {cal.step}; fit {cal.fit['mape']:.1%}", flush=True)
+        sim_model = args.sim_model or str(model_dir / "config.json")
+        sim = simulate_on(cal, sessions, sim_model, slo, Path(tmp) / "pooled.json")
+        # Each profile alone (not a target): how far the simulation moves with the moment it was profiled at.
+        by_profile = {name: {"seconds_from_live_start": [round(a - live_start, 1), round(b - live_start, 1)],
+                             "step": c.step.to_dict(), "fit": c.fit,
+                             **{k: getattr(simulate_on(c, sessions, sim_model, slo, Path(tmp) / f"{name}.json"), attr)
+                                for k, attr in KEYS.items()}}
+                      for name, (c, a, b) in profiles.items()}
+        print(f"simulated: {sim.requests} requests, TTFT P50 {sim.ttft_p50_s}", flush=True)
     load_after = load_average()
     got = rep.summary
     render_table({"sim": sim, "vllm": got}, title="sim vs vLLM (tiny-agent)")
@@ -192,11 +236,18 @@ def main() -> int:
                      if itl_before and itl_after and itl_after[1] > itl_before[1] else None},
         "requests": [sim.requests, got.requests], "live": live_extras,
         "calibration": cal.to_dict(),
+        "profiles": by_profile,
+        "profile_drift": profile_drift([c for c, _, _ in profiles.values()]),
+        "live_seconds": round(live_end - live_start, 1),
         "load_average": {"before": load_before, "after": load_after},
         "config": {k: v for k, v in vars(args).items() if k != "json"},
     })
     print(f"prompt tokens sent/workload: {live_extras['prompt_tokens_sent']}/{live_extras['prompt_tokens_workload']}; "
           f"load average before {load_before}, after {load_after}")
+    for name, p in by_profile.items():
+        print(f"profile {name} alone ({p['seconds_from_live_start']} s from the live run's start): "
+              + ", ".join(f"{k} {p[k]:.4g}" for k in KEYS))
+    print(f"profile drift (after/before, median over probes): {out['profile_drift']}")
     report(out, args.json)
     return 0
 
