@@ -1,6 +1,13 @@
-"""Fidelity against a real engine: profile a vLLM instance (``tokenomy perf profile``), simulate a
-small agent workload on that calibration (``tokenomy sim --calibration``), run the same workload
-live through ``tokenomy bench``, and write both.
+"""Fidelity against a real engine: profile a vLLM instance (``tokenomy perf profile``), run a small
+agent workload live through ``tokenomy bench``, profile the same instance again, simulate the
+workload on both profiles pooled (``tokenomy sim --calibration``; each probe at its median over
+the two, :func:`tokenomy.perf.engine_calibration.pool_calibrations`), and write both sides.
+
+The profile just before and the one just after the live run bracket it: a shared machine's speed
+drifts over minutes (decode probes read 24% slower after one run here than before it), and a single profile
+prices the live run at the moment it was taken. Each profile's own simulation and the drift
+between them are written too (``profiles``, ``profile_drift``); ``--no-bracket`` profiles once,
+before.
 
 By default it builds the tiny random Llama (``tokenomy model tiny``), starts one vLLM CPU
 instance with ``tokenomy up --engine vllm`` (vLLM's Python: ``--vllm-python``,
@@ -19,7 +26,7 @@ Writes ``{"ttft_p50": [sim, live], "ttft_p99", "tpot_p50", "tpot_p99", "slo_atta
 "cached_fraction"}`` with the targets of issue 17 (P50s within 20%, P99s within 40%, attainment
 within 0.08) and whether each was met, the calibration (coefficients, fit, every measurement), the
 prompt sizing, and the load average before and after (the machine is shared: read the numbers
-with it; ``fit.repeat_spread`` says how far a probe's rounds lay apart).
+with it; ``fit.repeat_spread`` says how far a probe's rounds lay apart in each profile).
 
     python benchmarks/sim_vs_vllm.py --json out/sim_vs_vllm.json
 """
