@@ -70,6 +70,12 @@ BURST_S = 0.0005
 """Mean gap between an answer's tokens below which they arrived together (a decode step of the
 tiny model on vLLM CPU takes 3-5 ms)."""
 
+CACHED_TAILS = (64, 256)
+"""Chunks the profile sends alone after a cached context: the shape of this workload's turns (a tool
+result of ~160 tokens, 16-640, and the last answer, after a cached history), which sets its TTFT.
+Without them the plan's only cached prefills are 16-token tails, and a 200-token chunk after a
+cached history is an extrapolation the fitted coefficients disagree on from one profile to the next."""
+
 TINY_AGENT = dataclasses.replace(
     TOOLBENCH,
     name="tiny-agent",
@@ -171,8 +177,9 @@ def main() -> int:
     ap.add_argument("--bracket", action=argparse.BooleanOptionalAction, default=True,
                     help="profile again right after the live run and fit on both profiles (each probe's median "
                          "over them), so a machine whose speed drifts over minutes is priced over the whole run")
-    ap.add_argument("--cached-tails", type=int, nargs="*", default=[],
-                    help="profile chunks of these lengths after a cached context (the agent's turns' shape)")
+    ap.add_argument("--cached-tails", type=int, nargs="*", default=list(CACHED_TAILS),
+                    help="profile chunks of these lengths after a cached context (the agent's turns' shape); "
+                         "none: give the flag alone")
     ap.add_argument("--slo-ttft", type=float, default=0.5)
     ap.add_argument("--slo-tpot", type=float, default=0.05)
     ap.add_argument("--json", type=Path, default=None)
