@@ -4,7 +4,7 @@ workload on both profiles pooled (``tokenomy sim --calibration``; each probe at 
 the two, :func:`tokenomy.perf.engine_calibration.pool_calibrations`), and write both sides.
 
 The profile just before and the one just after the live run bracket it: a shared machine's speed
-drifts over minutes (decode probes read 24% slower after one run here than before it), and a single profile
+drifts over minutes (one run here: decode probes 38% faster after the live run than before it), and a single profile
 prices the live run at the moment it was taken. Each profile's own simulation and the drift
 between them are written too (``profiles``, ``profile_drift``); ``--no-bracket`` profiles once,
 before.
