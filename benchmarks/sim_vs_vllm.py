@@ -1,6 +1,13 @@
-"""Fidelity against a real engine: profile a vLLM instance (``tokenomy perf profile``), simulate a
-small agent workload on that calibration (``tokenomy sim --calibration``), run the same workload
-live through ``tokenomy bench``, and write both.
+"""Fidelity against a real engine: profile a vLLM instance (``tokenomy perf profile``), run a small
+agent workload live through ``tokenomy bench``, profile the same instance again, simulate the
+workload on both profiles pooled (``tokenomy sim --calibration``; each probe at its median over
+the two, :func:`tokenomy.perf.engine_calibration.pool_calibrations`), and write both sides.
+
+The profile just before and the one just after the live run bracket it: a shared machine's speed
+drifts over minutes (one run here: decode probes 38% faster after the live run than before it), and a single profile
+prices the live run at the moment it was taken. Each profile's own simulation and the drift
+between them are written too (``profiles``, ``profile_drift``); ``--no-bracket`` profiles once,
+before.
 
 By default it builds the tiny random Llama (``tokenomy model tiny``), starts one vLLM CPU
 instance with ``tokenomy up --engine vllm`` (vLLM's Python: ``--vllm-python``,
@@ -19,7 +26,7 @@ Writes ``{"ttft_p50": [sim, live], "ttft_p99", "tpot_p50", "tpot_p99", "slo_atta
 "cached_fraction"}`` with the targets of issue 17 (P50s within 20%, P99s within 40%, attainment
 within 0.08) and whether each was met, the calibration (coefficients, fit, every measurement), the
 prompt sizing, and the load average before and after (the machine is shared: read the numbers
-with it; ``fit.repeat_spread`` says how far a probe's rounds lay apart).
+with it; ``fit.repeat_spread`` says how far a probe's rounds lay apart in each profile).
 
     python benchmarks/sim_vs_vllm.py --json out/sim_vs_vllm.json
 """
@@ -30,8 +37,10 @@ import argparse
 import dataclasses
 import os
 import signal
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,13 +48,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 from _emulated import cluster
-from _fidelity import Tolerance, compare, load_average, report
+from _fidelity import KEYS, Tolerance, compare, load_average, report
 
 from tokenomy.bench import BenchConfig, run_bench
 from tokenomy.bench.profile import ITL_HISTOGRAM, ProfilePlan, histogram_totals, profile
 from tokenomy.bench.sizing import measure_sizing, probe_remote
 from tokenomy.core import SLO, RequestRecord, Session
+from tokenomy.metrics import Summary
 from tokenomy.metrics.report import render_table
+from tokenomy.perf.engine_calibration import EngineCalibration, pool_calibrations
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.workload.agentic import TOOLBENCH, agent_sessions
 from tokenomy.workload.arrivals import poisson_arrivals
@@ -58,6 +69,12 @@ TOLERANCE: Tolerance = {"ttft_p50": ("rel", 0.20), "ttft_p99": ("rel", 0.40), "t
 BURST_S = 0.0005
 """Mean gap between an answer's tokens below which they arrived together (a decode step of the
 tiny model on vLLM CPU takes 3-5 ms)."""
+
+CACHED_TAILS = (64, 256)
+"""Chunks the profile sends alone after a cached context: the shape of this workload's turns (a tool
+result of ~160 tokens, 16-640, and the last answer, after a cached history), which sets its TTFT.
+Without them the plan's only cached prefills are 16-token tails, and a 200-token chunk after a
+cached history is an extrapolation the fitted coefficients disagree on from one profile to the next."""
 
 TINY_AGENT = dataclasses.replace(
     TOOLBENCH,
@@ -85,6 +102,26 @@ def burst_fraction(records: list[RequestRecord]) -> float | None:
     ``BURST_S`` apart on average."""
     tpots = [t for r in records if r.finished and r.output_tokens > 1 and (t := r.tpot_s) is not None]
     return sum(t < BURST_S for t in tpots) / len(tpots) if tpots else None
+
+
+def simulate_on(cal: EngineCalibration, sessions: list[Session], model: str, slo: SLO, path: Path) -> Summary:
+    """The workload simulated on one vLLM instance priced by ``cal`` (written to ``path``)."""
+    cal.save(path)
+    config = SimConfig(deployment="colocated", instances=1, calibration=str(path), model=model)
+    return simulate(sessions, config, slo).summary
+
+
+def profile_drift(cals: list[EngineCalibration]) -> dict[str, float] | None:
+    """Median over the probes both profiles made of (last profile's time / first's), per kind: how
+    much slower the engine read after the live run than before it (None: one profile)."""
+    if len(cals) < 2:
+        return None
+    first = {(m.kind, m.steps): m.time_s for m in cals[0].measurements}
+    ratios: dict[str, list[float]] = {}
+    for m in cals[-1].measurements:
+        if (t := first.get((m.kind, m.steps))) is not None:
+            ratios.setdefault(m.kind, []).append(m.time_s / t)
+    return {kind: statistics.median(r) for kind, r in sorted(ratios.items())}
 
 
 def workload(rate: float, duration: float, seed: int) -> list[Session]:
@@ -136,9 +173,13 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=128, help="vLLM CPU's default batch limit")
     ap.add_argument("--kv-cache-gib", type=int, default=1, help="whole GiB (vLLM CPU takes whole GiB only)")
     ap.add_argument("--ready-timeout", type=float, default=300.0)
-    ap.add_argument("--repeats", type=int, default=5, help="profile rounds (each probe's median is kept)")
-    ap.add_argument("--cached-tails", type=int, nargs="*", default=[],
-                    help="profile chunks of these lengths after a cached context (the agent's turns' shape)")
+    ap.add_argument("--repeats", type=int, default=5, help="rounds of each profile (each probe's median is kept)")
+    ap.add_argument("--bracket", action=argparse.BooleanOptionalAction, default=True,
+                    help="profile again right after the live run and fit on both profiles (each probe's median "
+                         "over them), so a machine whose speed drifts over minutes is priced over the whole run")
+    ap.add_argument("--cached-tails", type=int, nargs="*", default=list(CACHED_TAILS),
+                    help="profile chunks of these lengths after a cached context (the agent's turns' shape); "
+                         "none: give the flag alone")
     ap.add_argument("--slo-ttft", type=float, default=0.5)
     ap.add_argument("--slo-tpot", type=float, default=0.05)
     ap.add_argument("--json", type=Path, default=None)
@@ -157,14 +198,16 @@ def main() -> int:
         plan = ProfilePlan(repeats=args.repeats, cached_tails=tuple(args.cached_tails),
                            max_num_batched_tokens=args.max_num_batched_tokens,
                            max_num_seqs=args.max_num_seqs)
-        cal = profile(url, plan, model=model, on_progress=print)
-        cal_path = Path(tmp) / "calibration.json"
-        cal.save(cal_path)
-        print(f"calibration: {cal.step}; fit {cal.fit['mape']:.1%} {cal.fit['mape_by_kind']}", flush=True)
-        config = SimConfig(deployment="colocated", instances=1, calibration=str(cal_path),
-                           model=args.sim_model or str(model_dir / "config.json"))
-        sim = simulate(sessions, config, slo).summary
-        print(f"simulated: {sim.requests} requests, TTFT P50 {sim.ttft_p50_s}", flush=True)
+        clock = time.monotonic
+        profiles: dict[str, tuple[EngineCalibration, float, float]] = {}  # name -> (calibration, start, end)
+
+        def take_profile(name: str) -> None:
+            start = clock()
+            cal = profile(url, plan, model=model, on_progress=lambda msg: print(f"{name}: {msg}", flush=True))
+            profiles[name] = (cal, start, clock())
+            print(f"profile {name}: {cal.step}; fit {cal.fit['mape']:.1%} {cal.fit['mape_by_kind']}", flush=True)
+
+        take_profile("before")
         api = "chat" if args.chat else "completions"
         tok = probe_remote(url, model=model)
         if tok is None:
@@ -172,9 +215,24 @@ def main() -> int:
         sizing = measure_sizing(tok, api) if tok is not None else None
         bench = BenchConfig(targets=(url,), model=model, api=api, slo=slo, seed=args.seed + 1000)
         itl_before = engine_itl(url)
+        live_start = clock()
         rep = run_bench(sessions, bench, sizing=sizing)
+        live_end = clock()
         itl_after = engine_itl(url)
         live_extras = {"errors_by_status": rep.errors_by_status, **rep.extras}
+        if args.bracket:
+            take_profile("after")
+        cal = pool_calibrations([c for c, _, _ in profiles.values()])
+        print(f"calibration ({len(profiles)} profile(s) pooled): {cal.step}; fit {cal.fit['mape']:.1%}", flush=True)
+        sim_model = args.sim_model or str(model_dir / "config.json")
+        sim = simulate_on(cal, sessions, sim_model, slo, Path(tmp) / "pooled.json")
+        # Each profile alone (not a target): how far the simulation moves with the moment it was profiled at.
+        by_profile = {name: {"seconds_from_live_start": [round(a - live_start, 1), round(b - live_start, 1)],
+                             "step": c.step.to_dict(), "fit": c.fit,
+                             **{k: getattr(simulate_on(c, sessions, sim_model, slo, Path(tmp) / f"{name}.json"), attr)
+                                for k, attr in KEYS.items()}}
+                      for name, (c, a, b) in profiles.items()}
+        print(f"simulated: {sim.requests} requests, TTFT P50 {sim.ttft_p50_s}", flush=True)
     load_after = load_average()
     got = rep.summary
     render_table({"sim": sim, "vllm": got}, title="sim vs vLLM (tiny-agent)")
@@ -192,11 +250,18 @@ def main() -> int:
                      if itl_before and itl_after and itl_after[1] > itl_before[1] else None},
         "requests": [sim.requests, got.requests], "live": live_extras,
         "calibration": cal.to_dict(),
+        "profiles": by_profile,
+        "profile_drift": profile_drift([c for c, _, _ in profiles.values()]),
+        "live_seconds": round(live_end - live_start, 1),
         "load_average": {"before": load_before, "after": load_after},
         "config": {k: v for k, v in vars(args).items() if k != "json"},
     })
     print(f"prompt tokens sent/workload: {live_extras['prompt_tokens_sent']}/{live_extras['prompt_tokens_workload']}; "
           f"load average before {load_before}, after {load_after}")
+    for name, p in by_profile.items():
+        print(f"profile {name} alone ({p['seconds_from_live_start']} s from the live run's start): "
+              + ", ".join(f"{k} {p[k]:.4g}" for k in KEYS))
+    print(f"profile drift (after/before, median over probes): {out['profile_drift']}")
     report(out, args.json)
     return 0
 

@@ -3,6 +3,7 @@ robust to noise, and read back from a calibration file by the simulator."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,12 @@ import pytest
 from tokenomy.core import SLO, Session, Turn
 from tokenomy.core.step import StepShape
 from tokenomy.perf import PerfModel, get_gpu, get_model
-from tokenomy.perf.engine_calibration import EngineCalibration, EngineLimits, load_calibration
+from tokenomy.perf.engine_calibration import (
+    EngineCalibration,
+    EngineLimits,
+    load_calibration,
+    pool_calibrations,
+)
 from tokenomy.perf.stepfit import (
     Measurement,
     StepCoefficients,
@@ -107,6 +113,38 @@ def _calibration(tmp_path: Path) -> Path:
     path = tmp_path / "cal.json"
     cal.save(path)
     return path
+
+
+def _profiled(speed: float, model: str = "tiny") -> EngineCalibration:
+    """A profile of a CPU_LIKE engine taken while the machine ran at ``speed`` times its mean step time."""
+    measured = tuple(Measurement(m.kind, m.steps, m.time_s * speed) for m in probes(CPU_LIKE))
+    fit = fit_steps(measured)
+    return EngineCalibration(step=fit.coefficients, engine=EngineLimits(max_num_batched_tokens=2048), target="http://x",
+                             model=model, fit={**fit.summary(), "repeat_spread": 0.1 * speed}, measurements=measured)
+
+
+def test_pooled_profiles_price_the_mean_of_a_drifting_machine() -> None:
+    """A profile before a run on a machine 20% slow and one after it 20% fast: each alone prices every step
+    20% off; pooled they price the machine's mean within 2%, on shapes neither profile measured (a fit on
+    both sets of points side by side would lean to the fast one: its errors are relative)."""
+    before, after = _profiled(1.2), _profiled(0.8)
+    after = dataclasses.replace(after, measurements=after.measurements[1:])  # a probe the second profile skipped
+    pooled = pool_calibrations([before, after])
+    assert len(pooled.measurements) == len(before.measurements)  # one per probe
+    assert pooled.measurements[0] == before.measurements[0]
+    assert pooled.fit["profiles"] == 2 and pooled.fit["repeat_spread"] == [pytest.approx(0.12), pytest.approx(0.08)]
+    assert pooled.engine == before.engine and pooled.model == "tiny"
+    for shape in (decode_step(1, 300), decode_step(8, 8 * 600), *prefill_steps(700, 2048)):
+        truth = CPU_LIKE.step_time_s(shape)
+        assert before.step.step_time_s(shape) == pytest.approx(1.2 * truth, rel=1e-3)
+        assert pooled.step.step_time_s(shape) == pytest.approx(truth, rel=0.02)
+
+
+def test_pooling_refuses_nothing_and_other_models() -> None:
+    with pytest.raises(ValueError, match="no calibrations"):
+        pool_calibrations([])
+    with pytest.raises(ValueError, match="different models"):
+        pool_calibrations([_profiled(1.0), _profiled(1.0, model="other")])
 
 
 def test_a_calibration_file_round_trips(tmp_path: Path) -> None:

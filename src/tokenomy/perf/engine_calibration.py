@@ -12,6 +12,7 @@ per token, links, prices) stays the catalog model's and GPU's.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from tokenomy.perf.coefficients import Coefficients
 from tokenomy.perf.hardware import GPUSpec
 from tokenomy.perf.model import DEFAULT_ACTIVATION_RESERVE_BYTES, PerfModel
 from tokenomy.perf.models import ModelSpec
-from tokenomy.perf.stepfit import Measurement, StepCoefficients
+from tokenomy.perf.stepfit import Measurement, StepCoefficients, fit_steps
 
 SCHEMA = "tokenomy.perf-calibration/1"
 
@@ -83,6 +84,30 @@ class EngineCalibration:
 
     def perf_model(self, model: ModelSpec, gpu: GPUSpec, tp: int = 1) -> CalibratedPerfModel:
         return CalibratedPerfModel(model, gpu, tp, self)
+
+
+def pool_calibrations(calibrations: Sequence[EngineCalibration]) -> EngineCalibration:
+    """One calibration from several profiles of the same engine (e.g. one taken just before and one
+    just after a run, so a machine whose speed drifts over minutes is priced at its median over the
+    run, not at one moment): each probe (same kind, same steps) at its median over the profiles, a
+    probe only some profiles made as it is, fitted anew. Limits, target and model are the first
+    profile's; ``fit`` has the pooled fit's errors, ``profiles`` (how many) and each profile's
+    ``repeat_spread``. ValueError when there are none or they name different models."""
+    if not calibrations:
+        raise ValueError("no calibrations to pool")
+    first = calibrations[0]
+    if any(c.model != first.model for c in calibrations):
+        raise ValueError(f"cannot pool calibrations of different models: {sorted({c.model for c in calibrations})}")
+    probes: dict[tuple[str, tuple[StepShape, ...]], list[float]] = {}
+    for c in calibrations:
+        for m in c.measurements:
+            probes.setdefault((m.kind, m.steps), []).append(m.time_s)
+    measurements = tuple(Measurement(kind, steps, statistics.median(times)) for (kind, steps), times in probes.items())
+    fit = fit_steps(measurements)
+    summary: dict[str, Any] = {**fit.summary(), "profiles": len(calibrations),
+                               "repeat_spread": [c.fit.get("repeat_spread") for c in calibrations]}
+    return EngineCalibration(step=fit.coefficients, engine=first.engine, target=first.target, model=first.model,
+                             fit=summary, measurements=measurements)
 
 
 def _shape_dict(s: StepShape) -> dict[str, float]:
