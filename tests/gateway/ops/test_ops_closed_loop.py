@@ -51,6 +51,30 @@ def test_a_freed_slot_goes_to_the_top_tier_and_the_tier_reaches_the_admission(tm
     assert text == 1.0
 
 
+def test_a_freed_slot_goes_to_a_first_attempt_before_an_older_retry_of_the_same_tier(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    guard = closed_guard(tmp_path)
+    free, _ = add_key(guard, org=NodeLimits(priority=0), org_name="free-org")
+
+    async def main() -> list[str]:
+        first = await guard.admit(request(free, "f0"))
+        order: list[str] = []
+
+        async def client(rid: str, retries: int) -> None:
+            adm = await guard.admit(request(free, rid, retries=retries))
+            order.append(rid)
+            await guard.settle(adm, SettledUsage(100, 10, 0, 0.0))
+
+        retry = asyncio.create_task(client("sent-again", 1))  # queued first: the SDK's second attempt
+        await spin()
+        fresh = asyncio.create_task(client("first-try", 0))
+        await spin()
+        await guard.settle(first, SettledUsage(100, 10, 0, 0.0))
+        await asyncio.gather(retry, fresh)
+        return order
+
+    assert asyncio.run(main()) == ["first-try", "sent-again"]
+
+
 def test_a_request_whose_tier_may_not_wait_is_shed_with_503_after_being_queued(tmp_path) -> None:  # type: ignore[no-untyped-def]
     guard = closed_guard(tmp_path, tiers=[{"name": "gold", "min_priority": 20},
                                           {"name": "free", "min_priority": 0, "max_defer_s": 0.0}])
