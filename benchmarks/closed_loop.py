@@ -7,7 +7,7 @@ the cluster, capped at ``max_in_flight`` requests:
 * **blind**: ``fifo`` admission (first come, first served, shed after ``blind_max_defer_s``) and
   the ``session_affinity`` router: what the gateway does when it does not look at who asks;
 * **closed**: ``tier_wfq`` admission (weighted fair queueing across tiers, deferral before
-  shedding, budget and rate pacing) and the same router. The simulation also runs
+  shedding, budget and rate pacing, a tenant's retries behind its first attempts) and the same router. The simulation also runs
   **closed_routing_bias**: ``tier_wfq`` with the ``tier_aware`` router over ``session_affinity``
   (docs/closed-loop.md: at this point it cost the top tier attainment, so the live run leaves it out).
 
