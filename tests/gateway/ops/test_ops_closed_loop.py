@@ -9,6 +9,7 @@ import pytest
 
 from helpers.ops_factory import add_key, make_guard, request
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.closed_loop_settings import ClosedLoopSettings, closed_loop_config
 from tokenomy.gateway.ops.guard import SettledUsage
 from tokenomy.gateway.ops.tenancy import NodeLimits
 
@@ -73,6 +74,7 @@ def test_a_freed_slot_goes_to_a_first_attempt_before_an_older_retry_of_the_same_
         return order
 
     assert asyncio.run(main()) == ["first-try", "sent-again"]
+    assert closed_loop_config(ClosedLoopSettings(retries_last=False)).retries_last is False  # and it can be turned off
 
 
 def test_a_request_whose_tier_may_not_wait_is_shed_with_503_after_being_queued(tmp_path) -> None:  # type: ignore[no-untyped-def]
