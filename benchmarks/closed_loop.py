@@ -181,11 +181,14 @@ def last_finish(records: list[RequestRecord]) -> float:
 
 
 def common_goodput(side: dict[str, dict[str, Any]]) -> None:
-    """Set each mode's ``goodput_rps``: SLO-met requests over ``[0, latest end_s of the side]``."""
-    window = max(f["end_s"] for f in side.values())
+    """Set each mode's ``goodput_rps``: SLO-met requests over ``[0, latest end_s of the side's
+    MODES]`` (the modes run on both sides, so live and simulated goodput share a definition); a
+    simulation-only mode counts over that window, or up to its own last finish if that is later."""
+    window = max(f["end_s"] for m, f in side.items() if m in MODES)
     for f in side.values():
-        f["goodput_rps"] = round(f["slo_met"] / window, 4) if window > 0 else 0.0
-        f["goodput_window_s"] = round(window, 2)
+        w = max(window, f["end_s"])
+        f["goodput_rps"] = round(f["slo_met"] / w, 4) if w > 0 else 0.0
+        f["goodput_window_s"] = round(w, 2)
 
 
 def simulated(spec: OverloadSpec, sessions: list[Session]) -> dict[str, Any]:
