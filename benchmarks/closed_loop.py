@@ -7,7 +7,7 @@ the cluster, capped at ``max_in_flight`` requests:
 * **blind**: ``fifo`` admission (first come, first served, shed after ``blind_max_defer_s``) and
   the ``session_affinity`` router: what the gateway does when it does not look at who asks;
 * **closed**: ``tier_wfq`` admission (weighted fair queueing across tiers, deferral before
-  shedding, budget and rate pacing) and the same router. The simulation also runs
+  shedding, budget and rate pacing, a tenant's retries behind its first attempts) and the same router. The simulation also runs
   **closed_routing_bias**: ``tier_wfq`` with the ``tier_aware`` router over ``session_affinity``
   (docs/closed-loop.md: at this point it cost the top tier attainment, so the live run leaves it out).
 
@@ -181,11 +181,14 @@ def last_finish(records: list[RequestRecord]) -> float:
 
 
 def common_goodput(side: dict[str, dict[str, Any]]) -> None:
-    """Set each mode's ``goodput_rps``: SLO-met requests over ``[0, latest end_s of the side]``."""
-    window = max(f["end_s"] for f in side.values())
+    """Set each mode's ``goodput_rps``: SLO-met requests over ``[0, latest end_s of the side's
+    MODES]`` (the modes run on both sides, so live and simulated goodput share a definition); a
+    simulation-only mode counts over that window, or up to its own last finish if that is later."""
+    window = max(f["end_s"] for m, f in side.items() if m in MODES)
     for f in side.values():
-        f["goodput_rps"] = round(f["slo_met"] / window, 4) if window > 0 else 0.0
-        f["goodput_window_s"] = round(window, 2)
+        w = max(window, f["end_s"])
+        f["goodput_rps"] = round(f["slo_met"] / w, 4) if w > 0 else 0.0
+        f["goodput_window_s"] = round(w, 2)
 
 
 def simulated(spec: OverloadSpec, sessions: list[Session]) -> dict[str, Any]:

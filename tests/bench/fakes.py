@@ -166,11 +166,13 @@ class FakeOpener:
         self.clock = clock
         self.urls: list[str] = []
         self.auth: dict[str, set[str]] = {}  # session id -> Authorization headers it sent
+        self.sent: list[dict[str, str]] = []  # every request's headers, in order
 
     @asynccontextmanager
     async def __call__(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> AsyncIterator[_FakeResponse]:
         self.urls.append(url)
         self.auth.setdefault(headers.get("x-session-id", ""), set()).add(headers.get("Authorization", ""))
+        self.sent.append(dict(headers))
         yield _FakeResponse(self.engine, self.clock, json.loads(json.dumps(body)))
 
 

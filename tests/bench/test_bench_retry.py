@@ -24,8 +24,9 @@ def _run(engine: FakeEngine, turns: int = 3, **overrides) -> tuple[BenchReport, 
 
 def test_a_shed_turn_is_sent_again_after_its_retry_after_and_its_ttft_counts_from_the_first_attempt() -> None:
     engine = FakeEngine(ttft_s=0.1, itl_s=0.0, fail={1: 503}, fail_headers={1: {"retry-after": "3"}})
-    rep, clock, _ = _run(engine, slo=SLO(ttft_s=2.0, tpot_s=1.0))
+    rep, clock, opener = _run(engine, slo=SLO(ttft_s=2.0, tpot_s=1.0))
     assert len(engine.bodies) == 4 and engine.bodies[1] == engine.bodies[2]  # the same request, sent again
+    assert [h["x-stainless-retry-count"] for h in opener.sent] == ["0", "0", "1", "0"]  # as the SDKs count
     assert 3.0 in clock.sleeps
     s = rep.summary
     assert s.requests == s.finished == 3  # one request per turn, the session went on

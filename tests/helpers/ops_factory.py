@@ -56,5 +56,6 @@ def add_key(guard: OpsGuard, org: NodeLimits | None = None, team: NodeLimits | N
 
 
 def request(key: str | None, rid: str, model: str = "m", prompt: int = 100, max_tokens: int = 100,
-            session: str | None = None, fingerprint: str | None = None) -> AdmitRequest:
-    return AdmitRequest(rid, key, model, prompt, max_tokens, session_id=session, prompt_fingerprint=fingerprint)
+            session: str | None = None, fingerprint: str | None = None, retries: int = 0) -> AdmitRequest:
+    return AdmitRequest(rid, key, model, prompt, max_tokens, session_id=session, prompt_fingerprint=fingerprint,
+                        retries=retries)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -129,3 +130,38 @@ def test_tier_aware_router_biases_only_under_load() -> None:
     assert router.choose(free, calm, 0.0) == "a"  # not loaded: the base router for everyone
     assert router.choose(gold, busy, 0.0) == "b"  # its prefix is cached on b
     assert router.choose(free, busy, 0.0) == "c"  # a, the least loaded, is kept for the top tier
+
+
+def test_a_retry_waits_behind_its_tenants_first_attempts_but_keeps_the_tenants_share() -> None:
+    trace: list[dict[str, object]] = []
+    policy = make_admission_policy("tier_wfq", trace=trace.append)
+    retry = dataclasses.replace(arrival("f-old", "free"), retries=1)
+    queue = [QueuedView.of(policy.arrive(retry, FULL, 0.0), 0.0),  # older, but its TTFT is already lost
+             QueuedView.of(policy.arrive(arrival("f-new", "free"), FULL, 0.5), 0.5),
+             QueuedView.of(policy.arrive(arrival("g", "gold"), FULL, 0.6), 0.6)]
+    assert queue[0].retry_last and "retry 1" in str(trace[0]["reason"])
+    order = []
+    for t in (1.0, 1.1, 1.2):
+        d = policy.pick(queue, LoadView(7, 8, len(queue)), t)
+        assert d is not None
+        order.append(queue.pop(d.index).request_id)
+    # equal start tags across tenants: the older head (free's first attempt) first, then gold,
+    # and the retry once no first attempt of its tenant waits: deferred, never refused for it
+    assert order == ["f-new", "g", "f-old"]
+
+
+def test_without_retries_last_a_tenants_queue_is_oldest_first() -> None:
+    policy = make_admission_policy("tier_wfq", ClosedLoopConfig(retries_last=False))
+    queue = [QueuedView.of(policy.arrive(dataclasses.replace(arrival("old", "free"), retries=2), FULL, 0.0), 0.0),
+             QueuedView.of(policy.arrive(arrival("new", "free"), FULL, 0.5), 0.5)]
+    assert not queue[0].retry_last
+    d = policy.pick(queue, LoadView(7, 8, 2), 1.0)
+    assert d is not None and d.request_id == "old"
+
+
+def test_the_blind_baseline_ignores_retries() -> None:
+    policy = make_admission_policy("fifo")
+    queue = [QueuedView.of(policy.arrive(dataclasses.replace(arrival("old", "free"), retries=1), FULL, 0.0), 0.0),
+             QueuedView.of(policy.arrive(arrival("new", "free"), FULL, 0.5), 0.5)]
+    d = policy.pick(queue, LoadView(7, 8, 2), 1.0)
+    assert d is not None and d.request_id == "old"

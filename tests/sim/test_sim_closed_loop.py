@@ -70,6 +70,9 @@ def test_a_shed_request_comes_back_after_its_retry_after_keeping_its_first_arriv
             shed.setdefault(e["request_id"], []).append(e["t_s"])
     admitted = {e["request_id"]: e["t_s"] for e in trace if e["kind"] == "closed_loop_admit"}
     assert shed and set(shed) <= set(admitted)  # every shed request was served on a retry
+    queued = [e for e in trace if e["kind"] == "closed_loop_admission" and e["action"] == "queue"]
+    for e in queued:  # the gate tells the policy which attempts are retries: they wait behind first attempts
+        assert e["retry_last"] == (e["request_id"] in shed and e["t_s"] > shed[e["request_id"]][0])
     records = {r.request_id: r for r in res.records}
     for rid, times in shed.items():
         assert admitted[rid] >= times[-1] + 2.0  # not before its retry-after

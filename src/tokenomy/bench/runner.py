@@ -14,7 +14,7 @@ from tokenomy.bench.config import BenchConfig
 from tokenomy.bench.sizing import AnswerCounter
 from tokenomy.bench.text import PromptBuilder, PromptSizing
 from tokenomy.core import Segment, Session, Turn
-from tokenomy.policy.closedloop.retry import RETRY_STATUSES
+from tokenomy.policy.closedloop.retry import RETRY_COUNT_HEADER, RETRY_STATUSES
 
 ResultFn = Callable[["TurnResult"], None]
 
@@ -111,8 +111,9 @@ class BenchRun:
                 retried: list[str] = []
                 first_sent: float | None = None
                 while True:  # a refusal is sent again after its retry-after (config.retry), then abandoned
-                    headers = {**auth, "x-session-id": session.session_id,
-                               "x-request-id": f"{rid}:retry{len(retried)}" if retried else rid}
+                    headers = {**auth, "x-session-id": session.session_id,  # the SDKs' retry count too
+                               "x-request-id": f"{rid}:retry{len(retried)}" if retried else rid,
+                               RETRY_COUNT_HEADER: str(len(retried))}
                     outcome = await send(opener, url, body, headers, self.clock)
                     first_sent = outcome.sent_s if first_sent is None else first_sent
                     delay = None if outcome.ok else self.config.retry.delay_for(len(retried), outcome.status,

@@ -92,7 +92,7 @@ class AdmissionGate:
     def submit(self, request: Request, now: float) -> bool:
         """Queue or refuse an arriving request (or a retried one); False when refused."""
         arrival = ArrivalView(request.request_id, self._tenant(request, now), request.prompt_tokens,
-                              request.max_output_tokens)
+                              request.max_output_tokens, self._retries[request.request_id])
         d = self.policy.arrive(arrival, self._load(), now)
         if d.action is Action.REFUSE:
             return self._refused(request, REFUSED_BUDGET, "429", None, should_retry=False)

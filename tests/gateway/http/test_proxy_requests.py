@@ -192,3 +192,22 @@ def test_a_plain_answer_is_settled_before_the_client_sees_it(rig: Rig, monkeypat
                           headers={"x-request-id": rid})
         assert r.status_code == 200
         assert rid in rig.guard.settled and not rig.guard.open  # settled when the client has the answer
+
+
+def test_the_sdks_retry_count_reaches_admission_and_a_bad_one_is_a_400(rig: Rig,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+    admit = rig.guard.admit
+
+    async def spy(request: Any) -> Any:
+        seen.append(request.retries)
+        return await admit(request)
+
+    monkeypatch.setattr(rig.guard, "admit", spy)
+    assert rig.http.post("/v1/chat/completions", json=chat(), headers={"x-stainless-retry-count": "2"}).status_code == 200
+    assert rig.http.post("/v1/chat/completions", json=chat()).status_code == 200
+    assert seen == [2, 0]  # the closed loop queues a retry behind first attempts (docs/closed-loop.md)
+    for bad in ("-1", "two", "100000"):
+        r = rig.http.post("/v1/chat/completions", json=chat(), headers={"x-stainless-retry-count": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "x-stainless-retry-count"
+    assert len(rig.events()) == 2

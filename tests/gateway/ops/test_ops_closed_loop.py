@@ -9,6 +9,7 @@ import pytest
 
 from helpers.ops_factory import add_key, make_guard, request
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.closed_loop_settings import ClosedLoopSettings, closed_loop_config
 from tokenomy.gateway.ops.guard import SettledUsage
 from tokenomy.gateway.ops.tenancy import NodeLimits
 
@@ -49,6 +50,31 @@ def test_a_freed_slot_goes_to_the_top_tier_and_the_tier_reaches_the_admission(tm
     assert asyncio.run(main()) == ["g1:gold", "f1:free"]  # the later gold request was admitted first
     text = guard.metrics.registry.get_sample_value("tokenomy_gateway_admission_deferred_total", {"tier": "gold"})
     assert text == 1.0
+
+
+def test_a_freed_slot_goes_to_a_first_attempt_before_an_older_retry_of_the_same_tier(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    guard = closed_guard(tmp_path)
+    free, _ = add_key(guard, org=NodeLimits(priority=0), org_name="free-org")
+
+    async def main() -> list[str]:
+        first = await guard.admit(request(free, "f0"))
+        order: list[str] = []
+
+        async def client(rid: str, retries: int) -> None:
+            adm = await guard.admit(request(free, rid, retries=retries))
+            order.append(rid)
+            await guard.settle(adm, SettledUsage(100, 10, 0, 0.0))
+
+        retry = asyncio.create_task(client("sent-again", 1))  # queued first: the SDK's second attempt
+        await spin()
+        fresh = asyncio.create_task(client("first-try", 0))
+        await spin()
+        await guard.settle(first, SettledUsage(100, 10, 0, 0.0))
+        await asyncio.gather(retry, fresh)
+        return order
+
+    assert asyncio.run(main()) == ["first-try", "sent-again"]
+    assert closed_loop_config(ClosedLoopSettings(retries_last=False)).retries_last is False  # and it can be turned off
 
 
 def test_a_request_whose_tier_may_not_wait_is_shed_with_503_after_being_queued(tmp_path) -> None:  # type: ignore[no-untyped-def]

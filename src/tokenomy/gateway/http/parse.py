@@ -19,6 +19,7 @@ from starlette.types import Receive
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.metering.meter import estimate_tokens
+from tokenomy.policy.closedloop.retry import RETRY_COUNT_HEADER
 
 SESSION_HEADER = "x-session-id"
 REQUEST_ID_HEADER = "x-request-id"
@@ -58,6 +59,7 @@ class ParsedRequest:
     fingerprint: str  # hash of the prompt's tail (last messages / last 256 characters)
     stream_key: int  # which conversation prefix this is, for prefix-aware routing
     tier: str = ""  # the tenant's tier once admitted (ops.admission.closed_loop); routers may read it
+    retries: int = 0  # the client's retries of this request so far (RETRY_COUNT_HEADER; 0 when absent)
 
 
 def _bad(message: str, param: str | None = None, code: str = "invalid_value", status: int = 400) -> GatewayError:
@@ -229,6 +231,7 @@ def parse_request(request: Incoming, body: dict[str, Any], endpoint: str, known_
     if not named:
         rid = "req-" + os.urandom(16).hex()
     sid = _session_id(request, body)
+    retries = _retry_count(request)
     key_text = f"s:{sid}" if sid else f"p:{head}"
     return ParsedRequest(
         endpoint=endpoint,
@@ -244,7 +247,22 @@ def parse_request(request: Incoming, body: dict[str, Any], endpoint: str, known_
         client_named_id=named,
         fingerprint=_digest(tail),
         stream_key=hash(key_text) & _KEY_MASK,  # in-process only: Python's salted hash is fine
+        retries=retries,
     )
+
+
+def _retry_count(request: Incoming) -> int:
+    """The SDK's retry count: a small non-negative integer (anything else is a 400, not a guess)."""
+    raw = request.headers.get(RETRY_COUNT_HEADER)
+    if raw is None or raw.strip() == "":
+        return 0
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 1000:
+        raise _bad(f"{RETRY_COUNT_HEADER} must be an integer from 0 to 1000, got {raw[:32]!r}", RETRY_COUNT_HEADER)
+    return n
 
 
 def _calls(m: dict[str, Any]) -> Any:

@@ -125,6 +125,7 @@ class Proxy:
                 session_id=req.session_id or None,
                 prompt_fingerprint=req.fingerprint,
                 now_s=time.time(),
+                retries=req.retries,
             )
         )
         req.tier = admission.tier

@@ -97,15 +97,17 @@ class ClosedLoopPools:
         return LoadView(p.in_flight, self.max_in_flight, len(p.queue))
 
     async def enter(self, model: str, *, request_id: str, tenant: str, priority: int, tokens_per_s: float,
-                    budget_left_fraction: float | None, prompt_tokens: int, max_tokens: int) -> ClosedLoopTicket:
-        """A granted ticket, after waiting if the pool is full (module docstring)."""
+                    budget_left_fraction: float | None, prompt_tokens: int, max_tokens: int,
+                    retries: int = 0) -> ClosedLoopTicket:
+        """A granted ticket, after waiting if the pool is full (module docstring); ``retries``: the
+        client's retries of this request so far (a retry waits behind its tenant's first attempts)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         name = self.pool_of(model)
         p = self._pools.setdefault(name, _Pool())
         tier = self.tier_of(priority)
         view = TenantView(tenant, tier, tokens_per_s, budget_left_fraction)
-        d = self.policy.arrive(ArrivalView(request_id, view, prompt_tokens, max_tokens), self._load(p), now)
+        d = self.policy.arrive(ArrivalView(request_id, view, prompt_tokens, max_tokens, retries), self._load(p), now)
         if d.action is Action.REFUSE:
             self.refused[tier] += 1
             raise GatewayError(429, f"admission: {d.reason}", type="insufficient_quota", code="budget_exceeded",

@@ -38,6 +38,8 @@ class ClosedLoopSettings(BaseModel):
     budget_slow_below: float = Field(default=ClosedLoopConfig.budget_slow_below, ge=0, lt=1)
     budget_pace_s: float = Field(default=ClosedLoopConfig.budget_pace_s, ge=0)
     blind_max_defer_s: float = Field(default=ClosedLoopConfig.blind_max_defer_s, ge=0)
+    retries_last: bool = Field(default=ClosedLoopConfig.retries_last,
+                               description="a request's retries wait behind its tenant's first attempts")
 
     @field_validator("policy")
     @classmethod
@@ -62,4 +64,4 @@ def closed_loop_config(s: ClosedLoopSettings) -> ClosedLoopConfig:
                                                      degrade.long_prompt_tokens)
     return ClosedLoopConfig(tiers=tuple(specs) or ClosedLoopConfig().tiers, degrade=deg,
                             budget_slow_below=s.budget_slow_below, budget_pace_s=s.budget_pace_s,
-                            blind_max_defer_s=s.blind_max_defer_s)
+                            blind_max_defer_s=s.blind_max_defer_s, retries_last=s.retries_last)

@@ -33,6 +33,7 @@ class AdmitRequest:
     session_id: str | None = None
     prompt_fingerprint: str | None = None  # hash of the prompt's tail / tool call, for repetition checks
     now_s: float = 0.0
+    retries: int = 0  # the client's retries of this request so far (x-stainless-retry-count)
 
 
 @dataclass(slots=True)

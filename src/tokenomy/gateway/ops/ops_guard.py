@@ -123,7 +123,7 @@ class OpsGuard:
             ticket = await self.closed.enter(
                 request.model, request_id=request.request_id, tenant=admission.tenant_path[0], priority=sig.priority,
                 tokens_per_s=sig.consumption_tokens_per_s, budget_left_fraction=sig.remaining_budget_fraction,
-                prompt_tokens=request.prompt_tokens_estimate, max_tokens=request.max_tokens)
+                prompt_tokens=request.prompt_tokens_estimate, max_tokens=request.max_tokens, retries=request.retries)
         except GatewayError:
             self.metrics.admission_refused.labels(tier).inc()
             raise

@@ -11,8 +11,13 @@ is shed, and every step is one decision with its reason in the trace.
 tenants, weighted by tier: each tenant's oldest eligible entry has start tag ``max(V, F[tenant])``;
 :meth:`pick` admits the one of least start tag, sets the virtual time ``V`` to it and the tenant's
 finish tag ``F[tenant]`` to ``start + 1 / weight``. Tags are charged on admission only, so entries
-that were shed or refused cost their tenant nothing later (no starvation by old debt). A tenant's weight is its tier's, shrunk while its budget runs
-low (:class:`~tokenomy.policy.closedloop.tiers.ClosedLoopConfig`); a tenant over its rate limit
+that were shed or refused cost their tenant nothing later (no starvation by old debt). Within a
+tenant, first attempts go before retries (``retries_last``): a request its client sends again
+after a refusal has already missed a TTFT SLO of the order of the tier waits (its TTFT counts from
+the first attempt, which waited a deadline and then a ``retry-after``), while a first attempt can
+still meet it, so a free slot goes where it can still buy an SLO-met request (shedding by
+predicted SLO miss, within the tenant's share). A tenant's weight is its tier's, shrunk while
+its budget runs low (:class:`~tokenomy.policy.closedloop.tiers.ClosedLoopConfig`); a tenant over its rate limit
 or low on budget is paced (its entry is not eligible before ``eligible_s``); a tenant whose budget
 left cannot pay for the request is refused. ``fifo`` (:class:`BlindFIFO`) is the tenant-blind
 baseline: one first-come-first-served queue and one wait before shedding.
@@ -53,10 +58,15 @@ class TenantView:
 
 @dataclass(frozen=True, slots=True)
 class ArrivalView:
+    """One arriving request. ``retries``: how often its client was refused it before and sent it
+    again (the simulated client's count; live, the ``x-stainless-retry-count`` header the OpenAI
+    and Anthropic SDKs send; 0 for a first attempt)."""
+
     request_id: str
     tenant: TenantView
     prompt_tokens: int
     max_tokens: int
+    retries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +84,8 @@ class GateDecision:
 
     For ``queue``: the entry's WFQ ``weight``, when it may be admitted (``eligible_s``), when it
     is shed if still waiting (``deadline_s``), the ``max_tokens`` to send (capped under
-    degradation) and whether it is held while the cluster is loaded (``hold_under_load``).
+    degradation), whether it is held while the cluster is loaded (``hold_under_load``) and whether
+    it waits behind its tenant's first attempts, being a retry (``retry_last``).
     """
 
     request_id: str
@@ -87,6 +98,7 @@ class GateDecision:
     eligible_s: float = 0.0
     deadline_s: float = 0.0
     hold_under_load: bool = False
+    retry_last: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return fields_dict(self)
@@ -119,11 +131,12 @@ class QueuedView:
     eligible_s: float
     deadline_s: float
     hold_under_load: bool = False
+    retry_last: bool = False
 
     @classmethod
     def of(cls, d: GateDecision, arrival_s: float) -> QueuedView:
         return cls(d.request_id, d.tenant, d.tier, arrival_s, d.weight, d.eligible_s, d.deadline_s,
-                   d.hold_under_load)
+                   d.hold_under_load, d.retry_last)
 
 
 class AdmissionPolicy(Protocol):
@@ -231,9 +244,12 @@ class TierWFQ:
             if deg.long_prompt_tokens is not None and a.prompt_tokens > deg.long_prompt_tokens:
                 hold = True
                 why.append(f"degraded under load: prompt of {a.prompt_tokens} tokens held until the load drops")
+        last = self.config.retries_last and a.retries > 0
+        if last:
+            why.append(f"retry {a.retries}: its TTFT is already lost, queued behind its tenant's first attempts")
         eligible = now + pause_s
         d = GateDecision(a.request_id, t.tenant, tier.name, Action.QUEUE, "; ".join(why), max_tokens, weight,
-                         eligible, eligible + tier.max_defer_s, hold)
+                         eligible, eligible + tier.max_defer_s, hold, last)
         emit(self.trace, "closed_loop_admission", now, d)
         return d
 
@@ -252,10 +268,13 @@ class TierWFQ:
                  if load.in_flight < tier(queue[i].tier).max_load_fraction * load.max_in_flight]
         if not ready:
             return None
-        heads: dict[str, int] = {}  # each tenant's oldest eligible entry
+        def order(i: int) -> tuple[bool, float, int]:  # first attempts before retries, then oldest
+            return queue[i].retry_last, queue[i].arrival_s, i
+
+        heads: dict[str, int] = {}  # each tenant's next entry
         for i in ready:
             j = heads.get(queue[i].tenant)
-            if j is None or (queue[i].arrival_s, i) < (queue[j].arrival_s, j):
+            if j is None or order(i) < order(j):
                 heads[queue[i].tenant] = i
         best = min(heads.values(), key=lambda i: (self.start_tag(queue[i].tenant), queue[i].arrival_s, i))
         e = queue[best]

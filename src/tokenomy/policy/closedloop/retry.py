@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 RETRY_STATUSES: tuple[str, ...] = ("429", "503")
 """Statuses a gateway refuses a request with (rate limit or budget; overload): the ones retried."""
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
+"""The header in which the OpenAI and Anthropic SDKs send a request's attempt number (0: the first;
+1 and up: retries): the closed loop's admission queues retries behind first attempts."""
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,8 @@ class ClosedLoopConfig:
       (the full pause at an empty budget); it is refused only when the budget left cannot pay
       for the request.
     * ``degrade``: opt-in degradation of lower tiers under load (None: off).
+    * ``retries_last``: within a tenant, requests sent again after a refusal wait behind first
+      attempts (a retry has already missed its TTFT SLO; a first attempt can still meet it).
     """
 
     tiers: tuple[TierSpec, ...] = DEFAULT_TIERS
@@ -97,6 +99,7 @@ class ClosedLoopConfig:
     budget_pace_s: float = 2.0
     degrade: DegradeConfig | None = None
     cost_ref_tokens: int | None = None
+    retries_last: bool = True
     tier_order: dict[str, TierSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
