@@ -62,6 +62,10 @@ MIXED_SETTLE_S = 0.25
 """Seconds a mixed probe waits after starting its background streams before it sends its chunks, so
 their prefills are done and they all decode (a chunk that lands otherwise is left out)."""
 
+MIXED_JITTER_S = 0.05
+"""Longest random pause before each chunk of a mixed probe, so it lands at a random moment of a
+decode step (several steps of vLLM CPU's 10-15 ms)."""
+
 ITL_SETTLE_TRIES = 10
 """Reads of ``/metrics`` after a decode probe until its gaps are all counted (vLLM records a step's
 statistics just after sending its tokens), 20 ms apart."""
@@ -161,6 +165,7 @@ class Profiler:
         self._say = on_progress or (lambda _msg: None)
         self.skipped: list[str] = []
         self.spreads: list[float] = []  # (max - min) / median of each probe's repeats
+        self._jitter = np.random.default_rng(seed)  # mixed probes' pauses
 
     async def _send(self, opener: Opener, text: str, max_tokens: int) -> Outcome:
         body = request_body(self.config, Prompt(text=text, messages=()), max_tokens)
@@ -247,10 +252,13 @@ class Profiler:
     async def _mixed(self, opener: Opener, ctx: int, batch: int, chunk: int | None) -> dict[int, tuple[StepShape, float]]:
         """Each of the plan's ``mixed_tails`` sent alone after a cached ``ctx``-token context while
         ``batch`` streams decode on it: ``{tail: (the mixed step, its seconds)}``. The chunk arrives
-        during a decode step and waits for it to end (as a request does in the simulator, which
-        models that wait itself), so the mixed step is its TTFT less that wait: from its sending
-        to the streams' last tokens before the step that carried it. Chunks that did not land
-        while every stream decoded are left out."""
+        at a random moment of a decode step (after a random pause) and waits for it to end, half a
+        step on average, as a request does in the simulator, which models that wait itself: the
+        mixed step is its TTFT less half the streams' median gap. The server's own work on the
+        chunk stays in, as in a prefill probe's TTFT (the fit's per-chunk term carries it). Not
+        the wait measured off the streams' tokens: the server's intake of the chunk overlaps that
+        wait, and taking it out would leave that work out. Chunks that did not land while every
+        stream decoded are left out."""
         prefix = self.prompts.text(ctx)
         await self._send(opener, prefix, 1)  # caches the shared context (a prefill the decode probes measure)
         streams = [asyncio.ensure_future(self._send(opener, prefix + self.prompts.tail(SUFFIX_TOKENS),
@@ -260,6 +268,7 @@ class Profiler:
         try:
             await asyncio.sleep(MIXED_SETTLE_S)
             for n in self.plan.mixed_tails:
+                await asyncio.sleep(float(self._jitter.uniform(0.0, MIXED_JITTER_S)))
                 chunks.append((n, await self._send(opener, prefix + self.prompts.tail(n), 1)))
         finally:
             outs = await asyncio.gather(*streams)
@@ -271,10 +280,8 @@ class Profiler:
                     o.token_times_s[0] >= sent or o.token_times_s[-1] <= first for o in outs):
                 continue  # not one chunk after the cached context, landed while every stream decoded
             gap = statistics.median(b - a for o in outs for a, b in zip(o.token_times_s, o.token_times_s[1:], strict=False))
-            # The end of the step the chunk waited for: each stream's last token before the chunk's step's.
-            began = statistics.median(max(t for t in o.token_times_s if t < first - gap / 2) for o in outs)
             context = sum(int(o.prompt_tokens or 0) + sum(1 for t in o.token_times_s if t <= first) for o in outs)
-            time_s = first - sent - max(0.0, began - sent)
+            time_s = first - sent - gap / 2
             if time_s > 0:
                 found[n] = (mixed_step(steps[0], batch, context), time_s)
         return found
