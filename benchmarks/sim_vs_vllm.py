@@ -180,6 +180,10 @@ def main() -> int:
     ap.add_argument("--cached-tails", type=int, nargs="*", default=list(CACHED_TAILS),
                     help="profile chunks of these lengths after a cached context (the agent's turns' shape); "
                          "none: give the flag alone")
+    ap.add_argument("--mixed-tails", type=int, nargs="*", default=[],
+                    help="profile chunks of these lengths after a cached context while 4 streams decode on it (a "
+                         "mixed step); the JSON then also has the simulation on the fit without them "
+                         "(`without_mixed`)")
     ap.add_argument("--slo-ttft", type=float, default=0.5)
     ap.add_argument("--slo-tpot", type=float, default=0.05)
     ap.add_argument("--json", type=Path, default=None)
@@ -195,7 +199,7 @@ def main() -> int:
     load_before = load_average()
     with engine(args) as (url, model_dir), tempfile.TemporaryDirectory() as tmp:
         model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-        plan = ProfilePlan(repeats=args.repeats, cached_tails=tuple(args.cached_tails),
+        plan = ProfilePlan(repeats=args.repeats, cached_tails=tuple(args.cached_tails), mixed_tails=tuple(args.mixed_tails),
                            max_num_batched_tokens=args.max_num_batched_tokens,
                            max_num_seqs=args.max_num_seqs)
         clock = time.monotonic
@@ -232,6 +236,15 @@ def main() -> int:
                              **{k: getattr(simulate_on(c, sessions, sim_model, slo, Path(tmp) / f"{name}.json"), attr)
                                 for k, attr in KEYS.items()}}
                       for name, (c, a, b) in profiles.items()}
+        # The same profiles fitted without their mixed probes, side by side in this run (not a target).
+        without_mixed = None
+        if args.mixed_tails:
+            plain = pool_calibrations([dataclasses.replace(c, measurements=tuple(m for m in c.measurements
+                                                                                 if m.kind != "mixed"))
+                                       for c, _, _ in profiles.values()])
+            without_mixed = {"step": plain.step.to_dict(), "fit": plain.fit,
+                             **{k: getattr(simulate_on(plain, sessions, sim_model, slo, Path(tmp) / "plain.json"), attr)
+                                for k, attr in KEYS.items()}}
         print(f"simulated: {sim.requests} requests, TTFT P50 {sim.ttft_p50_s}", flush=True)
     load_after = load_average()
     got = rep.summary
@@ -251,6 +264,7 @@ def main() -> int:
         "requests": [sim.requests, got.requests], "live": live_extras,
         "calibration": cal.to_dict(),
         "profiles": by_profile,
+        "without_mixed": without_mixed,
         "profile_drift": profile_drift([c for c, _, _ in profiles.values()]),
         "live_seconds": round(live_end - live_start, 1),
         "load_average": {"before": load_before, "after": load_after},
@@ -261,6 +275,8 @@ def main() -> int:
     for name, p in by_profile.items():
         print(f"profile {name} alone ({p['seconds_from_live_start']} s from the live run's start): "
               + ", ".join(f"{k} {p[k]:.4g}" for k in KEYS))
+    if without_mixed:
+        print("fitted without the mixed probes: " + ", ".join(f"{k} {without_mixed[k]:.4g}" for k in KEYS))
     print(f"profile drift (after/before, median over probes): {out['profile_drift']}")
     report(out, args.json)
     return 0

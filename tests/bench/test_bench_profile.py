@@ -32,6 +32,7 @@ def test_profile_recovers_the_emulators_step_times(emulator_url: str, tmp_path: 
     out = tmp_path / "cal.json"
     rc = main(["perf", "profile", "--target", emulator_url, "--out", str(out), "--prompt-tokens", "64,512,2048,8192",
                "--batches", "1,8,32", "--contexts", "256,2048", "--decode-tokens", "24", "--repeats", "1",
+               "--mixed-tails", "128", "--mixed-batches", "4",
                "--seed", "1", "--quiet"])
     assert rc == 0
     cal = load_calibration(out)
@@ -41,8 +42,18 @@ def test_profile_recovers_the_emulators_step_times(emulator_url: str, tmp_path: 
     assert cal.model == "llama-3.1-8b" and cal.fit["points"] == len(cal.measurements) >= 10
     # Decode steps come from the emulator's inter-token histogram, scaled by its time scale to wall time.
     assert cal.fit["decode_timing"] == {"engine": 6, "client": 0}
-    # Shapes the profile never measured, priced by the fit and by the emulator's own model.
     truth = PerfModel.from_names("llama-3.1-8b", "h100")
+    # A 128-token chunk after each cached context while 4 streams decode on it: one mixed step each,
+    # timed within half a decode step of the emulator's own price (one round: the chunk's random
+    # moment in the step it waited for is not averaged out).
+    mixed = [m for m in cal.measurements if m.kind == "mixed"]
+    assert len(mixed) == 2
+    for m in mixed:
+        (step,) = m.steps
+        assert step.prefill_tokens == 128 and step.prefill_seqs == 1 and step.decode_seqs == 4
+        decode_alone = truth.step_time_s(decode_step(4, step.decode_context_tokens)) * SLOW
+        assert abs(m.time_s - truth.step_time_s(step) * SLOW) < decode_alone / 2 + 0.005, m
+    # Shapes the profile never measured, priced by the fit and by the emulator's own model.
     for steps in (prefill_steps(1000, 8192), prefill_steps(4000, 8192), (decode_step(16, 16 * 1000),),
                   (decode_step(64, 64 * 500),)):
         want = sum(truth.step_time_s(s) for s in steps)

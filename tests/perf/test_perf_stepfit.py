@@ -24,6 +24,7 @@ from tokenomy.perf.stepfit import (
     StepCoefficients,
     decode_step,
     fit_steps,
+    mixed_step,
     prefill_steps,
     score,
 )
@@ -67,6 +68,24 @@ def test_fit_stays_close_under_timing_noise() -> None:
         assert got == pytest.approx(truth, rel=0.1)
 
 
+def test_mixed_probes_pull_the_fit_to_what_mixed_steps_took() -> None:
+    """An engine whose mixed step (a chunk joining a decode batch) costs the chunk alone plus the
+    decode step alone, which the model's one shared fixed cost underprices: a fit on pure probes
+    prices such steps low; with mixed probes the fit prices them as measured (its ``mixed_s`` term)."""
+    def alone(batch: int, ctx: int, n: int) -> float:
+        return CPU_LIKE.step_time_s(prefill_steps(ctx + n, 2048, ctx)[0]) + CPU_LIKE.step_time_s(decode_step(batch, batch * ctx))
+
+    pure = probes(CPU_LIKE)
+    shapes = [(b, ctx, n) for b in (2, 4) for ctx in (128, 1024) for n in (64, 256)]
+    mixed = [Measurement("mixed", (mixed_step(prefill_steps(ctx + n, 2048, ctx)[0], b, b * ctx),), alone(b, ctx, n))
+             for b, ctx, n in shapes]
+    assert mixed[0].steps[0].prefill_tokens == 64 and mixed[0].steps[0].decode_seqs == 2
+    held_out = Measurement("mixed", (mixed_step(prefill_steps(600 + 160, 2048, 600)[0], 3, 3 * 600),), alone(3, 600, 160))
+    without, with_mixed = score(fit_steps(pure).coefficients, [held_out]), score(fit_steps(pure + mixed).coefficients, [held_out])
+    assert without.mape > 0.05  # pure probes alone miss the mixed step by its whole fixed cost
+    assert with_mixed.mape < 0.01, with_mixed.coefficients
+
+
 def test_fit_approximates_the_roofline_of_a_gpu() -> None:
     """Profiling an H100 running Llama-3.1-8B (our roofline model stands in for it): the fitted
     model prices held-out shapes, mixed batches included, within 10%."""
@@ -91,7 +110,7 @@ def test_prefill_steps_chunk_a_prompt_after_its_cached_prefix() -> None:
 
 
 def test_bad_inputs_are_clear_errors() -> None:
-    with pytest.raises(ValueError, match="at least 7 measurements"):
+    with pytest.raises(ValueError, match="at least 8 measurements"):
         fit_steps(probes(CPU_LIKE)[:3])
     with pytest.raises(ValueError, match="> 0"):
         Measurement("prefill", prefill_steps(10, 10), 0.0)

@@ -30,8 +30,7 @@ differently is still priced on what it computed. The engine's limits are read fr
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import re
+import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,17 +41,30 @@ import numpy as np
 
 from tokenomy.bench.client import AiohttpOpener, Opener, Outcome, WallClock, request_body, send
 from tokenomy.bench.config import BenchConfig
+from tokenomy.bench.engine_info import histogram_totals, read_engine_limits, time_scale_of
 from tokenomy.bench.sizing import measure_sizing, probe_remote
 from tokenomy.bench.text import Prompt, PromptSizing
 from tokenomy.core.step import StepShape
-from tokenomy.perf.engine_calibration import EngineCalibration, EngineLimits
-from tokenomy.perf.stepfit import Measurement, decode_step, fit_steps, prefill_steps
+from tokenomy.perf.engine_calibration import EngineCalibration
+from tokenomy.perf.stepfit import Measurement, decode_step, fit_steps, mixed_step, prefill_steps
 
 SUFFIX_TOKENS = 16
 """Unique tail of each decode probe's prompt after the shared context (one prefill chunk)."""
 
 ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
 """vLLM's (and our emulator's) histogram of the gaps between a request's tokens, engine-timed."""
+
+MIXED_DECODE_FACTOR = 3
+"""A mixed probe's background streams ask for this many times ``decode_tokens``: they must still be
+decoding while every chunk of ``mixed_tails`` is sent after the settle time."""
+
+MIXED_SETTLE_S = 0.25
+"""Seconds a mixed probe waits after starting its background streams before it sends its chunks, so
+their prefills are done and they all decode (a chunk that lands otherwise is left out)."""
+
+MIXED_JITTER_S = 0.05
+"""Longest random pause before each chunk of a mixed probe, so it lands at a random moment of a
+decode step (several steps of vLLM CPU's 10-15 ms)."""
 
 ITL_SETTLE_TRIES = 10
 """Reads of ``/metrics`` after a decode probe until its gaps are all counted (vLLM records a step's
@@ -64,7 +76,10 @@ class ProfilePlan:
     """What to measure. ``repeats`` rounds of every prefill length and every decode point (each
     probe's median over the rounds is kept); ``decode_tokens`` per decode stream; ``cached_tails``:
     prompt lengths sent alone after each context while it is cached (an agent turn's shape:
-    a chunk after a cached history). ``max_num_batched_tokens`` is
+    a chunk after a cached history); ``mixed_tails``: the same chunks sent while ``mixed_batches``
+    streams decode on each context (the prefill joins their decode step: a mixed step, which is
+    what pins how a step's constant cost splits between ``fixed_s`` and the per-chunk and floor
+    terms; pure prefills and pure decodes leave that split free). ``max_num_batched_tokens`` is
     the engine's per-step token budget, which chunks long prompts (None: read from the target
     when it says, else a prompt is one step)."""
 
@@ -74,6 +89,8 @@ class ProfilePlan:
     decode_tokens: int = 48
     repeats: int = 3
     cached_tails: tuple[int, ...] = ()
+    mixed_tails: tuple[int, ...] = ()
+    mixed_batches: tuple[int, ...] = (4,)
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
 
@@ -86,77 +103,10 @@ class ProfilePlan:
             raise ValueError(f"profile decode_tokens must be >= 8 (a decode probe needs gaps), got {self.decode_tokens}")
         if self.repeats < 1:
             raise ValueError(f"profile repeats must be >= 1, got {self.repeats}")
-        if self.cached_tails and min(self.cached_tails) < 1:
-            raise ValueError(f"profile cached_tails must be integers >= 1, got {self.cached_tails}")
-
-
-_INFO_LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
-def read_engine_limits(target: str, plan: ProfilePlan, client: httpx.Client) -> EngineLimits:
-    """Block size and KV blocks from vLLM's ``vllm:cache_config_info`` or the emulator's
-    ``/tokenomy/info``; context window from ``/v1/models``; the plan's limits win."""
-    found = _emulator_info(target, client) or _vllm_cache_info(target, client)
-    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
-        found["max_model_len"] = client.get(f"{target}/v1/models").json()["data"][0].get("max_model_len")
-    if plan.max_num_batched_tokens is not None:
-        found["max_num_batched_tokens"] = plan.max_num_batched_tokens
-    if plan.max_num_seqs is not None:
-        found["max_num_seqs"] = plan.max_num_seqs
-    return EngineLimits(**{k: v for k, v in found.items() if isinstance(v, int) and v >= 1})
-
-
-def _emulator_info(target: str, client: httpx.Client) -> dict[str, Any]:
-    try:
-        resp = client.get(f"{target}/tokenomy/info")
-        info = resp.json() if resp.status_code == 200 else {}
-    except (httpx.HTTPError, ValueError):
-        return {}
-    if not isinstance(info, dict) or not info:
-        return {}
-    return {"block_size_tokens": info.get("block_size"), "num_gpu_blocks": info.get("num_gpu_blocks"),
-            "max_num_batched_tokens": info.get("max_num_batched_tokens"), "max_num_seqs": info.get("max_num_seqs")}
-
-
-def _time_scale(target: str, client: httpx.Client) -> float:
-    """Wall seconds per second of the times the engine reports: our emulator's ``time_scale``, else 1."""
-    try:
-        scale = client.get(f"{target}/tokenomy/info").json().get("time_scale")
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return 1.0
-    return float(scale) if isinstance(scale, int | float) and scale > 0 else 1.0
-
-
-def _vllm_cache_info(target: str, client: httpx.Client) -> dict[str, Any]:
-    try:
-        text = client.get(f"{target}/metrics").text
-    except httpx.HTTPError:
-        return {}
-    line = next((ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{")), "")
-    labels = dict(_INFO_LABEL.findall(line))
-    return {"block_size_tokens": _int_or_none(labels.get("block_size")),
-            "num_gpu_blocks": _int_or_none(labels.get("num_gpu_blocks"))}
-
-
-def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None
-
-
-def histogram_totals(text: str, name: str) -> tuple[float, float] | None:
-    """``(sum, count)`` of the Prometheus histogram ``name`` in an exposition ``text``, added over its
-    label sets; None when the text has neither."""
-    totals = {"_sum": 0.0, "_count": 0.0}
-    seen = False
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        metric, _, value = line.rpartition(" ")
-        suffix = metric[len(name):].split("{", 1)[0].strip()
-        if suffix in totals:
-            with contextlib.suppress(ValueError):
-                totals[suffix] += float(value)
-                seen = True
-    return (totals["_sum"], totals["_count"]) if seen else None
+        for name in ("cached_tails", "mixed_tails", "mixed_batches"):
+            values = getattr(self, name)
+            if values and min(values) < 1:
+                raise ValueError(f"profile {name} must be integers >= 1, got {values}")
 
 
 class _Prompts:
@@ -215,6 +165,7 @@ class Profiler:
         self._say = on_progress or (lambda _msg: None)
         self.skipped: list[str] = []
         self.spreads: list[float] = []  # (max - min) / median of each probe's repeats
+        self._jitter = np.random.default_rng(seed)  # mixed probes' pauses
 
     async def _send(self, opener: Opener, text: str, max_tokens: int) -> Outcome:
         body = request_body(self.config, Prompt(text=text, messages=()), max_tokens)
@@ -248,6 +199,7 @@ class Profiler:
         prefill: dict[int, list[Outcome]] = {n: [] for n in self.plan.prompt_tokens}
         decode: dict[tuple[int, int], list[tuple[float, int]]] = {}
         seen: dict[tuple[StepShape, ...], list[float]] = {}  # prefills the decode probes ran
+        mixed: dict[tuple[int, int, int], list[tuple[StepShape, float]]] = {}  # (ctx, batch, tail) -> samples
         try:
             async with httpx.AsyncClient(timeout=10.0, headers=self._headers) as metrics:
                 await self._send(opener, self.prompts.text(64), 4)  # warm-up: connections, first-request costs
@@ -261,6 +213,10 @@ class Profiler:
                                 seen.setdefault(m.steps, []).append(m.time_s)
                             if sample is not None:
                                 decode.setdefault((ctx, batch), []).append(sample)
+                        if self.plan.mixed_tails:
+                            for batch in self.plan.mixed_batches:
+                                for n, landed in (await self._mixed(opener, ctx, batch, chunk_tokens)).items():
+                                    mixed.setdefault((ctx, batch, n), []).append(landed)
                     self._say(f"round {r + 1} of {self.plan.repeats} done")
         finally:
             await opener.close()
@@ -279,8 +235,56 @@ class Profiler:
                 context = round(statistics.mean(c for _, c in samples))
                 out.append(self._median("decode", (decode_step(batch, context),), [t for t, _ in samples]))
                 self._say(f"decode batch {batch} @ {ctx} tokens: step {out[-1].time_s * 1e3:.2f} ms")
+        for (ctx, batch, n), steps in mixed.items():
+            # The median of the rounds, at their mean decode context (it differs with when the chunk landed).
+            context = round(statistics.mean(s.decode_context_tokens for s, _ in steps))
+            shape = dataclasses.replace(steps[0][0], decode_context_tokens=context)
+            out.append(self._median("mixed", (shape,), [t for _, t in steps]))
+            self._say(f"mixed: {n}-token chunk after {ctx} cached while {batch} decode: step {out[-1].time_s * 1e3:.2f} ms")
+        for ctx in self.plan.contexts:
+            for batch in self.plan.mixed_batches if self.plan.mixed_tails else ():
+                for n in self.plan.mixed_tails:
+                    if (ctx, batch, n) not in mixed:
+                        self.skipped.append(f"mixed {n} @ {ctx} with {batch} decoding: never landed while all decoded")
         # The shared contexts' cold prefills, and single streams' prefills after them (cached).
         return out + [self._median("prefill", steps, times) for steps, times in seen.items()]
+
+    async def _mixed(self, opener: Opener, ctx: int, batch: int, chunk: int | None) -> dict[int, tuple[StepShape, float]]:
+        """Each of the plan's ``mixed_tails`` sent alone after a cached ``ctx``-token context while
+        ``batch`` streams decode on it: ``{tail: (the mixed step, its seconds)}``. The chunk arrives
+        at a random moment of a decode step (after a random pause) and waits for it to end, half a
+        step on average, as a request does in the simulator, which models that wait itself: the
+        mixed step is its TTFT less half the streams' median gap. The server's own work on the
+        chunk stays in, as in a prefill probe's TTFT (the fit's per-chunk term carries it). Not
+        the wait measured off the streams' tokens: the server's intake of the chunk overlaps that
+        wait, and taking it out would leave that work out. Chunks that did not land while every
+        stream decoded are left out."""
+        prefix = self.prompts.text(ctx)
+        await self._send(opener, prefix, 1)  # caches the shared context (a prefill the decode probes measure)
+        streams = [asyncio.ensure_future(self._send(opener, prefix + self.prompts.tail(SUFFIX_TOKENS),
+                                                    MIXED_DECODE_FACTOR * self.plan.decode_tokens))
+                   for _ in range(batch)]
+        chunks = []
+        try:
+            await asyncio.sleep(MIXED_SETTLE_S)
+            for n in self.plan.mixed_tails:
+                await asyncio.sleep(float(self._jitter.uniform(0.0, MIXED_JITTER_S)))
+                chunks.append((n, await self._send(opener, prefix + self.prompts.tail(n), 1)))
+        finally:
+            outs = await asyncio.gather(*streams)
+        found: dict[int, tuple[StepShape, float]] = {}
+        for n, c in chunks:
+            sent, first = c.sent_s, c.token_times_s[0]
+            steps = self._prefill(c, chunk)
+            if c.cached_tokens <= 0 or len(steps) != 1 or any(
+                    o.token_times_s[0] >= sent or o.token_times_s[-1] <= first for o in outs):
+                continue  # not one chunk after the cached context, landed while every stream decoded
+            gap = statistics.median(b - a for o in outs for a, b in zip(o.token_times_s, o.token_times_s[1:], strict=False))
+            context = sum(int(o.prompt_tokens or 0) + sum(1 for t in o.token_times_s if t <= first) for o in outs)
+            time_s = first - sent - gap / 2
+            if time_s > 0:
+                found[n] = (mixed_step(steps[0], batch, context), time_s)
+        return found
 
     async def _itl_totals(self, metrics: httpx.AsyncClient) -> tuple[float, float] | None:
         try:
@@ -348,7 +352,7 @@ def profile(target: str, plan: ProfilePlan, *, model: str, api_key: str | None =
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=10.0, headers=headers) as client:
         limits = read_engine_limits(base, plan, client)
-        time_scale = _time_scale(base, client)
+        time_scale = time_scale_of(base, client)
     tok = probe_remote(base, model=model, api_key=api_key)
     sizing = PromptSizing()
     if tok is not None:

@@ -119,6 +119,7 @@ def _profile(args: argparse.Namespace) -> int:
     try:
         plan = ProfilePlan(prompt_tokens=args.prompt_tokens, batches=args.batches, contexts=args.contexts,
                            decode_tokens=args.decode_tokens, repeats=args.repeats, cached_tails=args.cached_tails,
+                           mixed_tails=args.mixed_tails, mixed_batches=args.mixed_batches,
                            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
         target = normalize_target(args.target)
     except ValueError as exc:
@@ -192,6 +193,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     prof.add_argument("--cached-tails", type=_ints, default=_PLAN.cached_tails,
                       help="prompt lengths sent alone after each context while it is cached, as an agent's turns "
                            "are (default: none)")
+    prof.add_argument("--mixed-tails", type=_ints, default=_PLAN.mixed_tails,
+                      help="chunk lengths sent after each cached context while --mixed-batches streams decode on it "
+                           "(a mixed step, which pins the step's fixed cost; default: none)")
+    prof.add_argument("--mixed-batches", type=_ints, default=_PLAN.mixed_batches,
+                      help="decoding streams under each mixed probe (default: %(default)s)")
     prof.add_argument("--decode-tokens", type=int, default=_PLAN.decode_tokens,
                       help="tokens each decode stream generates (default: %(default)s)")
     prof.add_argument("--repeats", type=int, default=_PLAN.repeats,

@@ -5,7 +5,7 @@ model prices a whole engine iteration from a handful of coefficients fitted to w
 engine took, so it holds for any engine on any hardware, vLLM on a CPU included::
 
     step_time_s = fixed_s + max(floor_s, token_s * T) + prefill_seq_s * Sp + decode_seq_s * Sd
-                  + pair_s * P + context_s * C
+                  + pair_s * P + context_s * C + mixed_s * [Sp > 0 and Sd > 0]
 
 with ``T`` tokens through the linear layers (prefill tokens + decoding sequences), ``Sp`` prefill
 chunks and ``Sd`` decoding sequences (LM head rows, sampling, per-request bookkeeping; a prefill
@@ -13,6 +13,10 @@ chunk also carries what a request costs the server before and after the engine, 
 TTFT: parsing, tokenizing, detokenizing), ``P`` prefill query-key pairs and ``C`` KV tokens
 attention reads (prefill and decode context). ``floor_s`` is the weight read a GPU pays however few tokens a step carries
 (the roofline's memory floor); on a CPU, whose small-model weights sit in cache, it fits to 0.
+``mixed_s`` is what a step pays for carrying prefill chunks and decoding sequences at once beyond
+the sum of its parts (e.g. an engine that runs prefill and decode attention as separate passes,
+each with its own set-up, as vLLM's CPU backend does); only mixed probes (a chunk sent while a
+batch decodes) pin it, and without them it fits to 0.
 
 A :class:`Measurement` is one observed interval and the steps the engine ran in it (a TTFT
 covers every chunk of a prompt; an inter-token gap one decode step). :func:`fit_steps` fits
@@ -23,7 +27,7 @@ prefill.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
@@ -42,6 +46,7 @@ class StepCoefficients:
     decode_seq_s: float = 0.0
     pair_s: float = 0.0
     context_s: float = 0.0
+    mixed_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -58,7 +63,8 @@ class StepCoefficients:
         return (self.fixed_s + (linear if linear > self.floor_s else self.floor_s)
                 + self.prefill_seq_s * shape.prefill_seqs + self.decode_seq_s * shape.decode_seqs
                 + self.pair_s * shape.prefill_attn_pairs
-                + self.context_s * (shape.prefill_context_tokens + shape.decode_context_tokens))
+                + self.context_s * (shape.prefill_context_tokens + shape.decode_context_tokens)
+                + (self.mixed_s if shape.prefill_seqs and shape.decode_seqs else 0.0))
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -71,7 +77,7 @@ class StepCoefficients:
 @dataclass(frozen=True, slots=True)
 class Measurement:
     """``time_s`` observed over the engine steps ``steps`` (their times add up); ``kind`` labels
-    the probe (``"prefill"``, ``"decode"``) for per-kind errors."""
+    the probe (``"prefill"``, ``"decode"``, ``"mixed"``) for per-kind errors."""
 
     kind: str
     steps: tuple[StepShape, ...]
@@ -108,10 +114,18 @@ def decode_step(batch: int, context_tokens: int) -> StepShape:
     return StepShape(decode_seqs=batch, decode_context_tokens=context_tokens)
 
 
+def mixed_step(prefill: StepShape, batch: int, context_tokens: int) -> StepShape:
+    """One step that runs the prefill chunk ``prefill`` while ``batch`` sequences decode on
+    ``context_tokens`` of KV (a request arriving while others decode: an agent turn's shape)."""
+    d = decode_step(batch, context_tokens)
+    return replace(prefill, decode_seqs=d.decode_seqs, decode_context_tokens=d.decode_context_tokens)
+
+
 def _features(shape: StepShape) -> tuple[float, ...]:
-    """``(1, T, Sp, Sd, P, C)`` of one step (the floor is handled apart: it is not linear)."""
+    """``(1, T, Sp, Sd, P, C, mixed)`` of one step (the floor is handled apart: it is not linear)."""
     return (1.0, float(shape.prefill_tokens + shape.decode_seqs), float(shape.prefill_seqs), float(shape.decode_seqs),
-            float(shape.prefill_attn_pairs), float(shape.prefill_context_tokens + shape.decode_context_tokens))
+            float(shape.prefill_attn_pairs), float(shape.prefill_context_tokens + shape.decode_context_tokens),
+            float(bool(shape.prefill_seqs and shape.decode_seqs)))
 
 
 @dataclass(frozen=True)
@@ -174,7 +188,7 @@ def fit_steps(measurements: Sequence[Measurement]) -> StepFit:
         x, residual = nnls(a / scale, np.ones(len(y)))
         x = [float(v) for v in x / scale]
         return StepCoefficients(fixed_s=x[0], floor_s=x[1] * floor_tokens, token_s=x[1], prefill_seq_s=x[2],
-                                decode_seq_s=x[3], pair_s=x[4], context_s=x[5]), float(residual)
+                                decode_seq_s=x[3], pair_s=x[4], context_s=x[5], mixed_s=x[6]), float(residual)
 
     # The residual is piecewise smooth in the floor, with kinks at the measured token counts: try
     # each count, then refine between the best one's neighbours.
