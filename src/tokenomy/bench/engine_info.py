@@ -6,28 +6,26 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from tokenomy.perf.engine_calibration import EngineLimits
 
-if TYPE_CHECKING:
-    from tokenomy.bench.profile import ProfilePlan
-
 _INFO_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def read_engine_limits(target: str, plan: ProfilePlan, client: httpx.Client) -> EngineLimits:
+def read_engine_limits(target: str, client: httpx.Client, *, max_num_batched_tokens: int | None = None,
+                       max_num_seqs: int | None = None) -> EngineLimits:
     """Block size and KV blocks from vLLM's ``vllm:cache_config_info`` or the emulator's
-    ``/tokenomy/info``; context window from ``/v1/models``; the plan's limits win."""
+    ``/tokenomy/info``; context window from ``/v1/models``; the limits given (a profile plan's) win."""
     found = _emulator_info(target, client) or _vllm_cache_info(target, client)
     with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         found["max_model_len"] = client.get(f"{target}/v1/models").json()["data"][0].get("max_model_len")
-    if plan.max_num_batched_tokens is not None:
-        found["max_num_batched_tokens"] = plan.max_num_batched_tokens
-    if plan.max_num_seqs is not None:
-        found["max_num_seqs"] = plan.max_num_seqs
+    if max_num_batched_tokens is not None:
+        found["max_num_batched_tokens"] = max_num_batched_tokens
+    if max_num_seqs is not None:
+        found["max_num_seqs"] = max_num_seqs
     return EngineLimits(**{k: v for k, v in found.items() if isinstance(v, int) and v >= 1})
 
 

@@ -351,7 +351,8 @@ def profile(target: str, plan: ProfilePlan, *, model: str, api_key: str | None =
     base = BenchConfig(targets=(target,), model=model).targets[0]
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(timeout=10.0, headers=headers) as client:
-        limits = read_engine_limits(base, plan, client)
+        limits = read_engine_limits(base, client, max_num_batched_tokens=plan.max_num_batched_tokens,
+                                    max_num_seqs=plan.max_num_seqs)
         time_scale = time_scale_of(base, client)
     tok = probe_remote(base, model=model, api_key=api_key)
     sizing = PromptSizing()
