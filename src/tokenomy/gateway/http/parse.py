@@ -253,11 +253,11 @@ def parse_request(request: Incoming, body: dict[str, Any], endpoint: str, known_
 
 def _retry_count(request: Incoming) -> int:
     """The SDK's retry count: a small non-negative integer (anything else is a 400, not a guess)."""
-    raw = request.headers.get(RETRY_COUNT_HEADER)
-    if raw is None or raw.strip() == "":
+    raw = (request.headers.get(RETRY_COUNT_HEADER) or "").strip()
+    if not raw:
         return 0
     try:
-        n = int(raw.strip())
+        n = int(raw)
     except ValueError:
         n = -1
     if not 0 <= n <= 1000:

@@ -75,12 +75,12 @@ class AMPD(Deployment):
         self._queues = {p.instance_id: PrefillQueue(p, self.policies.dispatch) for p in self.prefills}
         self.fabric = kv_fabric(ctx, self.instances)
         admission = self.policies.admission
-        self._admit = {} if admission is None else {
-            d.instance_id: DecodeAdmissionQueue(
-                d, alt.admission if alt is not None and alt.admission is not None and d.instance_id in self._alt_ids
-                else admission, ctx.slo)
-            for d in self.decodes
-        }
+        self._admit: dict[str, DecodeAdmissionQueue] = {}
+        if admission is not None:
+            alt_admission = alt.admission if alt is not None and alt.admission is not None else admission
+            for d in self.decodes:
+                own = alt_admission if d.instance_id in self._alt_ids else admission
+                self._admit[d.instance_id] = DecodeAdmissionQueue(d, own, ctx.slo)
         self._keeper = KVKeeper(ctx, self.decodes, self.policies, self.fabric) if opts.retention else None
         self._turns: dict[str, _Turn] = {}
         self._kv_bytes = ctx.role_perf.get(Role.DECODE, ctx.perf).kv_bytes_per_token
