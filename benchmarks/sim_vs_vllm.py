@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -230,11 +231,13 @@ def main() -> int:
         print(f"calibration ({len(profiles)} profile(s) pooled): {cal.step}; fit {cal.fit['mape']:.1%}", flush=True)
         sim_model = args.sim_model or str(model_dir / "config.json")
         sim = simulate_on(cal, sessions, sim_model, slo, Path(tmp) / "pooled.json")
+        def figures(c: EngineCalibration, name: str) -> dict[str, Any]:  # a fit and the five figures on it
+            summary = simulate_on(c, sessions, sim_model, slo, Path(tmp) / f"{name}.json")
+            return {"step": c.step.to_dict(), "fit": c.fit, **{k: getattr(summary, attr) for k, attr in KEYS.items()}}
+
         # Each profile alone (not a target): how far the simulation moves with the moment it was profiled at.
         by_profile = {name: {"seconds_from_live_start": [round(a - live_start, 1), round(b - live_start, 1)],
-                             "step": c.step.to_dict(), "fit": c.fit,
-                             **{k: getattr(simulate_on(c, sessions, sim_model, slo, Path(tmp) / f"{name}.json"), attr)
-                                for k, attr in KEYS.items()}}
+                             **figures(c, name)}
                       for name, (c, a, b) in profiles.items()}
         # The same profiles fitted without their mixed probes, side by side in this run (not a target).
         without_mixed = None
@@ -242,9 +245,7 @@ def main() -> int:
             plain = pool_calibrations([dataclasses.replace(c, measurements=tuple(m for m in c.measurements
                                                                                  if m.kind != "mixed"))
                                        for c, _, _ in profiles.values()])
-            without_mixed = {"step": plain.step.to_dict(), "fit": plain.fit,
-                             **{k: getattr(simulate_on(plain, sessions, sim_model, slo, Path(tmp) / "plain.json"), attr)
-                                for k, attr in KEYS.items()}}
+            without_mixed = figures(plain, "plain")
         print(f"simulated: {sim.requests} requests, TTFT P50 {sim.ttft_p50_s}", flush=True)
     load_after = load_average()
     got = rep.summary
