@@ -117,7 +117,14 @@ def test_a_borrowed_turn_moves_back_first_but_only_into_room() -> None:
     assert decide([fresh, back], now=5.0, free_blocks=40) == "back"
     # No room: it keeps streaming on its lender rather than wait in the engine, and holds the line.
     assert decide([fresh, back], now=5.0, free_blocks=39) is None
-    assert decide([fresh], now=5.0, free_blocks=39) == "fresh"
+    assert decide([fresh], now=5.0, free_blocks=39) == "fresh"  # borrowing off: into the engine's wait
+    borrowing = SlackAdmission(LinearEstimator(), borrow=True)
+    assert borrowing.decide([fresh], engine_waiting=0, engine_waiting_blocks=0, free_blocks=4, slo=SLO_,
+                            now=5.0) is None  # borrowing on: only into room
+    local = task("local", 4.5, prefill=500)
+    assert borrowing.reroute(local, slo=SLO_, now=5.0, prefill_instance="prefill-0") is not None
+    assert borrowing.reroute(task("r", 4.5, prefill=0), slo=SLO_, now=5.0, prefill_instance="prefill-0") is None
+    assert SlackAdmission(LinearEstimator()).reroute(local, slo=SLO_, now=5.0, prefill_instance="prefill-0") is None
 
 
 def test_a_lender_keeps_its_borrowed_streams_within_the_tpot_slo() -> None:

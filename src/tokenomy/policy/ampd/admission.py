@@ -33,7 +33,13 @@ in FIFO order in the engine. When its KV memory is full, turns queue in front of
   runs at the prefill node's step pace and they hold its memory), and the turn's KV (prompt
   and the tokens decoded so far) moves back over the KV link. Unlike ``lend`` the turn does
   not wait for its deadline (at TTFT SLO 10 s a turn lent at the deadline is already slower
-  than colocated-offload's P99) and does not stay on the lender to its end.
+  than colocated-offload's P99) and does not stay on the lender to its end. With borrowing on,
+  the gate releases a turn only into room (free blocks for it and what the engine holds
+  unadmitted), never into a wait inside the engine, and a local turn held here is better
+  served by the prefill pool (:meth:`SlackAdmission.reroute`): it is prefilled remotely and,
+  if its decode instance is still full then, borrowed. While a prefill instance decodes
+  borrowed turns its prefill chunks are capped so that a step fits the TPOT SLO
+  (:func:`lender_chunk_tokens`).
 """
 
 from __future__ import annotations
@@ -132,6 +138,17 @@ class SlackAdmission:
         emit(self.trace, "admission_lend", now, decision)
         return decision
 
+    def reroute(self, task: AdmissionTask, *, slo: SLO, now: float, prefill_instance: str,
+                decode_instance: str = "") -> AdmissionDecision | None:
+        """Whether held ``task``, a local turn (a prefill still to compute here), goes to
+        ``prefill_instance`` instead (module docstring, **borrow**); index -1, as :meth:`borrow`."""
+        if not self.borrow_memory or task.prefill_tokens <= 0 or not prefill_instance:
+            return None
+        decision = AdmissionDecision(-1, task.request_id, self.slack_s(task, slo, now),
+                                     f"decode instance full: prefilled on {prefill_instance}", decode_instance)
+        emit(self.trace, "admission_reroute", now, decision)
+        return decision
+
     def slack_s(self, task: AdmissionTask, slo: SLO, now: float) -> float:
         """Seconds ``task`` may still wait and meet ``slo``'s TTFT (negative: hopeless)."""
         service = self.estimator.prefill_time_s(task.prefill_tokens, task.cached_tokens) if task.prefill_tokens else 0.0
@@ -167,8 +184,10 @@ class SlackAdmission:
             index = min(range(len(queue)),
                         key=lambda i: (slacks[i] < 0, slacks[i] if slacks[i] >= 0 else queue[i].arrival_s, i))
         task = queue[index]
-        # A returning turn streams on its lender meanwhile: it moves only into room, not into a wait.
-        if (engine_waiting > 0 or task.returning) and free_blocks < engine_waiting_blocks + task.blocks:
+        # With borrowing, a turn is released only into room (a returning one streams on its lender
+        # meanwhile; another one is better served by the prefill pool than by a wait in the engine).
+        if (engine_waiting > 0 or self.borrow_memory or task.returning) \
+                and free_blocks < engine_waiting_blocks + task.blocks:
             return None
         for ahead in queue[:index]:  # released before them: each is overtaken once more
             ahead.overtaken += 1

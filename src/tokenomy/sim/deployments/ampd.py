@@ -197,9 +197,28 @@ class AMPD(Deployment):
         queue.push(task, submit, now)
         if kv_arrived and self._borrow is not None and queue.held(req.request_id) is not None:
             self._borrow.try_lend(turn, queue, now)
+        elif not kv_arrived and self._borrow is not None and queue.held(req.request_id) is not None:
+            self._reroute(turn, queue, now)
         elif kv_arrived and self.policies.admission is not None and self.policies.admission.lend_late \
                 and queue.held(req.request_id) is not None:
             self.ctx.loop.at(max(now, req.arrival_s + self.ctx.slo.ttft_s), self._lend, turn)
+
+    def _reroute(self, turn: _Turn, queue: DecodeAdmissionQueue, now: float) -> None:
+        """A local turn its full decode instance holds: prefilled on the prefill instance of least
+        backlog instead, if the admission policy says so (then borrowed there if still held)."""
+        req, admission = turn.request, self.policies.admission
+        task = queue.held(req.request_id)
+        if task is None or admission is None or not self._queues:
+            return
+        pid = min(self._queues, key=lambda p: (self._queues[p].backlog_tokens(), p))
+        if admission.reroute(task, slo=self.ctx.slo, now=now, prefill_instance=pid,
+                             decode_instance=turn.decode_id) is None:
+            return
+        queue.take(req.request_id)
+        turn.local, turn.prefill_id = False, pid
+        self.local_prefills -= 1
+        self.remote_prefills += 1
+        self._enqueue_remote(turn, now)
 
     def _lend(self, turn: _Turn) -> None:
         """``turn``'s TTFT deadline passed while its decode instance held it: the prefill instance
