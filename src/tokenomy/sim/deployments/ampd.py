@@ -12,8 +12,6 @@ mechanism is a policy object from :mod:`tokenomy.policy.ampd` and can be switche
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tokenomy.core import Request, RequestRecord, Role
 from tokenomy.engine import FinishedRequest
 from tokenomy.policy.ampd import AdmissionTask, PlacementDecision, PrefillTask
@@ -26,6 +24,7 @@ from tokenomy.sim.base import (
     single_record,
     split_record,
 )
+from tokenomy.sim.deployments.ampd_turn import Turn as _Turn
 from tokenomy.sim.deployments.borrow import MemoryBorrow, joined
 from tokenomy.sim.deployments.decode_queue import DecodeAdmissionQueue
 from tokenomy.sim.deployments.disagg import kv_fabric
@@ -33,21 +32,6 @@ from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.deployments.prefill_queue import PrefillQueue
 from tokenomy.sim.instance import SimInstance
-
-
-@dataclass(slots=True)
-class _Turn:
-    request: Request
-    decode_id: str
-    local: bool
-    prefill_id: str = ""
-    prefill: FinishedRequest | None = None
-    kv_arrived_s: float | None = None
-    placement: PlacementDecision | None = None  # why it runs where it runs (None: placement off)
-    lent: bool = False  # decoded by its prefill instance (SlackAdmission.lend)
-    lender: str = ""  # the prefill instance decoding it until it moves back (SlackAdmission.borrow)
-    lent_blocks: int = 0  # the blocks it holds there
-    lent_part: FinishedRequest | None = None  # what it did there before it moved back
 
 
 @register_deployment

@@ -15,19 +15,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from tokenomy.engine import FinishedRequest
 from tokenomy.policy.ampd import AdmissionTask, SlackAdmission
 from tokenomy.policy.ampd.admission import lender_chunk_tokens
 from tokenomy.policy.estimator import Estimator
 from tokenomy.sim.base import SimContext
+from tokenomy.sim.deployments.ampd_turn import Turn as _Turn
 from tokenomy.sim.deployments.decode_queue import DecodeAdmissionQueue
 from tokenomy.sim.instance import SimInstance
 from tokenomy.sim.link import KVFabric
-
-if TYPE_CHECKING:
-    from tokenomy.sim.deployments.ampd import _Turn
 
 
 class MemoryBorrow:
