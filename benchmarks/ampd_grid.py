@@ -26,6 +26,7 @@ Points (SLO TTFT / TPOT; TTFT bounds and rates are ours, docs/ampd-results.md):
 
     python benchmarks/ampd_grid.py --json out/ampd_grid.json --workers 2      # full grid, < 30 min on 2 cores
     python benchmarks/ampd_grid.py --points b --quick --json out/grid_b.json  # development: 3 rates, shorter
+    python benchmarks/ampd_grid.py --json out/grid_borrow.json --ampd-variant ampd-borrow  # an ablation as AMPD
 """
 
 from __future__ import annotations
