@@ -26,6 +26,7 @@ Points (SLO TTFT / TPOT; TTFT bounds and rates are ours, docs/ampd-results.md):
 
     python benchmarks/ampd_grid.py --json out/ampd_grid.json --workers 2      # full grid, < 30 min on 2 cores
     python benchmarks/ampd_grid.py --points b --quick --json out/grid_b.json  # development: 3 rates, shorter
+    python benchmarks/ampd_grid.py --json out/grid_borrow.json --ampd-variant ampd-borrow  # an ablation as AMPD
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from tokenomy.experiment.sweep import Job, run_job
 
 OTHERS = ("disagg-offload", "colocated-offload", "colocated")
 CPU_S = [0.0]  # CPU seconds of the simulations run by this invocation (cached ones not counted)
+AMPD = ["ampd"]  # the variant that stands for AMPD (--ampd-variant: an ablation, e.g. ampd-borrow)
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ class Point:
              first_split_only: bool = False) -> ExperimentSpec:
         ampd = self.ampd_splits[:1] if first_split_only else self.ampd_splits
         disagg = self.disagg_splits[:1] if first_split_only else self.disagg_splits
-        deps = [DeploymentSpec.parse(f"ampd@{s}") for s in ampd] or [DeploymentSpec("ampd")]
+        deps = [DeploymentSpec.parse(f"{AMPD[0]}@{s}") for s in ampd] or [DeploymentSpec(AMPD[0])]
         deps += [DeploymentSpec.parse(f"disagg-offload@{s}") for s in disagg] or [DeploymentSpec("disagg-offload")]
         deps += [DeploymentSpec("colocated-offload"), DeploymentSpec("colocated")]
         return ExperimentSpec(
@@ -145,7 +147,7 @@ def compare(specs: list[ExperimentSpec], results: dict[Key, RunResult]) -> dict[
         if c is None:
             continue
         split_goodput[label(specs, cand)] = c.max_rate_at_target
-        kind = cand[1].name
+        kind = "ampd" if cand[1].name == AMPD[0] else cand[1].name
         if kind not in curves or c.score() > curves[kind].score():
             curves[kind], chosen[kind] = c, label(specs, cand)
     ampd = curves["ampd"]
@@ -243,7 +245,10 @@ def main() -> int:
                     help="development: first, middle and last rate, half duration, each kind's first split only")
     ap.add_argument("--no-planner", action="store_true", help="skip the planner's choice")
     ap.add_argument("--cache", type=Path, default=None, help="keep each finished simulation here (reruns skip it)")
+    ap.add_argument("--ampd-variant", default="ampd",
+                    help="the sim variant that runs as AMPD (an ablation, e.g. ampd-borrow; default: ampd)")
     args = ap.parse_args()
+    AMPD[0] = args.ampd_variant
     keys = [k.strip() for k in args.points.split(",") if k.strip()]
     unknown = [k for k in keys if k not in POINTS]
     if unknown:
@@ -267,7 +272,7 @@ def main() -> int:
         if not args.no_planner:
             assert spec.rates is not None
             rate = p.planning_rate or spec.rates[len(spec.rates) // 2]
-            path = _cached(args.cache, spec, Job(DeploymentSpec("ampd"), None, -rate))  # the choice's own key
+            path = _cached(args.cache, spec, Job(DeploymentSpec(AMPD[0]), None, -rate))  # the choice's own key
             if len(specs) > 1 and path is not None:
                 path = path.with_suffix(f".{len(specs)}.pkl")
             if path is not None and path.exists():

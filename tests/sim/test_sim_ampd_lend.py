@@ -3,6 +3,8 @@ types (a mixed inventory whose compute-rich type also decodes)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tokenomy.core import SLO, Session, Turn
 from tokenomy.experiment.jobs import load_sessions
 from tokenomy.experiment.spec import ClusterSpec, DeploymentSpec, ExperimentSpec, WorkloadSpec
@@ -39,6 +41,23 @@ def test_a_turn_held_past_its_ttft_deadline_is_decoded_by_its_prefill_instance()
     assert lent["c"][1] == "prefill-0"
     assert SLO_.ttft_s <= lent["c"][0] < SLO_.ttft_s + 0.5  # lent when its deadline passed
     assert lent["b"] == held["b"]  # the turn the engine already took stays
+
+
+def test_a_held_turn_borrows_its_prefill_instance_and_moves_back_when_its_decode_instance_has_room() -> None:
+    # "c" would wait ~16 s for "a" (and "b") to leave the only decode instance
+    sessions = [one_turn("a", 1, 0.0, 1500), one_turn("b", 2, 0.3, 20), one_turn("c", 3, 0.6, 3000)]
+    cfg = make_variant("ampd-borrow", SMALL)
+    cfg = replace(cfg, ampd=replace(cfg.ampd, retention=False))  # no pins: "a"'s blocks free when it ends
+    res = simulate(sessions, cfg, SLO_, perf=PERF)
+    by = {r.session_id: r for r in res.records}
+    assert sorted(by) == ["a", "b", "c"]
+    c = by["c"]
+    assert c.ttft_s is not None and c.ttft_s < SLO_.ttft_s  # its first tokens came from prefill-0 at once
+    assert c.finished and c.output_tokens == 3000 == c.usage.output_tokens  # none lost or doubled in the move
+    assert c.decode_instance == "decode-0"  # it ended where it was bound
+    assert c.max_itl_s < 0.5  # the move (its KV over the link) paused the stream briefly
+    assert c.tpot_s is not None and c.tpot_s < SLO_.tpot_s
+    c.usage.check()
 
 
 def test_a_split_of_a_mixed_inventory_decodes_on_the_compute_rich_type_too() -> None:

@@ -167,6 +167,13 @@ class Engine:
             self._tracer.finished(record)
         return record
 
+    def set_prefill_chunk_cap(self, tokens: int) -> None:
+        """Cap the prompt tokens any request computes per step (0: none beyond each request's own
+        ``max_chunk_tokens``): a prefill instance decoding borrowed turns keeps its steps short."""
+        if tokens < 0:
+            raise ValueError(f"prefill chunk cap must be >= 0, got {tokens}")
+        self._sched.prefill_cap = tokens
+
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 

@@ -31,6 +31,10 @@ class AMPDOptions:
     # A remote turn held on a memory-full decode instance past its TTFT deadline is decoded by
     # its prefill instance (SlackAdmission.lend; seventh round: tried, off, variant ``ampd-lend``).
     lend_late_turns: bool = False
+    # The decode pool borrows prefill instances' KV: a remote turn its decode instance cannot
+    # admit decodes on its prefill instance and moves back when there is room (SlackAdmission.borrow;
+    # eighth round, variant ``ampd-borrow``).
+    borrow_memory: bool = False
     binding_config: BindingConfig = field(default_factory=BindingConfig)
     # Decode-side chunks of at most 512 tokens (decodes included) keep a local prefill's ITL cost
     # small; 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).

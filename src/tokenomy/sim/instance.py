@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tokenomy.core import Request
-from tokenomy.engine import Engine, StepResult
+from tokenomy.engine import Engine, FinishedRequest, StepResult
 from tokenomy.engine.decode_run import DecodeRun, sum_in_order
 from tokenomy.sim.loop import EventLoop
 
@@ -78,6 +78,13 @@ class SimInstance:
             self._cut(now)
         self.engine.add_request(request, now, **kwargs)  # type: ignore[arg-type]
         self.kick(now)
+
+    def abort(self, request_id: str, now: float) -> FinishedRequest | None:
+        """Stop ``request_id`` here now (it moves elsewhere), freeing its KV; None if it is not
+        here (it finished, possibly in a step whose result is still to be delivered)."""
+        if self._run_open:
+            self._cut(now)
+        return self.engine.abort(request_id, now)
 
     def kick(self, now: float) -> None:
         """Start stepping if idle (after work was added from outside)."""

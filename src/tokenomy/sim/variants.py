@@ -60,6 +60,8 @@ VARIANTS: dict[str, Variant] = {
     # Seventh round, tried: a remote turn held past its TTFT deadline decodes on its prefill node.
     "ampd-lend": lambda c: replace(c, deployment="ampd",
                                    ampd=replace(_ampd(True, True, True, True, True)(c).ampd, lend_late_turns=True)),
+    "ampd-borrow": lambda c: replace(c, deployment="ampd",
+                                     ampd=replace(_ampd(True, True, True, True, True)(c).ampd, borrow_memory=True)),
 }
 
 

@@ -12,8 +12,6 @@ mechanism is a policy object from :mod:`tokenomy.policy.ampd` and can be switche
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tokenomy.core import Request, RequestRecord, Role
 from tokenomy.engine import FinishedRequest
 from tokenomy.policy.ampd import AdmissionTask, PlacementDecision, PrefillTask
@@ -26,24 +24,14 @@ from tokenomy.sim.base import (
     single_record,
     split_record,
 )
+from tokenomy.sim.deployments.ampd_turn import Turn as _Turn
+from tokenomy.sim.deployments.borrow import MemoryBorrow, joined
 from tokenomy.sim.deployments.decode_queue import DecodeAdmissionQueue
 from tokenomy.sim.deployments.disagg import kv_fabric
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.deployments.prefill_queue import PrefillQueue
 from tokenomy.sim.instance import SimInstance
-
-
-@dataclass(slots=True)
-class _Turn:
-    request: Request
-    decode_id: str
-    local: bool
-    prefill_id: str = ""
-    prefill: FinishedRequest | None = None
-    kv_arrived_s: float | None = None
-    placement: PlacementDecision | None = None  # why it runs where it runs (None: placement off)
-    lent: bool = False  # decoded by its prefill instance (SlackAdmission.lend)
 
 
 @register_deployment
@@ -82,6 +70,12 @@ class AMPD(Deployment):
                 own = alt_admission if d.instance_id in self._alt_ids else admission
                 self._admit[d.instance_id] = DecodeAdmissionQueue(d, own, ctx.slo)
         self._keeper = KVKeeper(ctx, self.decodes, self.policies, self.fabric) if opts.retention else None
+        self._borrow: MemoryBorrow | None = None
+        if admission is not None and admission.borrow_memory and self.fabric is not None:
+            self._borrow = MemoryBorrow(ctx, admission, self._by_id, self._admit, self.fabric,
+                                        ctx.role_perf.get(Role.DECODE, ctx.perf).kv_bytes_per_token,
+                                        lambda pid: self._queues[pid].backlog_tokens(), self._cut_turn,
+                                        ctx.role_perf.get(Role.PREFILL, ctx.perf))
         self._turns: dict[str, _Turn] = {}
         self._kv_bytes = ctx.role_perf.get(Role.DECODE, ctx.perf).kv_bytes_per_token
         self.local_prefills = 0
@@ -185,9 +179,30 @@ class AMPD(Deployment):
             blocks=-(-(req.prompt_tokens + req.max_output_tokens - (0 if kv_arrived else cached)) // bs),
         )
         queue.push(task, submit, now)
-        if kv_arrived and self.policies.admission is not None and self.policies.admission.lend_late \
+        if kv_arrived and self._borrow is not None and queue.held(req.request_id) is not None:
+            self._borrow.try_lend(turn, queue, now)
+        elif not kv_arrived and self._borrow is not None and queue.held(req.request_id) is not None:
+            self._reroute(turn, queue, now)
+        elif kv_arrived and self.policies.admission is not None and self.policies.admission.lend_late \
                 and queue.held(req.request_id) is not None:
             self.ctx.loop.at(max(now, req.arrival_s + self.ctx.slo.ttft_s), self._lend, turn)
+
+    def _reroute(self, turn: _Turn, queue: DecodeAdmissionQueue, now: float) -> None:
+        """A local turn its full decode instance holds: prefilled on the prefill instance of least
+        backlog instead, if the admission policy says so (then borrowed there if still held)."""
+        req, admission = turn.request, self.policies.admission
+        task = queue.held(req.request_id)
+        if task is None or admission is None or not self._queues:
+            return
+        pid = min(self._queues, key=lambda p: (self._queues[p].backlog_tokens(), p))
+        if admission.reroute(task, slo=self.ctx.slo, now=now, prefill_instance=pid,
+                             decode_instance=turn.decode_id) is None:
+            return
+        queue.take(req.request_id)
+        turn.local, turn.prefill_id = False, pid
+        self.local_prefills -= 1
+        self.remote_prefills += 1
+        self._enqueue_remote(turn, now)
 
     def _lend(self, turn: _Turn) -> None:
         """``turn``'s TTFT deadline passed while its decode instance held it: the prefill instance
@@ -270,6 +285,10 @@ class AMPD(Deployment):
         turn = self._turns[fin.request_id]
         if instance.engine.role is Role.PREFILL:
             self._queues[instance.instance_id].pump(fin.finish_s)
+            if turn.lender:  # a borrowed turn that ended before it could move back
+                assert self._borrow is not None
+                self._borrow.finished_on_lender(turn)
+                turn.lent, turn.decode_id = True, turn.lender
             if turn.lent:  # a late turn's decode, lent by the prefill instance
                 if self._keeper is not None:
                     self._keeper.tool_started(turn.request.session_id, fin.finish_s)
@@ -300,6 +319,11 @@ class AMPD(Deployment):
         self.fabric.send(instance.instance_id, turn.decode_id, send * self._kv_bytes, fin.finish_s,
                          lambda: self._arrive_on_decode(turn), kind="prompt_kv", on_timeout=cut)
 
+    def _cut_turn(self, turn: _Turn) -> None:
+        """A borrowed turn's move back timed out: recorded incomplete."""
+        del self._turns[turn.request.request_id]
+        self.ctx.done(turn.request, self._unfinished_record(turn))
+
     def _unfinished_record(self, turn: _Turn) -> RequestRecord:
         """A turn whose KV transfer was cut by its timeout: incomplete, counted, its work kept."""
         if turn.prefill is None:  # cut before its prefill ran (a history pull): nothing computed
@@ -323,7 +347,7 @@ class AMPD(Deployment):
             del self._turns[turn.request.request_id]
             self.ctx.done(turn.request, single_record(turn.request, fin, turn.decode_id))
         else:
-            self._finish(turn, fin)
+            self._finish(turn, joined(turn.lent_part, fin))
 
     def _finish(self, turn: _Turn, dec: FinishedRequest | None) -> None:
         del self._turns[turn.request.request_id]
