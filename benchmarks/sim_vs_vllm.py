@@ -11,9 +11,10 @@ before.
 
 A profile's probes send one request or one batch at a time; a live run's requests also pay for the
 serving frontend's work under a stream of others, which no probe sees (docs/vllm.md, "The frontend
-under a live stream"). So before the live run it replays ``--frontend-replay`` seconds of the same
-workload's shape drawn with another seed (other sessions, other text), simulates that replay on the
-fitted steps, and takes the median per-request TTFT residual as the calibration's ``frontend_s``
+under a live stream"). So just before the live run, and again just after it (with ``--bracket``),
+it replays ``--frontend-replay`` seconds of the same workload's shape drawn with another seed (other
+sessions, other text each time), simulates that replay on the fitted steps, and takes each replay's
+median per-request TTFT residual, averaged over the two, as the calibration's ``frontend_s``
 (:func:`tokenomy.perf.engine_calibration.frontend_latency`), which the simulation of the judged
 workload then adds to every request. Nothing is taken from the live run it is judged against; the
 same run's figures without it are written too (``without_frontend``).
@@ -128,17 +129,22 @@ def simulate_records(cal: EngineCalibration, sessions: list[Session], model: str
     return result.records, result.summary
 
 
-def with_frontend(cal: EngineCalibration, replay: list[RequestRecord] | None, sessions: list[Session], model: str,
+def with_frontend(cal: EngineCalibration, replays: list[list[RequestRecord]], sessions: list[Session], model: str,
                   slo: SLO, path: Path) -> EngineCalibration:
-    """``cal`` with the frontend latency the ``replay`` of ``sessions`` measured against its steps
-    (unchanged without a replay)."""
-    if not replay:
+    """``cal`` with the frontend latency the ``replays`` of ``sessions`` measured against its steps:
+    each replay's median residual (:func:`frontend_latency`), averaged over the replays (one just
+    before and one just after the live run bracket it as the two profiles do; pooling their
+    residuals instead would take a median of two humps), floored at 0. Unchanged without a replay."""
+    if not replays:
         return cal
     base = dataclasses.replace(cal, frontend_s=0.0, frontend={})
-    fit = frontend_latency(replay, simulate_records(base, sessions, model, slo, path)[0])
-    return dataclasses.replace(base, frontend_s=fit.frontend_s,
-                               frontend={"method": "median TTFT residual of a replay of the workload's shape "
-                                                   "(another seed) against these steps", **fit.to_dict()})
+    simulated = simulate_records(base, sessions, model, slo, path)[0]
+    fits = [frontend_latency(rs, simulated) for rs in replays]
+    mean = statistics.fmean(f.median_residual_s for f in fits)
+    return dataclasses.replace(base, frontend_s=max(0.0, mean), frontend={
+        "method": "median TTFT residual of each replay of the workload's shape (another seed) against these "
+                  "steps, averaged over the replays", "median_residual_s": mean,
+        "by_replay_s": [f.median_residual_s for f in fits], "requests": [f.requests for f in fits]})
 
 
 def profile_drift(cals: list[EngineCalibration]) -> dict[str, float] | None:
@@ -216,7 +222,8 @@ def main() -> int:
                          "(`without_mixed`)")
     ap.add_argument("--frontend-replay", type=float, default=30.0,
                     help="seconds of arrivals of a replay of the workload's shape (seed + 1) run before the live run "
-                         "to measure the frontend latency under a live stream (calibration frontend_s); 0: none")
+                         "and again after it (with --bracket) to measure the frontend latency under a live stream "
+                         "(calibration frontend_s); 0: none")
     ap.add_argument("--slo-ttft", type=float, default=0.5)
     ap.add_argument("--slo-tpot", type=float, default=0.05)
     ap.add_argument("--json", type=Path, default=None)
@@ -252,10 +259,15 @@ def main() -> int:
         sizing = measure_sizing(tok, api) if tok is not None else None
         bench = BenchConfig(targets=(url,), model=model, api=api, slo=slo, seed=args.seed + 1000)
         replay_sessions = workload(args.rate, args.frontend_replay, args.seed + 1) if args.frontend_replay > 0 else []
-        replay: list[RequestRecord] | None = None
+        replays: list[list[RequestRecord]] = []
+
+        def take_replay() -> None:  # other text each time, so one replay's prompts are not cached for the next
+            print(f"frontend replay {len(replays) + 1}: {len(replay_sessions)} sessions (seed {args.seed + 1})", flush=True)
+            text = dataclasses.replace(bench, seed=args.seed + 2000 + len(replays))
+            replays.append(run_bench(replay_sessions, text, sizing=sizing).records)
+
         if replay_sessions:
-            print(f"frontend replay: {len(replay_sessions)} sessions (seed {args.seed + 1})", flush=True)
-            replay = run_bench(replay_sessions, dataclasses.replace(bench, seed=args.seed + 2000), sizing=sizing).records
+            take_replay()
         itl_before = engine_itl(url)
         live_start = clock()
         rep = run_bench(sessions, bench, sizing=sizing)
@@ -263,10 +275,12 @@ def main() -> int:
         itl_after = engine_itl(url)
         live_extras = {"errors_by_status": rep.errors_by_status, **rep.extras}
         if args.bracket:
+            if replay_sessions:
+                take_replay()
             take_profile("after")
         sim_model = args.sim_model or str(model_dir / "config.json")
         def priced(c: EngineCalibration) -> EngineCalibration:  # c with the replay's frontend latency on its steps
-            return with_frontend(c, replay, replay_sessions, sim_model, slo, Path(tmp) / "replay.json")
+            return with_frontend(c, replays, replay_sessions, sim_model, slo, Path(tmp) / "replay.json")
 
         cal = priced(pool_calibrations([c for c, _, _ in profiles.values()]))
         print(f"calibration ({len(profiles)} profile(s) pooled): {cal.step}; fit {cal.fit['mape']:.1%}; "
@@ -282,7 +296,7 @@ def main() -> int:
                              **figures(priced(c), name)}
                       for name, (c, a, b) in profiles.items()}
         # The same pooled fit without the frontend latency, side by side in this run (not a target).
-        without_frontend = figures(dataclasses.replace(cal, frontend_s=0.0, frontend={}), "no-frontend") if replay else None
+        without_frontend = figures(dataclasses.replace(cal, frontend_s=0.0, frontend={}), "no-frontend") if replays else None
         # The same profiles fitted without their mixed probes, side by side in this run (not a target).
         without_mixed = None
         if args.mixed_tails:
