@@ -296,7 +296,14 @@ def main() -> int:
                              **figures(priced(c), name)}
                       for name, (c, a, b) in profiles.items()}
         # The same pooled fit without the frontend latency, side by side in this run (not a target).
-        without_frontend = figures(dataclasses.replace(cal, frontend_s=0.0, frontend={}), "no-frontend") if replays else None
+        without_frontend = None
+        if replays:
+            plain_steps = dataclasses.replace(cal, frontend_s=0.0, frontend={})
+            without_frontend = figures(plain_steps, "no-frontend")
+            # Not a calibration input: the judged run's own median residual, to read frontend_s against.
+            without_frontend["live_median_residual_s"] = frontend_latency(
+                rep.records, simulate_records(plain_steps, sessions, sim_model, slo, Path(tmp) / "judged.json")[0]
+            ).median_residual_s
         # The same profiles fitted without their mixed probes, side by side in this run (not a target).
         without_mixed = None
         if args.mixed_tails:
