@@ -260,11 +260,16 @@ def main() -> int:
         bench = BenchConfig(targets=(url,), model=model, api=api, slo=slo, seed=args.seed + 1000)
         replay_sessions = workload(args.rate, args.frontend_replay, args.seed + 1) if args.frontend_replay > 0 else []
         replays: list[list[RequestRecord]] = []
+        replay_engine_itl: list[float | None] = []  # not an input: the engine's stamped mean gap over each replay
 
         def take_replay() -> None:  # other text each time, so one replay's prompts are not cached for the next
             print(f"frontend replay {len(replays) + 1}: {len(replay_sessions)} sessions (seed {args.seed + 1})", flush=True)
             text = dataclasses.replace(bench, seed=args.seed + 2000 + len(replays))
+            itl0 = engine_itl(url)
             replays.append(run_bench(replay_sessions, text, sizing=sizing).records)
+            itl1 = engine_itl(url)
+            replay_engine_itl.append((itl1[0] - itl0[0]) / (itl1[1] - itl0[1])
+                                     if itl0 and itl1 and itl1[1] > itl0[1] else None)
 
         if replay_sessions:
             take_replay()
@@ -301,6 +306,9 @@ def main() -> int:
             plain_steps = dataclasses.replace(cal, frontend_s=0.0, frontend={})
             without_frontend = figures(plain_steps, "no-frontend")
             # Not a calibration input: the judged run's own median residual, to read frontend_s against.
+            without_frontend["replay_itl_mean"] = {
+                "engine": replay_engine_itl,
+                "sim": simulate_records(plain_steps, replay_sessions, sim_model, slo, Path(tmp) / "r.json")[1].itl_mean_s}
             without_frontend["live_median_residual_s"] = frontend_latency(
                 rep.records, simulate_records(plain_steps, sessions, sim_model, slo, Path(tmp) / "judged.json")[0]
             ).median_residual_s
