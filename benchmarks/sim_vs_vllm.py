@@ -9,6 +9,16 @@ prices the live run at the moment it was taken. Each profile's own simulation an
 between them are written too (``profiles``, ``profile_drift``); ``--no-bracket`` profiles once,
 before.
 
+A profile's probes send one request or one batch at a time; a live run's requests also pay for the
+serving frontend's work under a stream of others, which no probe sees (docs/vllm.md, "The frontend
+under a live stream"). So just before the live run, and again just after it (with ``--bracket``),
+it replays ``--frontend-replay`` seconds of the same workload's shape drawn with another seed (other
+sessions, other text each time), simulates that replay on the fitted steps, and takes each replay's
+median per-request TTFT residual, averaged over the two, as the calibration's ``frontend_s``
+(:func:`tokenomy.perf.engine_calibration.frontend_latency`), which the simulation of the judged
+workload then adds to every request. Nothing is taken from the live run it is judged against; the
+same run's figures without it are written too (``without_frontend``).
+
 By default it builds the tiny random Llama (``tokenomy model tiny``), starts one vLLM CPU
 instance with ``tokenomy up --engine vllm`` (vLLM's Python: ``--vllm-python``,
 ``$TOKENOMY_VLLM_PYTHON`` or ``make vllm``'s ``.venv-vllm``), and stops it at the end; with
@@ -57,7 +67,7 @@ from tokenomy.bench.sizing import measure_sizing, probe_remote
 from tokenomy.core import SLO, RequestRecord, Session
 from tokenomy.metrics import Summary
 from tokenomy.metrics.report import render_table
-from tokenomy.perf.engine_calibration import EngineCalibration, pool_calibrations
+from tokenomy.perf.engine_calibration import EngineCalibration, frontend_latency, pool_calibrations
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.workload.agentic import TOOLBENCH, agent_sessions
 from tokenomy.workload.arrivals import poisson_arrivals
@@ -107,9 +117,34 @@ def burst_fraction(records: list[RequestRecord]) -> float | None:
 
 def simulate_on(cal: EngineCalibration, sessions: list[Session], model: str, slo: SLO, path: Path) -> Summary:
     """The workload simulated on one vLLM instance priced by ``cal`` (written to ``path``)."""
+    return simulate_records(cal, sessions, model, slo, path)[1]
+
+
+def simulate_records(cal: EngineCalibration, sessions: list[Session], model: str, slo: SLO,
+                     path: Path) -> tuple[list[RequestRecord], Summary]:
+    """Records and summary of ``sessions`` simulated on one vLLM instance priced by ``cal``."""
     cal.save(path)
     config = SimConfig(deployment="colocated", instances=1, calibration=str(path), model=model)
-    return simulate(sessions, config, slo).summary
+    result = simulate(sessions, config, slo)
+    return result.records, result.summary
+
+
+def with_frontend(cal: EngineCalibration, replays: list[list[RequestRecord]], sessions: list[Session], model: str,
+                  slo: SLO, path: Path) -> EngineCalibration:
+    """``cal`` with the frontend latency the ``replays`` of ``sessions`` measured against its steps:
+    each replay's median residual (:func:`frontend_latency`), averaged over the replays (one just
+    before and one just after the live run bracket it as the two profiles do; pooling their
+    residuals instead would take a median of two humps), floored at 0. Unchanged without a replay."""
+    if not replays:
+        return cal
+    base = dataclasses.replace(cal, frontend_s=0.0, frontend={})
+    simulated = simulate_records(base, sessions, model, slo, path)[0]
+    fits = [frontend_latency(rs, simulated) for rs in replays]
+    mean = statistics.fmean(f.median_residual_s for f in fits)
+    return dataclasses.replace(base, frontend_s=max(0.0, mean), frontend={
+        "method": "median TTFT residual of each replay of the workload's shape (another seed) against these "
+                  "steps, averaged over the replays", "median_residual_s": mean,
+        "by_replay_s": [f.median_residual_s for f in fits], "requests": [f.requests for f in fits]})
 
 
 def profile_drift(cals: list[EngineCalibration]) -> dict[str, float] | None:
@@ -185,6 +220,10 @@ def main() -> int:
                     help="profile chunks of these lengths after a cached context while 4 streams decode on it (a "
                          "mixed step); the JSON then also has the simulation on the fit without them "
                          "(`without_mixed`)")
+    ap.add_argument("--frontend-replay", type=float, default=30.0,
+                    help="seconds of arrivals of a replay of the workload's shape (seed + 1) run before the live run "
+                         "and again after it (with --bracket) to measure the frontend latency under a live stream "
+                         "(calibration frontend_s); 0: none")
     ap.add_argument("--slo-ttft", type=float, default=0.5)
     ap.add_argument("--slo-tpot", type=float, default=0.05)
     ap.add_argument("--json", type=Path, default=None)
@@ -219,6 +258,21 @@ def main() -> int:
             print("sim_vs_vllm: the target serves no /tokenize; prompts are sized by the built-in rule", file=sys.stderr)
         sizing = measure_sizing(tok, api) if tok is not None else None
         bench = BenchConfig(targets=(url,), model=model, api=api, slo=slo, seed=args.seed + 1000)
+        replay_sessions = workload(args.rate, args.frontend_replay, args.seed + 1) if args.frontend_replay > 0 else []
+        replays: list[list[RequestRecord]] = []
+        replay_engine_itl: list[float | None] = []  # not an input: the engine's stamped mean gap over each replay
+
+        def take_replay() -> None:  # other text each time, so one replay's prompts are not cached for the next
+            print(f"frontend replay {len(replays) + 1}: {len(replay_sessions)} sessions (seed {args.seed + 1})", flush=True)
+            text = dataclasses.replace(bench, seed=args.seed + 2000 + len(replays))
+            itl0 = engine_itl(url)
+            replays.append(run_bench(replay_sessions, text, sizing=sizing).records)
+            itl1 = engine_itl(url)
+            replay_engine_itl.append((itl1[0] - itl0[0]) / (itl1[1] - itl0[1])
+                                     if itl0 and itl1 and itl1[1] > itl0[1] else None)
+
+        if replay_sessions:
+            take_replay()
         itl_before = engine_itl(url)
         live_start = clock()
         rep = run_bench(sessions, bench, sizing=sizing)
@@ -226,26 +280,45 @@ def main() -> int:
         itl_after = engine_itl(url)
         live_extras = {"errors_by_status": rep.errors_by_status, **rep.extras}
         if args.bracket:
+            if replay_sessions:
+                take_replay()
             take_profile("after")
-        cal = pool_calibrations([c for c, _, _ in profiles.values()])
-        print(f"calibration ({len(profiles)} profile(s) pooled): {cal.step}; fit {cal.fit['mape']:.1%}", flush=True)
         sim_model = args.sim_model or str(model_dir / "config.json")
+        def priced(c: EngineCalibration) -> EngineCalibration:  # c with the replay's frontend latency on its steps
+            return with_frontend(c, replays, replay_sessions, sim_model, slo, Path(tmp) / "replay.json")
+
+        cal = priced(pool_calibrations([c for c, _, _ in profiles.values()]))
+        print(f"calibration ({len(profiles)} profile(s) pooled): {cal.step}; fit {cal.fit['mape']:.1%}; "
+              f"frontend {cal.frontend}", flush=True)
         sim = simulate_on(cal, sessions, sim_model, slo, Path(tmp) / "pooled.json")
         def figures(c: EngineCalibration, name: str) -> dict[str, Any]:  # a fit and the five figures on it
             summary = simulate_on(c, sessions, sim_model, slo, Path(tmp) / f"{name}.json")
-            return {"step": c.step.to_dict(), "fit": c.fit, **{k: getattr(summary, attr) for k, attr in KEYS.items()}}
+            return {"step": c.step.to_dict(), "fit": c.fit, "frontend_s": c.frontend_s,
+                    **{k: getattr(summary, attr) for k, attr in KEYS.items()}}
 
         # Each profile alone (not a target): how far the simulation moves with the moment it was profiled at.
         by_profile = {name: {"seconds_from_live_start": [round(a - live_start, 1), round(b - live_start, 1)],
-                             **figures(c, name)}
+                             **figures(priced(c), name)}
                       for name, (c, a, b) in profiles.items()}
+        # The same pooled fit without the frontend latency, side by side in this run (not a target).
+        without_frontend = None
+        if replays:
+            plain_steps = dataclasses.replace(cal, frontend_s=0.0, frontend={})
+            without_frontend = figures(plain_steps, "no-frontend")
+            # Not a calibration input: the judged run's own median residual, to read frontend_s against.
+            without_frontend["replay_itl_mean"] = {
+                "engine": replay_engine_itl,
+                "sim": simulate_records(plain_steps, replay_sessions, sim_model, slo, Path(tmp) / "r.json")[1].itl_mean_s}
+            without_frontend["live_median_residual_s"] = frontend_latency(
+                rep.records, simulate_records(plain_steps, sessions, sim_model, slo, Path(tmp) / "judged.json")[0]
+            ).median_residual_s
         # The same profiles fitted without their mixed probes, side by side in this run (not a target).
         without_mixed = None
         if args.mixed_tails:
             plain = pool_calibrations([dataclasses.replace(c, measurements=tuple(m for m in c.measurements
                                                                                  if m.kind != "mixed"))
                                        for c, _, _ in profiles.values()])
-            without_mixed = figures(plain, "plain")
+            without_mixed = figures(priced(plain), "plain")
         print(f"simulated: {sim.requests} requests, TTFT P50 {sim.ttft_p50_s}", flush=True)
     load_after = load_average()
     got = rep.summary
@@ -266,6 +339,8 @@ def main() -> int:
         "calibration": cal.to_dict(),
         "profiles": by_profile,
         "without_mixed": without_mixed,
+        "without_frontend": without_frontend,
+        "frontend": cal.frontend,
         "profile_drift": profile_drift([c for c, _, _ in profiles.values()]),
         "live_seconds": round(live_end - live_start, 1),
         "load_average": {"before": load_before, "after": load_after},
@@ -276,6 +351,9 @@ def main() -> int:
     for name, p in by_profile.items():
         print(f"profile {name} alone ({p['seconds_from_live_start']} s from the live run's start): "
               + ", ".join(f"{k} {p[k]:.4g}" for k in KEYS))
+    if without_frontend:
+        print(f"frontend latency {cal.frontend_s * 1e3:.2f} ms ({cal.frontend}); without it: "
+              + ", ".join(f"{k} {without_frontend[k]:.4g}" for k in KEYS))
     if without_mixed:
         print("fitted without the mixed probes: " + ", ".join(f"{k} {without_mixed[k]:.4g}" for k in KEYS))
     print(f"profile drift (after/before, median over probes): {out['profile_drift']}")

@@ -7,17 +7,27 @@ KV blocks, token budget per step, batch size), the fit's errors and every raw me
 calibration can be refitted or audited. :class:`CalibratedPerfModel` prices steps with the
 fitted coefficients and sizes the KV cache as the engine reported it; everything else (KV bytes
 per token, links, prices) stays the catalog model's and GPU's.
+
+``frontend_s`` is a latency every request pays outside the engine's steps, counted in its TTFT
+(the simulator hands a request to the engine that long after it arrives): the work a serving
+frontend does for a request under a live stream of others (an API server tokenizing, scheduling
+its intake among other streams' output, on cores it may share with the engine) beyond what the
+profile's probes, one request or one batch at a time, already timed. :func:`frontend_latency`
+measures it from a replay of a workload against its simulation on the fitted steps; files
+without it read as 0.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenomy.core.records import RequestRecord
 from tokenomy.core.step import StepShape
 from tokenomy.perf.coefficients import Coefficients
 from tokenomy.perf.hardware import GPUSpec
@@ -47,7 +57,9 @@ class EngineLimits:
 @dataclass(frozen=True)
 class EngineCalibration:
     """One profiled engine: ``step`` coefficients, its ``engine`` limits, the fit's ``fit`` summary
-    and the ``measurements`` they came from; ``target`` and ``model`` say what was profiled."""
+    and the ``measurements`` they came from; ``target`` and ``model`` say what was profiled;
+    ``frontend_s`` the per-request latency outside the engine's steps (module docstring) and
+    ``frontend`` how it was measured."""
 
     step: StepCoefficients
     engine: EngineLimits = field(default_factory=EngineLimits)
@@ -55,11 +67,18 @@ class EngineCalibration:
     model: str = ""
     fit: dict[str, Any] = field(default_factory=dict)
     measurements: tuple[Measurement, ...] = ()
+    frontend_s: float = 0.0
+    frontend: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (self.frontend_s >= 0 and math.isfinite(self.frontend_s)):
+            raise ValueError(f"calibration frontend_s must be a finite number >= 0, got {self.frontend_s!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA, "target": self.target, "model": self.model, "step": self.step.to_dict(),
             "engine": {k: v for k, v in self.engine.__dict__.items() if v is not None}, "fit": self.fit,
+            "frontend_s": self.frontend_s, "frontend": self.frontend,
             "measurements": [{"kind": m.kind, "time_s": m.time_s, "steps": [_shape_dict(s) for s in m.steps]}
                              for m in self.measurements],
         }
@@ -75,6 +94,7 @@ class EngineCalibration:
                 target=str(raw.get("target", "")), model=str(raw.get("model", "")), fit=dict(raw.get("fit", {})),
                 measurements=tuple(Measurement(m["kind"], tuple(StepShape(**s) for s in m["steps"]), float(m["time_s"]))
                                    for m in raw.get("measurements", [])),
+                frontend_s=float(raw.get("frontend_s", 0.0)), frontend=dict(raw.get("frontend", {})),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: malformed calibration ({exc.__class__.__name__}: {exc})") from None
@@ -92,7 +112,9 @@ def pool_calibrations(calibrations: Sequence[EngineCalibration]) -> EngineCalibr
     run, not at one moment): each probe (same kind, same steps) at its median over the profiles, a
     probe only some profiles made as it is, fitted anew. Limits, target and model are the first
     profile's; ``fit`` has the pooled fit's errors, ``profiles`` (how many) and each profile's
-    ``repeat_spread``. ValueError when there are none or they name different models."""
+    ``repeat_spread``. The pool has no ``frontend_s``: that is measured against a fit's steps
+    (:func:`frontend_latency`), so a refit needs its own. ValueError when there are none or they
+    name different models."""
     if not calibrations:
         raise ValueError("no calibrations to pool")
     first = calibrations[0]
@@ -108,6 +130,35 @@ def pool_calibrations(calibrations: Sequence[EngineCalibration]) -> EngineCalibr
                                "repeat_spread": [c.fit.get("repeat_spread") for c in calibrations]}
     return EngineCalibration(step=fit.coefficients, engine=first.engine, target=first.target, model=first.model,
                              fit=summary, measurements=measurements)
+
+
+@dataclass(frozen=True)
+class FrontendFit:
+    """What :func:`frontend_latency` found: ``frontend_s`` (the median per-request TTFT residual,
+    floored at 0), the ``median_residual_s`` itself, and the ``requests`` it was taken over."""
+
+    frontend_s: float
+    median_residual_s: float
+    requests: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"frontend_s": self.frontend_s, "median_residual_s": self.median_residual_s, "requests": self.requests}
+
+
+def frontend_latency(measured: Sequence[RequestRecord], simulated: Sequence[RequestRecord]) -> FrontendFit:
+    """The per-request latency a live run adds outside the engine's steps: the median, over the
+    requests both sides finished (matched by session and turn), of measured TTFT less the TTFT
+    simulated on the fitted steps with no frontend latency. A median, so a few stalled turns do
+    not set it; floored at 0 (a step model that prices requests slow is not fixed by a negative
+    latency). ``measured`` must be a run apart from any the calibration is then judged against.
+    ValueError when no request is on both sides."""
+    sim = {(r.session_id, r.turn): r.ttft_s for r in simulated if r.finished}
+    residuals = [t - s for r in measured
+                 if r.finished and (t := r.ttft_s) is not None and (s := sim.get((r.session_id, r.turn))) is not None]
+    if not residuals:
+        raise ValueError("no request finished on both sides: nothing to measure a frontend latency on")
+    median = statistics.median(residuals)
+    return FrontendFit(frontend_s=max(0.0, median), median_residual_s=median, requests=len(residuals))
 
 
 def _shape_dict(s: StepShape) -> dict[str, float]:

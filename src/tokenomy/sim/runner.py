@@ -15,7 +15,7 @@ from tokenomy.engine import EventTrace
 from tokenomy.metrics import Summary, summarize
 from tokenomy.metrics.window import busy_window_s, span_s
 from tokenomy.perf import PerfModel, get_gpu, get_model
-from tokenomy.perf.engine_calibration import load_calibration
+from tokenomy.perf.engine_calibration import CalibratedPerfModel, load_calibration
 from tokenomy.policy.trace import TraceSink
 from tokenomy.sim import deployments as _deployments  # noqa: F401  (registers the deployments)
 from tokenomy.sim.admission_gate import AdmissionGate
@@ -52,9 +52,10 @@ class SimResult:
 class _Driver:
     """Turns sessions into arrivals and finished turns into the next turn's arrival."""
 
-    def __init__(self, loop: EventLoop, sessions: Sequence[Session]) -> None:
+    def __init__(self, loop: EventLoop, sessions: Sequence[Session], frontend_s: float = 0.0) -> None:
         self.loop = loop
         self.sessions = sessions
+        self.frontend_s = frontend_s  # a calibration's latency outside the engine (perf.engine_calibration)
         self.records: list[RequestRecord] = []
         self.deployment: Deployment | AdmissionGate | None = None
         self.rejected: dict[str, int] = {}
@@ -77,6 +78,13 @@ class _Driver:
             reason = REJECT_EXCEEDS_KV
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
             return
+        if self.frontend_s > 0:  # the engine sees it that much later; its TTFT counts from arrival
+            self.loop.at(self.loop.now + self.frontend_s, self._submit, request)
+        else:
+            self._submit(request)
+
+    def _submit(self, request: Request) -> None:
+        assert self.deployment is not None
         self.deployment.submit(request, self.loop.now)  # a gate that refuses it ends the session
 
     def done(self, request: Request, record: RequestRecord) -> None:
@@ -127,7 +135,7 @@ def simulate(
         role_perf = {role: PerfModel.from_names(config.model, *config.role_shape(role.value))
                      for role in (Role.PREFILL, Role.DECODE)}
     loop = EventLoop()
-    driver = _Driver(loop, sessions)
+    driver = _Driver(loop, sessions, perf.calibration.frontend_s if isinstance(perf, CalibratedPerfModel) else 0.0)
     ctx = SimContext(loop=loop, perf=perf, config=config, done=driver.done, slo=slo, trace=trace,
                      decision_trace=decision_trace, role_perf=role_perf)
     deployment = get_deployment(config.deployment)(ctx)
