@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
+import signal
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -97,20 +98,24 @@ LOCK_TIMEOUT_S = 5400.0
 
 @contextmanager
 def held(lock: Path | None, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[float]:
-    """Hold ``lock`` (an flock, as ``flock -w``) for the block; yields the seconds waited for it."""
+    """Hold ``lock`` (an flock, as ``flock -w``: a blocking wait, so the kernel hands the lock over
+    in turn and a polling waiter does not lose every race) for the block; yields the seconds waited."""
     if lock is None:
         yield 0.0
         return
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"{lock} not free after {timeout_s:.0f} s")
+
     t0 = time.monotonic()
     with open(lock, "a") as fh:
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() - t0 > timeout_s:
-                    raise TimeoutError(f"{lock} not free after {timeout_s:.0f} s") from None
-                time.sleep(1.0)
+        previous = signal.signal(signal.SIGALRM, expired)
+        signal.alarm(int(timeout_s))
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
         try:
             yield time.monotonic() - t0
         finally:
