@@ -80,6 +80,9 @@ BASE_ROUTER = "session_affinity"
 TIER_PRIORITY = {"gold": 20, "silver": 10, "free": 0}
 """The gateway knows a key's tier by its priority in the key tree (``ops.admission.tiers``)."""
 R90_RATES = (1.0, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8)
+LOCK_GAP_S = 5.0
+"""Seconds between the live modes with the lock free: a blocked waiter is woken on release, but a
+process that takes the lock again at once wins the race."""
 JITTER_S = 0.01
 """How far a simulated draw shifts each session's start (uniform, up to 10 ms)."""
 
@@ -313,7 +316,9 @@ def main() -> int:
         from closed_loop_live import live_fleet
 
         out["live"], out["live_health"] = {}, {}
-        for m in MODES:
+        for i, m in enumerate(MODES):
+            if i and args.lock is not None:
+                time.sleep(LOCK_GAP_S)  # let a waiter take the lock between the modes
             out["live"][m], out["live_health"][m] = live_fleet(m, cells, args.lock)
             print(f"live {m}: {json.dumps(brief(out['live'][m]))}; load {out['live_health'][m]['loadavg']}", flush=True)
         for i in range(spec.cells):
