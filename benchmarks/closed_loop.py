@@ -16,9 +16,12 @@ admission gave, at most ``max_retries`` times, then the session is abandoned), i
 simulator's admission gate and ``tokenomy bench`` apply the same rule. A retried turn is one
 request whose TTFT counts from its first attempt (docs/closed-loop.md, "Retries").
 
-``goodput_rps`` is SLO-meeting requests over one window common to the modes of a side: from 0 to
-the latest last finish among them (each mode's own busy window would reward a run whose sessions
-end sooner). ``attainment_by_tier`` counts every request offered, refusals as misses.
+The study runs on a fleet of ``cells`` independent cells (each 2 instances behind its own gateway,
+cell ``i`` with workload seed ``seed + i``), pooled. ``goodput_rps`` is SLO-met requests finished
+within a fixed window ``[0, goodput_window_s]`` over it; the earlier window (0 to the latest last
+finish of a cell's modes) is kept as ``goodput_rps_last_finish``. ``attainment_by_tier`` counts
+every request offered, refusals as misses. The simulated side ``sim`` is each figure's mean over
+``draws`` jittered simulations, with its spread (``closed_loop_stats``: why).
 
 Simulated with ``tokenomy.sim`` (its admission gate), and live: ``run_bench`` (``tokenomy bench``,
 each session with its tenant's key) -> ``tokenomy serve`` (the same policies in the gateway's
@@ -27,14 +30,15 @@ from one :class:`OverloadSpec`; its defaults are labelled choices that scale the
 2-core machine drives live (2 emulated H100s, sessions of about a minute, 40 s of arrivals; the
 same scaling as ``benchmarks/ampd_live.py``, whose GAIA profile this reuses).
 
-Writes ``{"sim": {"blind": {...}, "closed": {...}}, "live": {...}, "diff": ..., "checks": ...,
-"r90_rate": ..., "spec": ...}``; each ``{...}`` has ``attainment_by_tier``, ``goodput_rps``,
-``attainment``, ``slo_met``, ``requests``, refusals, retries and deferrals by tier, TTFT/TPOT
-P50/P99 by tier and every TTFT by tier (``ttft_s_by_tier``, to compare the distributions).
+Writes ``{"sim": {"blind": {...}, "closed": {...}}, "live": {...}, "checks": ..., "sim_single": ...,
+"sim_draws": ..., "live_health": ..., "r90_rate": ..., "spec": ...}``; each ``{...}`` has
+``attainment_by_tier`` and ``goodput_rps`` (live: also ``attainment``, ``slo_met``, ``requests``,
+refusals, retries and deferrals by tier, TTFT P50/P99 by tier, every TTFT by tier and each cell's
+figures; sim: also each figure's ``spread`` over the draws).
 
-    python benchmarks/closed_loop.py --sim-only                   # seconds
-    python benchmarks/closed_loop.py --sim-only --measure-r90     # and the 90% rate again
-    python benchmarks/closed_loop.py --json out/closed_loop.json  # about 7 minutes on 2 cores
+    nice -n 19 python benchmarks/closed_loop.py --sim-only --json out/sim.json   # 1-3 minutes
+    python benchmarks/closed_loop.py --sim-only --cells 1 --measure-r90          # the 90% rate again
+    python benchmarks/closed_loop.py --sim-from out/sim.json --lock LOCK --json out/live.json  # ~9 minutes
 """
 
 from __future__ import annotations
