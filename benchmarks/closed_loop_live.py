@@ -1,15 +1,24 @@
 """The live half of ``benchmarks/closed_loop.py``: ``run_bench`` (each session with its tenant's key)
--> ``tokenomy serve`` (the mode's admission policy and router) -> ``tokenomy up`` (emulated engines)."""
+-> ``tokenomy serve`` (the mode's admission policy and router) -> ``tokenomy up`` (emulated engines),
+one such chain per cell of the fleet, the cells at once (each in its own process), under a lock."""
 
 from __future__ import annotations
 
+import fcntl
+import multiprocessing
+import os
+import signal
 import sqlite3
-from contextlib import closing
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _live import emulator_health, live_cluster, metric_lines, run_health
+from closed_loop_stats import figures, pool
 
 from tokenomy.bench import BenchConfig, run_bench
 from tokenomy.core import RequestRecord, Session
@@ -59,8 +68,6 @@ def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, 
     """``mode``'s figures live (``closed_loop.figures``) and the run's health (load average before
     and after, wall time, each emulator's busy and lag-dropped seconds, the gateway's counts, TTFT
     at the client and at the gateway, every request as ``[id, tier, arrival, TTFT, finish]``)."""
-    from closed_loop import figures
-
     keys = {t: new_api_key() for t in sorted({s.tenant for s in sessions})}
     with run_health() as health, live_cluster(
             spec.cluster_file(), lambda urls, blocks, port, tmp: spec.gateway_file(mode, urls, blocks, port, keys, tmp)
@@ -76,7 +83,7 @@ def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, 
     health["errors_by_status"] = rep.errors_by_status
     health["error_examples"] = rep.extras.get("error_examples", {})
     health["retries"], health["abandoned_turns"] = rep.extras["retries"], rep.extras["abandoned_turns"]
-    out = figures(rep.summary, rep.records)
+    out = figures(rep.summary, rep.records, spec.slo, spec.goodput_window_s)
     health["ttft_split_by_tier"] = ttft_split(rep.records, gateway_ttft)
     health["records"] = [[r.request_id, r.tier, round(r.arrival_s, 3), None if r.ttft_s is None else round(r.ttft_s, 3),
                           None if r.finish_s is None else round(r.finish_s, 3)] for r in rep.records]
@@ -84,3 +91,48 @@ def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, 
         out["deferred_by_tier"] = {t: int(v) for t, v in health["gateway"]["deferred"].items()}
     return out, health
 
+
+
+LOCK_TIMEOUT_S = 5400.0
+
+
+@contextmanager
+def held(lock: Path | None, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[float]:
+    """Hold ``lock`` (an flock, as ``flock -w``: a blocking wait, so the kernel hands the lock over
+    in turn and a polling waiter does not lose every race) for the block; yields the seconds waited."""
+    if lock is None:
+        yield 0.0
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"{lock} not free after {timeout_s:.0f} s")
+
+    t0 = time.monotonic()
+    with open(lock, "a") as fh:
+        previous = signal.signal(signal.SIGALRM, expired)
+        signal.alarm(int(timeout_s))
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        try:
+            yield time.monotonic() - t0
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def live_fleet(mode: str, cells: list[tuple[Any, list[Session]]], lock: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``mode`` live on every cell at once (each cell's chain in its own process, so no client
+    shares an interpreter), under ``lock``; the cells' figures pooled (``closed_loop_stats.pool``),
+    the health of each cell and the load average before and after, inside the lock."""
+    with held(lock) as waited:
+        before, t0 = os.getloadavg(), time.monotonic()
+        with ProcessPoolExecutor(len(cells), mp_context=multiprocessing.get_context("spawn")) as ex:
+            done = list(ex.map(live_mode, [mode] * len(cells), [c for c, _ in cells], [s for _, s in cells]))
+        after = os.getloadavg()
+    health = {"lock_wait_s": round(waited, 1), "wall_s": round(time.monotonic() - t0, 1),
+              "loadavg": [round(before[0], 2), round(after[0], 2)], "loadavg_before": before,
+              "loadavg_after": after, "cells": [h for _, h in done],
+              "lag_dropped_s": [e.get("lag_dropped_s") for _, h in done for e in h["emulators"].values()]}
+    return pool([f for f, _ in done]), health
