@@ -70,14 +70,13 @@ class AMPD(Deployment):
                 own = alt_admission if d.instance_id in self._alt_ids else admission
                 self._admit[d.instance_id] = DecodeAdmissionQueue(d, own, ctx.slo)
         self._keeper = KVKeeper(ctx, self.decodes, self.policies, self.fabric) if opts.retention else None
+        self._kv_bytes = ctx.role_perf.get(Role.DECODE, ctx.perf).kv_bytes_per_token
         self._borrow: MemoryBorrow | None = None
         if admission is not None and admission.borrow_memory and self.fabric is not None:
-            self._borrow = MemoryBorrow(ctx, admission, self._by_id, self._admit, self.fabric,
-                                        ctx.role_perf.get(Role.DECODE, ctx.perf).kv_bytes_per_token,
+            self._borrow = MemoryBorrow(ctx, admission, self._by_id, self._admit, self.fabric, self._kv_bytes,
                                         lambda pid: self._queues[pid].backlog_tokens(), self._cut_turn,
                                         ctx.role_perf.get(Role.PREFILL, ctx.perf))
         self._turns: dict[str, _Turn] = {}
-        self._kv_bytes = ctx.role_perf.get(Role.DECODE, ctx.perf).kv_bytes_per_token
         self.local_prefills = 0
         self.remote_prefills = 0
         self.lent_turns = 0
@@ -179,12 +178,14 @@ class AMPD(Deployment):
             blocks=-(-(req.prompt_tokens + req.max_output_tokens - (0 if kv_arrived else cached)) // bs),
         )
         queue.push(task, submit, now)
-        if kv_arrived and self._borrow is not None and queue.held(req.request_id) is not None:
-            self._borrow.try_lend(turn, queue, now)
-        elif not kv_arrived and self._borrow is not None and queue.held(req.request_id) is not None:
-            self._reroute(turn, queue, now)
-        elif kv_arrived and self.policies.admission is not None and self.policies.admission.lend_late \
-                and queue.held(req.request_id) is not None:
+        if queue.held(req.request_id) is None:  # admitted at once
+            return
+        if self._borrow is not None:
+            if kv_arrived:
+                self._borrow.try_lend(turn, queue, now)
+            else:
+                self._reroute(turn, queue, now)
+        elif kv_arrived and self.policies.admission is not None and self.policies.admission.lend_late:
             self.ctx.loop.at(max(now, req.arrival_s + self.ctx.slo.ttft_s), self._lend, turn)
 
     def _reroute(self, turn: _Turn, queue: DecodeAdmissionQueue, now: float) -> None:
