@@ -291,8 +291,10 @@ def main() -> int:
         print(f"calibration ({len(profiles)} profile(s) pooled): {cal.step}; fit {cal.fit['mape']:.1%}; "
               f"frontend {cal.frontend}", flush=True)
         sim = simulate_on(cal, sessions, sim_model, slo, Path(tmp) / "pooled.json")
-        def figures(c: EngineCalibration, name: str) -> dict[str, Any]:  # a fit and the five figures on it
-            summary = simulate_on(c, sessions, sim_model, slo, Path(tmp) / f"{name}.json")
+        def figures(c: EngineCalibration, name: str, summary: Summary | None = None) -> dict[str, Any]:
+            """A fit and the five figures on it (``summary``: the workload already simulated on it)."""
+            if summary is None:
+                summary = simulate_on(c, sessions, sim_model, slo, Path(tmp) / f"{name}.json")
             return {"step": c.step.to_dict(), "fit": c.fit, "frontend_s": c.frontend_s,
                     **{k: getattr(summary, attr) for k, attr in KEYS.items()}}
 
@@ -304,14 +306,13 @@ def main() -> int:
         without_frontend = None
         if replays:
             plain_steps = dataclasses.replace(cal, frontend_s=0.0, frontend={})
-            without_frontend = figures(plain_steps, "no-frontend")
+            judged_records, judged = simulate_records(plain_steps, sessions, sim_model, slo, Path(tmp) / "no-frontend.json")
+            without_frontend = figures(plain_steps, "no-frontend", judged)
             # Not a calibration input: the judged run's own median residual, to read frontend_s against.
             without_frontend["replay_itl_mean"] = {
                 "engine": replay_engine_itl,
                 "sim": simulate_records(plain_steps, replay_sessions, sim_model, slo, Path(tmp) / "r.json")[1].itl_mean_s}
-            without_frontend["live_median_residual_s"] = frontend_latency(
-                rep.records, simulate_records(plain_steps, sessions, sim_model, slo, Path(tmp) / "judged.json")[0]
-            ).median_residual_s
+            without_frontend["live_median_residual_s"] = frontend_latency(rep.records, judged_records).median_residual_s
         # The same profiles fitted without their mixed probes, side by side in this run (not a target).
         without_mixed = None
         if args.mixed_tails:
