@@ -62,6 +62,9 @@ VARIANTS: dict[str, Variant] = {
                                    ampd=replace(_ampd(True, True, True, True, True)(c).ampd, lend_late_turns=True)),
     "ampd-borrow": lambda c: replace(c, deployment="ampd",
                                      ampd=replace(_ampd(True, True, True, True, True)(c).ampd, borrow_memory=True)),
+    # Ninth round (point (c)): a first turn bound to an idle decode node prefills there in full
+    # steps when the prefill pool is busy and that is sooner.
+    "ampd-idle-first": lambda c: _placement(_ampd(True, True, True, True, True)(c), first_turn_on_idle_decode=True),
 }
 
 

@@ -26,7 +26,9 @@ est_itl_local`` and ``ttft_slack = slo.ttft_s - est_ttft_remote`` of the best pr
 * incremental prefill (``history_tokens > 0``): local iff ``itl_slack >= 0`` and
   ``est_ttft_local < est_ttft_remote`` (with ``late_goes_local``, the rule before the sixth
   round: also whenever ``ttft_slack < 0``, however slow local is); else remote;
-* first turn: remote unless ``itl_slack >= 0`` and every prefill node misses TTFT while local meets it.
+* first turn: remote unless ``itl_slack >= 0`` and every prefill node misses TTFT while local meets
+  it, or (``first_turn_on_idle_decode``) the decode node is idle, every prefill node has prompt
+  tokens queued, and the decode node's prefill in full steps is sooner than the best of them.
 
 Remote always goes to the prefill node of lowest estimated TTFT (ties by id).
 """
@@ -66,6 +68,11 @@ class PlacementConfig:
     the sixth round: it keeps a lost request off the shared prefill pool, but a turn that lost
     its history then recomputes it in small chunks on a slow decode card for minutes: the P99
     TTFT). Off: the faster side, as when remote is on time.
+    ``first_turn_on_idle_decode``: while every prefill node has prompt tokens queued, a first
+    turn bound to a decode node with nothing running or waiting prefills there in full
+    ``prefill_budget_tokens`` chunks when that is sooner than the best prefill node (ninth
+    round); the caller must let the node take such chunks and shrink them as decodes join
+    (the simulator's AMPD does).
     """
 
     local_budget_tokens: int = 2048
@@ -75,6 +82,7 @@ class PlacementConfig:
     size_local_chunks: bool = False
     min_local_chunk_tokens: int = 16
     late_goes_local: bool = False
+    first_turn_on_idle_decode: bool = False
 
     def __post_init__(self) -> None:
         if self.local_budget_tokens < 1 or self.prefill_budget_tokens < 1:
@@ -225,6 +233,20 @@ class AdaptivePlacement:
             return place(False, "remote is at least as fast")
         if itl_slack >= 0 and ttft_slack < 0 and ttft_local <= slo.ttft_s:
             return place(True, "first turn: every prefill node misses TTFT, local meets it")
+        backlog = prefill_backlog_tokens or {}
+        if (self.config.first_turn_on_idle_decode and decode.num_running == 0 and decode.num_waiting == 0
+                and all(backlog.get(p.instance_id, p.num_waiting_tokens) > 0 for p in prefills)):
+            # An idle decode node prefills in full steps, as a prefill node does, while every
+            # prefill node is busy (the caller keeps the steps within the ITL bound once decodes
+            # join it).
+            context = min(on_decode, request.prompt_tokens - 1)
+            full = waited + self.estimator.prefill_time_s(request.prompt_tokens - context, context)
+            if full < ttft_remote:
+                return PlacementDecision(
+                    True, None, ttft_remote, full, 0.0, ttft_slack, itl_bound,
+                    "first turn: an idle decode node prefills it sooner than the prefill pool",
+                    chunk_tokens=self.config.prefill_budget_tokens,
+                )
         return place(False, "first turn goes remote")
 
     def _drain_s(self, tokens: int, budget: int, estimator: Estimator | None = None) -> float:

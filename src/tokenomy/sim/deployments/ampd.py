@@ -28,6 +28,7 @@ from tokenomy.sim.deployments.ampd_turn import Turn as _Turn
 from tokenomy.sim.deployments.borrow import MemoryBorrow, joined
 from tokenomy.sim.deployments.decode_queue import DecodeAdmissionQueue
 from tokenomy.sim.deployments.disagg import kv_fabric
+from tokenomy.sim.deployments.full_chunks import FullStepPrefills
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.deployments.prefill_queue import PrefillQueue
@@ -45,6 +46,10 @@ class AMPD(Deployment):
         # Decode instances run local prefills in the small chunks the placement policy prices,
         # so that a local prefill inflates each decode step by a bounded amount.
         local_budget = opts.placement_config.local_budget_tokens + cfg.decode_max_num_seqs
+        # An idle decode instance may prefill a first turn in full prefill steps (ninth round).
+        idle_first = opts.placement and opts.placement_config.first_turn_on_idle_decode
+        if idle_first:
+            local_budget = max(local_budget, cfg.max_num_batched_tokens + cfg.decode_max_num_seqs)
         self.decodes = self._make_decodes(local_budget)
         self._by_id = {inst.instance_id: inst for inst in self.instances}
         self._decode_views = [inst.engine for inst in self.decodes]
@@ -77,6 +82,10 @@ class AMPD(Deployment):
                                         lambda pid: self._queues[pid].backlog_tokens(), self._cut_turn,
                                         ctx.role_perf.get(Role.PREFILL, ctx.perf))
         self._turns: dict[str, _Turn] = {}
+        perfs = {Role.DECODE: ctx.role_perf.get(Role.DECODE, ctx.perf), Role.PREFILL: ctx.role_perf.get(Role.PREFILL, ctx.perf)}
+        self._full = FullStepPrefills(
+            ctx, self.decodes, lambda d: perfs[Role.PREFILL if d in self._alt_ids else Role.DECODE]
+        ) if idle_first else None
         self.local_prefills = 0
         self.remote_prefills = 0
         self.lent_turns = 0
@@ -162,7 +171,11 @@ class AMPD(Deployment):
                 decode.submit(req, at, preloaded_tokens=req.prompt_tokens, emitted_tokens=1, continuation=True)
             else:  # a local prefill, in the chunks placement sized to the batch's ITL slack
                 chunk = turn.placement.chunk_tokens if turn.placement is not None else 0
+                if self._full is not None and chunk > self.ctx.config.ampd.placement_config.local_budget_tokens:
+                    self._full.start(decode, req.request_id, req.prompt_tokens)
                 decode.submit(req, at, preloaded_tokens=preloaded, max_chunk_tokens=chunk)
+            if self._full is not None:
+                self._full.resize(decode)
 
         queue = self._admit.get(turn.decode_id)
         if queue is None:
@@ -298,6 +311,8 @@ class AMPD(Deployment):
                 self._after_prefill(turn, instance, fin)
         else:
             self._after_decode(turn, instance, fin)
+            if self._full is not None:
+                self._full.finished(instance, fin.request_id)
             queue = self._admit.get(instance.instance_id)
             if queue is not None:
                 queue.pump(fin.finish_s)
