@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import signal
 import statistics
@@ -128,6 +129,19 @@ def burst_fraction(records: list[RequestRecord]) -> float | None:
     ``BURST_S`` apart on average."""
     tpots = [t for r in records if r.finished and r.output_tokens > 1 and (t := r.tpot_s) is not None]
     return sum(t < BURST_S for t in tpots) / len(tpots) if tpots else None
+
+
+def ttft_tail(measured: list[RequestRecord], simulated: list[RequestRecord], n: int = 5) -> list[dict[str, Any]]:
+    """The ``n`` requests with the longest measured TTFT: session, turn, arrival (s from the first
+    request's), prompt tokens, measured and simulated TTFT, and how many other requests were in flight
+    when it arrived (measured)."""
+    sim = {(r.session_id, r.turn): r.ttft_s for r in simulated}
+    done = [r for r in measured if r.finished and r.ttft_s is not None]
+    start = min((r.arrival_s for r in measured), default=0.0)
+    return [{"session": r.session_id, "turn": r.turn, "arrival_s": round(r.arrival_s - start, 3),
+             "prompt_tokens": r.prompt_tokens, "ttft_s": [r.ttft_s, sim.get((r.session_id, r.turn))],
+             "in_flight": sum(o is not r and o.arrival_s <= r.arrival_s < (o.finish_s or math.inf) for o in measured)}
+            for r in sorted(done, key=lambda r: r.ttft_s or 0.0, reverse=True)[:n]]
 
 
 def simulate_on(cal: EngineCalibration, sessions: list[Session], model: str, slo: SLO, path: Path) -> Summary:
@@ -357,7 +371,7 @@ def main() -> int:
         cal = priced(pooled)
         print(f"calibration ({len(profiles)} profile(s) pooled): {cal.step}; fit {cal.fit['mape']:.1%}; "
               f"step scale {cal.step_scale:.3f} ({cal.scale}); frontend {cal.frontend}", flush=True)
-        sim = simulate_on(cal, sessions, sim_model, slo, Path(tmp) / "pooled.json")
+        sim_records, sim = simulate_records(cal, sessions, sim_model, slo, Path(tmp) / "pooled.json")
         def figures(c: EngineCalibration, name: str, summary: Summary | None = None) -> dict[str, Any]:
             """A fit and the five figures on it (``summary``: the workload already simulated on it)."""
             if summary is None:
@@ -409,6 +423,8 @@ def main() -> int:
         # short here), which move TTFT up and TPOT down in ways no step-time model predicts.
         "e2e_p50": [sim.e2e_p50_s, got.e2e_p50_s], "e2e_p99": [sim.e2e_p99_s, got.e2e_p99_s],
         "live_whole_answer_bursts": burst_fraction(rep.records),
+        # The five slowest live first tokens beside their simulation (what sets a live TTFT P99 of 143).
+        "live_ttft_tail": ttft_tail(rep.records, sim_records),
         # Mean gap between a request's tokens: simulated, as the bench's client saw it, and as vLLM's
         # engine stamped it over the live run (None: the target exports no such histogram).
         "itl_mean": {"sim": sim.itl_mean_s, "live_client": got.itl_mean_s,
