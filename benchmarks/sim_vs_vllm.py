@@ -23,7 +23,8 @@ calibration's ``step_scale`` is the scale at which the replays' simulation has t
 vLLM stamped over them (:func:`tokenomy.perf.engine_calibration.fit_step_scale`), and
 ``frontend_s`` is measured against the scaled steps. Decode steps only (those without a prefill
 chunk; ``all`` scales every step): scaling the prefills as well made the replays' TTFT residual
-fall with the simulated TTFT (long prefills priced slow; docs/vllm.md, runs H). Nothing is taken
+fall with the simulated TTFT (long prefills priced slow: clearly in two smoke runs, by a few ms in
+runs H1-H12, where both choices met the same targets; docs/vllm.md). Nothing is taken
 from the live run it is judged against; the same run's figures without the scale
 (``without_scale``: the frontend latency measured on the unscaled steps), with it on every step
 (``scale_all``) and without either (``without_frontend``) are written too.
