@@ -16,7 +16,7 @@ profile's probes, one request or one batch at a time, already timed. :func:`fron
 measures it from a replay of a workload against its simulation on the fitted steps; files
 without it read as 0.
 
-``step_scale`` multiplies every fitted step time: how much slower the engine's own steps run while
+``step_scale`` multiplies the fitted step times: how much slower the engine's own steps run while
 a live stream keeps its serving frontend busy (on a machine whose cores the engine shares with its
 API server and clients) than in the profile's isolated probes. :func:`fit_step_scale` measures it
 from a replay's mean token gap against the gap simulated for that replay; ``frontend_s`` is then
@@ -70,8 +70,9 @@ class EngineCalibration:
     """One profiled engine: ``step`` coefficients, its ``engine`` limits, the fit's ``fit`` summary
     and the ``measurements`` they came from; ``target`` and ``model`` say what was profiled;
     ``frontend_s`` the per-request latency outside the engine's steps (module docstring) and
-    ``frontend`` how it was measured; ``step_scale`` the factor on every step time under a live
-    stream (module docstring) and ``scale`` how it was measured."""
+    ``frontend`` how it was measured; ``step_scale`` the factor on the step times under a live
+    stream, on the steps ``step_scale_on`` names (module docstring), and ``scale`` how it was
+    measured."""
 
     step: StepCoefficients
     engine: EngineLimits = field(default_factory=EngineLimits)
@@ -141,8 +142,8 @@ def pool_calibrations(calibrations: Sequence[EngineCalibration]) -> EngineCalibr
     probe only some profiles made as it is, fitted anew. Limits, target and model are the first
     profile's; ``fit`` has the pooled fit's errors, ``profiles`` (how many) and each profile's
     ``repeat_spread``. The pool has no ``frontend_s`` and no ``step_scale``: both are measured
-    against a fit's steps (:func:`frontend_latency`, :func:`fit_step_scale`), so a refit needs its own. ValueError when there are none or they
-    name different models."""
+    against a fit's steps (:func:`frontend_latency`, :func:`fit_step_scale`), so a refit needs its
+    own. ValueError when there are none or they name different models."""
     if not calibrations:
         raise ValueError("no calibrations to pool")
     first = calibrations[0]
