@@ -16,8 +16,18 @@ it replays ``--frontend-replay`` seconds of the same workload's shape drawn with
 sessions, other text each time), simulates that replay on the fitted steps, and takes each replay's
 median per-request TTFT residual, averaged over the two, as the calibration's ``frontend_s``
 (:func:`tokenomy.perf.engine_calibration.frontend_latency`), which the simulation of the judged
-workload then adds to every request. Nothing is taken from the live run it is judged against; the
-same run's figures without it are written too (``without_frontend``).
+workload then adds to every request. Before that (``--scale-steps decode``, the default), the same replays
+scale the fitted decode steps: a live stream slows the engine's own steps against the profile's
+isolated probes (its API server and the clients take CPU they never compete for), so the
+calibration's ``step_scale`` is the scale at which the replays' simulation has the mean token gap
+vLLM stamped over them (:func:`tokenomy.perf.engine_calibration.fit_step_scale`), and
+``frontend_s`` is measured against the scaled steps. Decode steps only (those without a prefill
+chunk; ``all`` scales every step): scaling the prefills as well made the replays' TTFT residual
+fall with the simulated TTFT (long prefills priced slow: clearly in two smoke runs, by a few ms in
+runs H1-H12, where both choices met the same targets; docs/vllm.md). Nothing is taken
+from the live run it is judged against; the same run's figures without the scale
+(``without_scale``: the frontend latency measured on the unscaled steps), with it on every step
+(``scale_all``) and without either (``without_frontend``) are written too.
 
 By default it builds the tiny random Llama (``tokenomy model tiny``), starts one vLLM CPU
 instance with ``tokenomy up --engine vllm`` (vLLM's Python: ``--vllm-python``,
@@ -45,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import signal
 import statistics
@@ -67,7 +78,13 @@ from tokenomy.bench.sizing import measure_sizing, probe_remote
 from tokenomy.core import SLO, RequestRecord, Session
 from tokenomy.metrics import Summary
 from tokenomy.metrics.report import render_table
-from tokenomy.perf.engine_calibration import EngineCalibration, frontend_latency, pool_calibrations
+from tokenomy.perf.engine_calibration import (
+    EngineCalibration,
+    fit_step_scale,
+    frontend_latency,
+    mean_token_gap,
+    pool_calibrations,
+)
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.workload.agentic import TOOLBENCH, agent_sessions
 from tokenomy.workload.arrivals import poisson_arrivals
@@ -115,6 +132,19 @@ def burst_fraction(records: list[RequestRecord]) -> float | None:
     return sum(t < BURST_S for t in tpots) / len(tpots) if tpots else None
 
 
+def ttft_tail(measured: list[RequestRecord], simulated: list[RequestRecord], n: int = 5) -> list[dict[str, Any]]:
+    """The ``n`` requests with the longest measured TTFT: session, turn, arrival (s from the first
+    request's), prompt tokens, measured and simulated TTFT, and how many other requests were in flight
+    when it arrived (measured)."""
+    sim = {(r.session_id, r.turn): r.ttft_s for r in simulated}
+    done = [r for r in measured if r.finished and r.ttft_s is not None]
+    start = min((r.arrival_s for r in measured), default=0.0)
+    return [{"session": r.session_id, "turn": r.turn, "arrival_s": round(r.arrival_s - start, 3),
+             "prompt_tokens": r.prompt_tokens, "ttft_s": [r.ttft_s, sim.get((r.session_id, r.turn))],
+             "in_flight": sum(o is not r and o.arrival_s <= r.arrival_s < (o.finish_s or math.inf) for o in measured)}
+            for r in sorted(done, key=lambda r: r.ttft_s or 0.0, reverse=True)[:n]]
+
+
 def simulate_on(cal: EngineCalibration, sessions: list[Session], model: str, slo: SLO, path: Path) -> Summary:
     """The workload simulated on one vLLM instance priced by ``cal`` (written to ``path``)."""
     return simulate_records(cal, sessions, model, slo, path)[1]
@@ -131,10 +161,13 @@ def simulate_records(cal: EngineCalibration, sessions: list[Session], model: str
 
 def with_frontend(cal: EngineCalibration, replays: list[list[RequestRecord]], sessions: list[Session], model: str,
                   slo: SLO, path: Path) -> EngineCalibration:
-    """``cal`` with the frontend latency the ``replays`` of ``sessions`` measured against its steps:
-    each replay's median residual (:func:`frontend_latency`), averaged over the replays (one just
-    before and one just after the live run bracket it as the two profiles do; pooling their
-    residuals instead would take a median of two humps), floored at 0. Unchanged without a replay."""
+    """``cal`` with the frontend latency the ``replays`` of ``sessions`` measured against its steps
+    (its ``step_scale`` included): each replay's median residual (:func:`frontend_latency`),
+    averaged over the replays (one just before and one just after the live run bracket it as the two
+    profiles do; pooling their residuals instead would take a median of two humps), floored at 0.
+    Unchanged without a replay. ``frontend`` also has each replay's median residual in the lower and
+    upper half of its requests by simulated TTFT (a slope there says the steps' scale is off for
+    prefills: it grows with the steps a TTFT holds)."""
     if not replays:
         return cal
     base = dataclasses.replace(cal, frontend_s=0.0, frontend={})
@@ -144,7 +177,45 @@ def with_frontend(cal: EngineCalibration, replays: list[list[RequestRecord]], se
     return dataclasses.replace(base, frontend_s=max(0.0, mean), frontend={
         "method": "median TTFT residual of each replay of the workload's shape (another seed) against these "
                   "steps, averaged over the replays", "median_residual_s": mean,
-        "by_replay_s": [f.median_residual_s for f in fits], "requests": [f.requests for f in fits]})
+        "by_replay_s": [f.median_residual_s for f in fits], "requests": [f.requests for f in fits],
+        "by_simulated_ttft_half_s": [residual_halves(rs, simulated) for rs in replays]})
+
+
+def residual_halves(measured: list[RequestRecord], simulated: list[RequestRecord]) -> dict[str, list[float]]:
+    """Median TTFT residual (measured less simulated) and median simulated TTFT in the lower and the
+    upper half of the requests both sides finished, split at the median simulated TTFT."""
+    sim = {(r.session_id, r.turn): r.ttft_s for r in simulated if r.finished}
+    pairs = sorted((s, t - s) for r in measured
+                   if r.finished and (t := r.ttft_s) is not None and (s := sim.get((r.session_id, r.turn))) is not None)
+    halves = [pairs[: len(pairs) // 2], pairs[len(pairs) // 2:]]
+    return {"simulated_ttft": [statistics.median(p[0] for p in h) for h in halves if h],
+            "residual": [statistics.median(p[1] for p in h) for h in halves if h]}
+
+
+def with_step_scale(cal: EngineCalibration, measured_gaps: list[float | None], replays: list[list[RequestRecord]],
+                    sessions: list[Session], model: str, slo: SLO, path: Path, on: str = "all") -> EngineCalibration:
+    """``cal`` (no frontend latency) with its steps scaled by how much slower the engine ran during
+    the ``replays`` of ``sessions`` than their simulation on its steps (:func:`fit_step_scale`): the
+    scale at which the replays' simulation has the mean token gap the engine stamped over them (its
+    inter-token histogram over each replay, ``measured_gaps``, averaged; the client's where the target
+    exports none), on the steps ``on`` names (``step_scale_on``). Unchanged without a replay."""
+    if not replays:
+        return cal
+    client = [mean_token_gap(rs) for rs in replays]
+    engine = [g for g in measured_gaps if g is not None]
+    source, gaps = ("engine", engine) if len(engine) == len(replays) else ("client", [g for g in client if g])
+    if not gaps:
+        return cal
+    measured = statistics.fmean(gaps)
+    base = dataclasses.replace(cal, frontend_s=0.0, frontend={}, step_scale=1.0, scale={}, step_scale_on=on)
+    fit = fit_step_scale(measured, lambda scale: simulate_records(dataclasses.replace(base, step_scale=scale), sessions,
+                                                                  model, slo, path)[0])
+    client_gaps = [g for g in client if g]
+    return dataclasses.replace(base, step_scale=fit.step_scale, scale={
+        "method": "replays' mean token gap over the gap simulated for them (each replay of the workload's shape, "
+                  "another seed), the scale searched until they match", "gap_source": source, **fit.to_dict(),
+        "engine_gap_by_replay_s": measured_gaps, "client_gap_by_replay_s": client,
+        "client_ratio_at_scale_1": statistics.fmean(client_gaps) / fit.tried[0][1] if client_gaps else None})
 
 
 def profile_drift(cals: list[EngineCalibration]) -> dict[str, float] | None:
@@ -224,6 +295,11 @@ def main() -> int:
                     help="seconds of arrivals of a replay of the workload's shape (seed + 1) run before the live run "
                          "and again after it (with --bracket) to measure the frontend latency under a live stream "
                          "(calibration frontend_s); 0: none")
+    ap.add_argument("--scale-steps", choices=("all", "decode", "none"), default="decode",
+                    help="scale these fitted steps (decode: those without a prefill chunk) by the replays' slowdown: the "
+                         "scale at which their simulation has the mean token gap vLLM stamped over them (calibration "
+                         "step_scale), then measure the frontend latency on the scaled steps; none: the previous method. "
+                         "The JSON also has the figures of the other two (`without_scale`, `scale_all`, `scale_decode`)")
     ap.add_argument("--slo-ttft", type=float, default=0.5)
     ap.add_argument("--slo-tpot", type=float, default=0.05)
     ap.add_argument("--json", type=Path, default=None)
@@ -284,35 +360,52 @@ def main() -> int:
                 take_replay()
             take_profile("after")
         sim_model = args.sim_model or str(model_dir / "config.json")
-        def priced(c: EngineCalibration) -> EngineCalibration:  # c with the replay's frontend latency on its steps
+        def priced(c: EngineCalibration, scale: str = args.scale_steps) -> EngineCalibration:
+            """c with its steps scaled by the replays' slowdown (on the steps ``scale`` names; "none": not),
+            then the frontend latency on them."""
+            if scale != "none":
+                c = with_step_scale(c, replay_engine_itl, replays, replay_sessions, sim_model, slo,
+                                    Path(tmp) / "replay.json", on=scale)
             return with_frontend(c, replays, replay_sessions, sim_model, slo, Path(tmp) / "replay.json")
 
-        cal = priced(pool_calibrations([c for c, _, _ in profiles.values()]))
+        pooled = pool_calibrations([c for c, _, _ in profiles.values()])
+        cal = priced(pooled)
         print(f"calibration ({len(profiles)} profile(s) pooled): {cal.step}; fit {cal.fit['mape']:.1%}; "
-              f"frontend {cal.frontend}", flush=True)
-        sim = simulate_on(cal, sessions, sim_model, slo, Path(tmp) / "pooled.json")
+              f"step scale {cal.step_scale:.3f} ({cal.scale}); frontend {cal.frontend}", flush=True)
+        sim_records, sim = simulate_records(cal, sessions, sim_model, slo, Path(tmp) / "pooled.json")
         def figures(c: EngineCalibration, name: str, summary: Summary | None = None) -> dict[str, Any]:
             """A fit and the five figures on it (``summary``: the workload already simulated on it)."""
             if summary is None:
                 summary = simulate_on(c, sessions, sim_model, slo, Path(tmp) / f"{name}.json")
-            return {"step": c.step.to_dict(), "fit": c.fit, "frontend_s": c.frontend_s,
+            return {"step": c.step.to_dict(), "fit": c.fit, "step_scale": c.step_scale, "frontend_s": c.frontend_s,
                     **{k: getattr(summary, attr) for k, attr in KEYS.items()}}
 
         # Each profile alone (not a target): how far the simulation moves with the moment it was profiled at.
         by_profile = {name: {"seconds_from_live_start": [round(a - live_start, 1), round(b - live_start, 1)],
                              **figures(priced(c), name)}
                       for name, (c, a, b) in profiles.items()}
-        # The same pooled fit without the frontend latency, side by side in this run (not a target).
+        # The pooled fit as profiled (steps unscaled, no frontend latency), side by side in this run (not a target).
         without_frontend = None
+        alternatives: dict[str, dict[str, Any]] = {}
         if replays:
-            plain_steps = dataclasses.replace(cal, frontend_s=0.0, frontend={})
-            judged_records, judged = simulate_records(plain_steps, sessions, sim_model, slo, Path(tmp) / "no-frontend.json")
-            without_frontend = figures(plain_steps, "no-frontend", judged)
-            # Not a calibration input: the judged run's own median residual, to read frontend_s against.
+            judged_records, judged = simulate_records(pooled, sessions, sim_model, slo, Path(tmp) / "no-frontend.json")
+            without_frontend = figures(pooled, "no-frontend", judged)
+            # Not calibration inputs: the replays' and the judged run's gaps and residuals, to read the scale against.
             without_frontend["replay_itl_mean"] = {
                 "engine": replay_engine_itl,
-                "sim": simulate_records(plain_steps, replay_sessions, sim_model, slo, Path(tmp) / "r.json")[1].itl_mean_s}
+                "sim": simulate_records(pooled, replay_sessions, sim_model, slo, Path(tmp) / "r.json")[1].itl_mean_s}
             without_frontend["live_median_residual_s"] = frontend_latency(rep.records, judged_records).median_residual_s
+            scaled_records = simulate_records(dataclasses.replace(cal, frontend_s=0.0), sessions, sim_model, slo,
+                                              Path(tmp) / "scaled-no-frontend.json")[0]
+            without_frontend["live_median_residual_scaled_s"] = frontend_latency(rep.records, scaled_records).median_residual_s
+            without_frontend["live_residual_halves_scaled_s"] = residual_halves(rep.records, scaled_records)
+            # The previous method (frontend latency measured on the unscaled steps) and the scale on the other
+            # steps, side by side (not targets).
+            for name, on in (("without_scale", "none"), ("scale_all", "all"), ("scale_decode", "decode")):
+                if args.scale_steps != on:
+                    other = priced(pooled, scale=on)
+                    alternatives[name] = {**figures(other, name), "step_scale_on": on, "scale": other.scale,
+                                          "frontend": other.frontend}
         # The same profiles fitted without their mixed probes, side by side in this run (not a target).
         without_mixed = None
         if args.mixed_tails:
@@ -331,6 +424,8 @@ def main() -> int:
         # short here), which move TTFT up and TPOT down in ways no step-time model predicts.
         "e2e_p50": [sim.e2e_p50_s, got.e2e_p50_s], "e2e_p99": [sim.e2e_p99_s, got.e2e_p99_s],
         "live_whole_answer_bursts": burst_fraction(rep.records),
+        # The five slowest live first tokens beside their simulation (what sets a live TTFT P99 of 143).
+        "live_ttft_tail": ttft_tail(rep.records, sim_records),
         # Mean gap between a request's tokens: simulated, as the bench's client saw it, and as vLLM's
         # engine stamped it over the live run (None: the target exports no such histogram).
         "itl_mean": {"sim": sim.itl_mean_s, "live_client": got.itl_mean_s,
@@ -341,6 +436,10 @@ def main() -> int:
         "profiles": by_profile,
         "without_mixed": without_mixed,
         "without_frontend": without_frontend,
+        **alternatives,
+        "step_scale": cal.step_scale,
+        "step_scale_on": cal.step_scale_on,
+        "scale": cal.scale,
         "frontend": cal.frontend,
         "profile_drift": profile_drift([c for c, _, _ in profiles.values()]),
         "live_seconds": round(live_end - live_start, 1),
@@ -355,6 +454,10 @@ def main() -> int:
     if without_frontend:
         print(f"frontend latency {cal.frontend_s * 1e3:.2f} ms ({cal.frontend}); without it: "
               + ", ".join(f"{k} {without_frontend[k]:.4g}" for k in KEYS))
+    print(f"step scale {cal.step_scale:.3f} on {cal.step_scale_on} steps")
+    for name, alt in alternatives.items():
+        print(f"{name} (step scale {alt['step_scale']:.3f}, frontend {alt['frontend_s'] * 1e3:.2f} ms): "
+              + ", ".join(f"{k} {alt[k]:.4g}" for k in KEYS))
     if without_mixed:
         print("fitted without the mixed probes: " + ", ".join(f"{k} {without_mixed[k]:.4g}" for k in KEYS))
     print(f"profile drift (after/before, median over probes): {out['profile_drift']}")

@@ -15,6 +15,15 @@ its intake among other streams' output, on cores it may share with the engine) b
 profile's probes, one request or one batch at a time, already timed. :func:`frontend_latency`
 measures it from a replay of a workload against its simulation on the fitted steps; files
 without it read as 0.
+
+``step_scale`` multiplies the fitted step times: how much slower the engine's own steps run while
+a live stream keeps its serving frontend busy (on a machine whose cores the engine shares with its
+API server and clients) than in the profile's isolated probes. :func:`fit_step_scale` measures it
+from a replay's mean token gap against the gap simulated for that replay; ``frontend_s`` is then
+measured against the scaled steps, so a slowed engine is not charged to the frontend. Files
+without it read as 1. ``step_scale_on`` says which steps it scales: ``"all"`` (the default) or
+``"decode"`` (steps that carry no prefill chunk: a slowdown of the per-step overhead a decode step
+is made of, where a prefill's compute runs at the profiled speed).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +45,8 @@ from tokenomy.perf.models import ModelSpec
 from tokenomy.perf.stepfit import Measurement, StepCoefficients, fit_steps
 
 SCHEMA = "tokenomy.perf-calibration/1"
+STEP_SCALE_ON = ("all", "decode")
+"""Which steps ``step_scale`` multiplies: every step, or those that carry no prefill chunk."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,9 @@ class EngineCalibration:
     """One profiled engine: ``step`` coefficients, its ``engine`` limits, the fit's ``fit`` summary
     and the ``measurements`` they came from; ``target`` and ``model`` say what was profiled;
     ``frontend_s`` the per-request latency outside the engine's steps (module docstring) and
-    ``frontend`` how it was measured."""
+    ``frontend`` how it was measured; ``step_scale`` the factor on the step times under a live
+    stream, on the steps ``step_scale_on`` names (module docstring), and ``scale`` how it was
+    measured."""
 
     step: StepCoefficients
     engine: EngineLimits = field(default_factory=EngineLimits)
@@ -69,16 +82,30 @@ class EngineCalibration:
     measurements: tuple[Measurement, ...] = ()
     frontend_s: float = 0.0
     frontend: dict[str, Any] = field(default_factory=dict)
+    step_scale: float = 1.0
+    scale: dict[str, Any] = field(default_factory=dict)
+    step_scale_on: str = "all"
 
     def __post_init__(self) -> None:
         if not (self.frontend_s >= 0 and math.isfinite(self.frontend_s)):
             raise ValueError(f"calibration frontend_s must be a finite number >= 0, got {self.frontend_s!r}")
+        if not (self.step_scale > 0 and math.isfinite(self.step_scale)):
+            raise ValueError(f"calibration step_scale must be a finite number > 0, got {self.step_scale!r}")
+        if self.step_scale_on not in STEP_SCALE_ON:
+            raise ValueError(f"calibration step_scale_on must be one of {STEP_SCALE_ON}, got {self.step_scale_on!r}")
+
+    def step_time_s(self, shape: StepShape) -> float:
+        """One step's time on this engine: the fitted coefficients' price, times ``step_scale`` on the
+        steps ``step_scale_on`` names."""
+        t = self.step.step_time_s(shape)
+        return t if self.step_scale_on == "decode" and shape.prefill_seqs else t * self.step_scale
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA, "target": self.target, "model": self.model, "step": self.step.to_dict(),
             "engine": {k: v for k, v in self.engine.__dict__.items() if v is not None}, "fit": self.fit,
             "frontend_s": self.frontend_s, "frontend": self.frontend,
+            "step_scale": self.step_scale, "step_scale_on": self.step_scale_on, "scale": self.scale,
             "measurements": [{"kind": m.kind, "time_s": m.time_s, "steps": [_shape_dict(s) for s in m.steps]}
                              for m in self.measurements],
         }
@@ -95,6 +122,8 @@ class EngineCalibration:
                 measurements=tuple(Measurement(m["kind"], tuple(StepShape(**s) for s in m["steps"]), float(m["time_s"]))
                                    for m in raw.get("measurements", [])),
                 frontend_s=float(raw.get("frontend_s", 0.0)), frontend=dict(raw.get("frontend", {})),
+                step_scale=_positive_float(raw.get("step_scale", 1.0), "step_scale"), scale=dict(raw.get("scale", {})),
+                step_scale_on=str(raw.get("step_scale_on", "all")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: malformed calibration ({exc.__class__.__name__}: {exc})") from None
@@ -112,9 +141,9 @@ def pool_calibrations(calibrations: Sequence[EngineCalibration]) -> EngineCalibr
     run, not at one moment): each probe (same kind, same steps) at its median over the profiles, a
     probe only some profiles made as it is, fitted anew. Limits, target and model are the first
     profile's; ``fit`` has the pooled fit's errors, ``profiles`` (how many) and each profile's
-    ``repeat_spread``. The pool has no ``frontend_s``: that is measured against a fit's steps
-    (:func:`frontend_latency`), so a refit needs its own. ValueError when there are none or they
-    name different models."""
+    ``repeat_spread``. The pool has no ``frontend_s`` and no ``step_scale``: both are measured
+    against a fit's steps (:func:`frontend_latency`, :func:`fit_step_scale`), so a refit needs its
+    own. ValueError when there are none or they name different models."""
     if not calibrations:
         raise ValueError("no calibrations to pool")
     first = calibrations[0]
@@ -161,8 +190,81 @@ def frontend_latency(measured: Sequence[RequestRecord], simulated: Sequence[Requ
     return FrontendFit(frontend_s=max(0.0, median), median_residual_s=median, requests=len(residuals))
 
 
+def mean_token_gap(records: Sequence[RequestRecord]) -> float | None:
+    """Mean gap between consecutive output tokens over the finished answers of more than one token:
+    their first-to-last-token time summed over their gaps (each gap weighs the same, as in an
+    engine's inter-token histogram); None when no answer has two tokens."""
+    span = gaps = 0.0
+    for r in records:
+        if r.finished and r.output_tokens > 1 and r.first_token_s is not None and r.finish_s is not None:
+            span += r.finish_s - r.first_token_s
+            gaps += r.output_tokens - 1
+    return span / gaps if gaps else None
+
+
+@dataclass(frozen=True)
+class StepScaleFit:
+    """What :func:`fit_step_scale` found: the ``step_scale`` at which the replay's simulated mean token
+    gap (``simulated_gap_s``) came closest to the ``measured_gap_s``, and every ``(scale, simulated
+    gap)`` it ``tried``, the first at scale 1."""
+
+    step_scale: float
+    measured_gap_s: float
+    simulated_gap_s: float
+    tried: tuple[tuple[float, float], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_scale": self.step_scale, "measured_gap_s": self.measured_gap_s,
+                "simulated_gap_s": self.simulated_gap_s, "tried": [list(t) for t in self.tried]}
+
+
+def fit_step_scale(measured_gap_s: float, simulate_at: Callable[[float], Sequence[RequestRecord]],
+                   tolerance: float = 0.005, max_simulations: int = 8) -> StepScaleFit:
+    """The ``step_scale`` at which a replay simulated on the fitted steps (``simulate_at(scale)``: its
+    records) has the mean token gap (:func:`mean_token_gap`) the replay measured, ``measured_gap_s``
+    (as its engine stamped it, or its client saw). The first guess is measured over simulated gap at
+    scale 1; slower steps also batch more requests together, so the gap grows a little faster than
+    the scale, and each later guess interpolates between the scales tried on either side of the
+    measured gap. Stops within ``tolerance`` of it (relative), or after ``max_simulations``, at the
+    closest scale tried. ``measured_gap_s`` must come from a run apart from any the calibration is
+    then judged against. ValueError when it is not a finite number > 0 or a simulation has no answer
+    of two tokens."""
+    if not (measured_gap_s > 0 and math.isfinite(measured_gap_s)):
+        raise ValueError(f"a measured mean token gap must be a finite number > 0, got {measured_gap_s!r}")
+    tried: list[tuple[float, float]] = []
+    scale = 1.0
+    for _ in range(max(1, max_simulations)):
+        gap = mean_token_gap(simulate_at(scale))
+        if not gap:
+            raise ValueError("the simulated replay has no answer of two tokens: nothing to scale the steps by")
+        tried.append((scale, gap))
+        if abs(gap / measured_gap_s - 1) <= tolerance:
+            break
+        below = max((t for t in tried if t[1] < measured_gap_s), default=None)
+        above = min((t for t in tried if t[1] > measured_gap_s), default=None)
+        if below is None or above is None or above[0] <= below[0]:
+            scale *= measured_gap_s / gap  # no bracket yet: step by the ratio
+        else:
+            scale = below[0] + (measured_gap_s - below[1]) * (above[0] - below[0]) / (above[1] - below[1])
+            if above[0] - below[0] <= tolerance * scale:
+                break
+    best = min(tried, key=lambda t: abs(t[1] / measured_gap_s - 1))
+    return StepScaleFit(step_scale=best[0], measured_gap_s=measured_gap_s, simulated_gap_s=best[1], tried=tuple(tried))
+
+
 def _shape_dict(s: StepShape) -> dict[str, float]:
     return {k: getattr(s, k) for k in StepShape.__slots__ if getattr(s, k)}
+
+
+def _positive_float(value: Any, name: str) -> float:
+    """``value`` as a finite float > 0; ValueError naming ``name`` otherwise."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not (number > 0 and math.isfinite(number)):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return number
 
 
 def load_calibration(path: str | Path) -> EngineCalibration:
@@ -188,7 +290,7 @@ class CalibratedPerfModel(PerfModel):
         self.calibration = calibration
 
     def step_time_s(self, shape: StepShape) -> float:
-        return self.calibration.step.step_time_s(shape)
+        return self.calibration.step_time_s(shape)
 
     def decode_run(self, batch: int, first_context_tokens: int, num_steps: int) -> tuple[list[float], list[float]]:
         """Same contract as :meth:`PerfModel.decode_run`: step ``j`` reads ``first + batch * j`` tokens."""
