@@ -62,6 +62,9 @@ VARIANTS: dict[str, Variant] = {
                                    ampd=replace(_ampd(True, True, True, True, True)(c).ampd, lend_late_turns=True)),
     "ampd-borrow": lambda c: replace(c, deployment="ampd",
                                      ampd=replace(_ampd(True, True, True, True, True)(c).ampd, borrow_memory=True)),
+    # Ninth round: placement prices the PCIe reload of host-tier history (HostReload).
+    "ampd-reload": lambda c: replace(c, deployment="ampd",
+                                     ampd=replace(_ampd(True, True, True, True, True)(c).ampd, price_host_reload=True)),
 }
 
 
