@@ -35,6 +35,10 @@ class AMPDOptions:
     # admit decodes on its prefill instance and moves back when there is room (SlackAdmission.borrow;
     # eighth round, variant ``ampd-borrow``).
     borrow_memory: bool = False
+    # Placement prices a local turn's reload of host-tier history: it starts once the reload,
+    # queued on the decode instance's PCIe link, is done (AdaptivePlacement's HostReload; ninth
+    # round, variant ``ampd-reload``).
+    price_host_reload: bool = False
     binding_config: BindingConfig = field(default_factory=BindingConfig)
     # Decode-side chunks of at most 512 tokens (decodes included) keep a local prefill's ITL cost
     # small; 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).

@@ -29,10 +29,13 @@ class KVLink:
         if self.bytes_per_s <= 0:
             raise ValueError(f"link bandwidth must be positive, got {self.bytes_per_s}")
 
+    def done_s(self, now: float, n_bytes: float) -> float:
+        """When a transfer of ``n_bytes`` handed over at ``now`` would complete (queue included)."""
+        return max(now, self.busy_until_s) + self.latency_s + n_bytes / self.bytes_per_s
+
     def transfer(self, now: float, n_bytes: int) -> float:
         """Queue a transfer; return the time it completes."""
-        start = max(now, self.busy_until_s)
-        done = start + self.latency_s + n_bytes / self.bytes_per_s
+        done = self.done_s(now, n_bytes)
         self.busy_until_s = done
         self.bytes_sent += n_bytes
         self.transfers += 1

@@ -65,6 +65,9 @@ VARIANTS: dict[str, Variant] = {
     # Ninth round (point (c)): a first turn bound to an idle decode node prefills there in full
     # steps when the prefill pool is busy and that is sooner.
     "ampd-idle-first": lambda c: _placement(_ampd(True, True, True, True, True)(c), first_turn_on_idle_decode=True),
+    # Ninth round: placement prices the PCIe reload of host-tier history (HostReload).
+    "ampd-reload": lambda c: replace(c, deployment="ampd",
+                                     ampd=replace(_ampd(True, True, True, True, True)(c).ampd, price_host_reload=True)),
 }
 
 

@@ -31,6 +31,13 @@ est_itl_local`` and ``ttft_slack = slo.ttft_s - est_ttft_remote`` of the best pr
   tokens queued, and the decode node's prefill in full steps is sooner than the best of them.
 
 Remote always goes to the prefill node of lowest estimated TTFT (ties by id).
+
+With a :class:`HostReload` (the part of the decode node's history that is only in its host
+memory, and when it would be back on the GPU over the node's PCIe link, queue included), a local
+prefill starts no earlier than that reload (the decode node's queued prompts drain meanwhile),
+and a remote prefill sends back the reloaded history too (the decode node's GPU lacks it). The
+free-KV rule still counts the reloaded history as held: counting it sent turns remote that
+then waited for the same decode memory (docs/ampd-results.md, ninth round).
 """
 
 from __future__ import annotations
@@ -99,6 +106,20 @@ class PlacementConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class HostReload:
+    """History the decode node holds only in host memory: ``tokens`` of it (a prefix of the
+    prompt, within ``history_cached_tokens_on_decode``), back on the GPU ``ready_in_s`` from now
+    if a reload started now (the PCIe link's queued reloads, then this one)."""
+
+    tokens: int
+    ready_in_s: float
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0 or not self.ready_in_s >= 0:
+            raise ValueError(f"HostReload needs tokens >= 0 and ready_in_s >= 0, got {self.tokens}, {self.ready_in_s}")
+
+
+@dataclass(frozen=True, slots=True)
 class PlacementDecision:
     """Where one (incremental) prefill runs, and the estimates that decided it.
 
@@ -154,6 +175,7 @@ class AdaptivePlacement:
         prefill_queue_delay_s: Mapping[str, float] | None = None,
         prefill_backlog_tokens: Mapping[str, int] | None = None,
         link_wait_s: Mapping[str, float] | None = None,
+        host_reload: HostReload | None = None,
     ) -> PlacementDecision:
         """Place the prefill of ``request`` whose decode is bound to ``decode``.
 
@@ -161,11 +183,13 @@ class AdaptivePlacement:
         (the session's retained history). ``prefill_queue_delay_s``: measured queue delays by
         prefill instance id, overriding the estimate from waiting tokens. ``link_wait_s``: by
         prefill instance id, the queueing on the KV links a remote prefill there would use
-        (history pull, the KV's way back), added to its TTFT.
+        (history pull, the KV's way back), added to its TTFT. ``host_reload``: the part of that
+        history only in the decode node's host memory and when a reload of it would be done
+        (None: price none; module docstring).
         """
         decision = self._decide(
             request, decode, prefills, slo, now, history_cached_tokens_on_decode, prefill_queue_delay_s,
-            prefill_backlog_tokens, link_wait_s,
+            prefill_backlog_tokens, link_wait_s, host_reload,
         )
         decision = replace(decision, request_id=request.request_id, decode_instance=decode.instance_id)
         emit(self.trace, "placement", now, decision)
@@ -182,6 +206,7 @@ class AdaptivePlacement:
         prefill_queue_delay_s: Mapping[str, float] | None,
         prefill_backlog_tokens: Mapping[str, int] | None,
         link_wait_s: Mapping[str, float] | None = None,
+        host_reload: HostReload | None = None,
     ) -> PlacementDecision:
         if request.prompt_tokens < 1:
             raise ValueError(f"request {request.request_id!r} has no prompt tokens")
@@ -191,14 +216,19 @@ class AdaptivePlacement:
             )
         waited = max(0.0, now - request.arrival_s)
         on_decode = min(history_cached_tokens_on_decode, request.prompt_tokens)
+        # The history on the decode node's GPU; the rest of ``on_decode`` comes back from host first.
+        reload_tokens = min(host_reload.tokens, on_decode) if host_reload is not None else 0
+        on_gpu = on_decode - reload_tokens
         itl_bound = self.config.itl_bound_factor * slo.tpot_s
-        local_s, itl_s, chunk = self._local(request, decode, on_decode, itl_bound)
-        ttft_local = waited + local_s
+        queue_s, local_s, itl_s, chunk = self._local(request, decode, on_decode, itl_bound)
+        # The engine takes the turn once its history is back: its queue drains meanwhile.
+        ready_s = host_reload.ready_in_s if host_reload is not None and reload_tokens > 0 else 0.0
+        ttft_local = waited + (max(queue_s, ready_s) + local_s)
         itl_slack = itl_bound - itl_s
         remote = [
             (
                 waited
-                + self._remote(request, p, on_decode, prefill_queue_delay_s, prefill_backlog_tokens)
+                + self._remote(request, p, on_decode, prefill_queue_delay_s, prefill_backlog_tokens, on_gpu)
                 + (link_wait_s.get(p.instance_id, 0.0) if link_wait_s else 0.0),
                 p.instance_id,
             )
@@ -267,6 +297,7 @@ class AdaptivePlacement:
         on_decode: int,
         delays: Mapping[str, float] | None,
         backlogs: Mapping[str, int] | None,
+        on_gpu: int,
     ) -> float:
         prompt = request.prompt_tokens
         history = min(request.history_tokens, prompt)
@@ -287,7 +318,7 @@ class AdaptivePlacement:
             wait
             + self._transfer_s(from_decode)
             + self.remote.prefill_time_s(prompt - have, have)
-            + self._transfer_s(prompt - on_decode)
+            + self._transfer_s(prompt - on_gpu)  # the decode node's GPU lacks the rest
         )
 
     def _step_s(self, n: int, context: int, seqs: int, decode_ctx: int) -> float:
@@ -304,8 +335,9 @@ class AdaptivePlacement:
 
     def _local(
         self, request: Request, decode: InstanceView, on_decode: int, itl_bound: float
-    ) -> tuple[float, float, int]:
-        """(TTFT from now, longest step carrying this prefill, chunk) on the decode node.
+    ) -> tuple[float, float, float, int]:
+        """(wait for the decode node's queued prompts, time of this prefill's own steps, longest
+        step carrying it, chunk) on the decode node.
 
         Step time grows with the context, so the longest step is the last; the steps between
         are priced by the trapezoid of the first and the last (step time is close to linear in
@@ -334,4 +366,4 @@ class AdaptivePlacement:
         while cfg.size_local_chunks and itl > itl_bound and chunk > cfg.min_local_chunk_tokens:
             chunk = max(cfg.min_local_chunk_tokens, chunk // 2)
             elapsed, itl = price(chunk)
-        return wait + elapsed, itl, min(chunk, todo)
+        return wait, elapsed, itl, min(chunk, todo)

@@ -110,6 +110,8 @@ class AMPD(Deployment):
                 history_cached_tokens_on_decode=on_decode,
                 prefill_backlog_tokens={pid: q.backlog_tokens() for pid, q in self._queues.items()},
                 link_wait_s=self._link_waits(decode.instance_id, now) if self.ctx.config.ampd.link_aware else None,
+                host_reload=(self._keeper.reload_estimate(request, decode, now)
+                             if self._keeper is not None and self.ctx.config.ampd.price_host_reload else None),
             )
             local, prefill_id = placement.local, placement.prefill_instance or ""
         turn = _Turn(request, decode.instance_id, local, prefill_id, placement=placement)
