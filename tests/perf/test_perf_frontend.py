@@ -9,45 +9,31 @@ from pathlib import Path
 
 import pytest
 
-from tokenomy.core import SLO, RequestRecord, Session, Turn
+from helpers.calibrated_sim import STEPS, calibration, run_calibrated, three_turn_sessions
+from tokenomy.core import Session
 from tokenomy.perf.engine_calibration import (
     EngineCalibration,
-    EngineLimits,
     frontend_latency,
     load_calibration,
     pool_calibrations,
 )
-from tokenomy.perf.stepfit import Measurement, StepCoefficients, decode_step, prefill_steps
-from tokenomy.sim import SimConfig, simulate
-
-STEPS = StepCoefficients(fixed_s=0.002, token_s=2e-5, prefill_seq_s=0.004, decode_seq_s=1e-4, context_s=1e-7)
-"""A CPU-like engine: about 7 ms for a 200-token prefill, 2 ms a decode step."""
+from tokenomy.perf.stepfit import Measurement, decode_step, prefill_steps
 
 
 def _cal(frontend_s: float = 0.0) -> EngineCalibration:
-    return EngineCalibration(step=STEPS, engine=EngineLimits(max_num_batched_tokens=2048, max_num_seqs=16),
-                             model="tiny", frontend_s=frontend_s)
+    return calibration(frontend_s)
 
 
 def _sessions(n: int) -> list[Session]:
     """``n`` agent-like sessions of three turns, 0.3 s apart, with 0.5 s of tool time between turns."""
-    return [Session(f"s{i}", 0.3 * i, (Turn(prompt_tokens=300, output_tokens=20),
-                                       Turn(prompt_tokens=500, output_tokens=20, think_time_s=0.5),
-                                       Turn(prompt_tokens=700, output_tokens=20, think_time_s=0.5)))
-            for i in range(n)]
-
-
-def _run(cal: EngineCalibration, sessions: list[Session], tmp_path: Path) -> list[RequestRecord]:
-    path = tmp_path / f"cal-{cal.frontend_s}.json"
-    cal.save(path)
-    return simulate(sessions, SimConfig(instances=1, calibration=str(path)), SLO()).records
+    return three_turn_sessions(n, 0.3, 0.5, (20, 20, 20))
 
 
 def test_the_simulator_adds_the_frontend_latency_to_every_ttft_and_nothing_to_tpot(tmp_path: Path) -> None:
     """One session alone: each turn's TTFT grows by exactly frontend_s (the engine sees the request that much
     later), its token gaps do not move, and the next turn starts that much later."""
     (session,) = _sessions(1)
-    plain, slow = _run(_cal(), [session], tmp_path), _run(_cal(0.006), [session], tmp_path)
+    plain, slow = run_calibrated(_cal(), [session], tmp_path), run_calibrated(_cal(0.006), [session], tmp_path)
     assert len(plain) == len(slow) == 3
     for a, b in zip(sorted(plain, key=lambda r: r.turn), sorted(slow, key=lambda r: r.turn), strict=True):
         assert b.ttft_s == pytest.approx(a.ttft_s + 0.006, abs=1e-12)
@@ -60,8 +46,8 @@ def test_frontend_latency_is_the_median_residual_matched_by_session_and_turn(tmp
     median residual recovers the 5 ms (the stall does not set it); records are matched by session and turn,
     not by order; a replay faster than the model gives 0, not a negative latency."""
     sessions = _sessions(6)
-    base = _run(_cal(), sessions, tmp_path)
-    live = _run(_cal(0.005), sessions, tmp_path)
+    base = run_calibrated(_cal(), sessions, tmp_path)
+    live = run_calibrated(_cal(0.005), sessions, tmp_path)
     stalled = dataclasses.replace(live[3], first_token_s=live[3].first_token_s + 0.4)  # type: ignore[operator]
     live = list(reversed([*live[:3], stalled, *live[4:]]))
     fit = frontend_latency(live, base)
@@ -69,12 +55,12 @@ def test_frontend_latency_is_the_median_residual_matched_by_session_and_turn(tmp
     assert frontend_latency(base, live).frontend_s == 0.0
     assert frontend_latency(base, live).median_residual_s == pytest.approx(-0.005, abs=1e-9)
     # The simulation with the measured latency reproduces the 'live' TTFTs it was measured on.
-    again = {(r.session_id, r.turn): r.ttft_s for r in _run(_cal(fit.frontend_s), sessions, tmp_path)}
-    assert all(again[(r.session_id, r.turn)] == pytest.approx(r.ttft_s, abs=1e-9) for r in _run(_cal(0.005), sessions, tmp_path))
+    again = {(r.session_id, r.turn): r.ttft_s for r in run_calibrated(_cal(fit.frontend_s), sessions, tmp_path)}
+    assert all(again[(r.session_id, r.turn)] == pytest.approx(r.ttft_s, abs=1e-9) for r in run_calibrated(_cal(0.005), sessions, tmp_path))
 
 
 def test_frontend_latency_needs_requests_on_both_sides(tmp_path: Path) -> None:
-    base = _run(_cal(), _sessions(1), tmp_path)
+    base = run_calibrated(_cal(), _sessions(1), tmp_path)
     other = [dataclasses.replace(r, session_id="elsewhere") for r in base]
     unfinished = [dataclasses.replace(r, finished=False, first_token_s=None, finish_s=None) for r in base]
     for measured in (other, unfinished, []):

@@ -11,40 +11,26 @@ from pathlib import Path
 
 import pytest
 
-from tokenomy.core import SLO, RequestRecord, Session, Turn
+from helpers.calibrated_sim import STEPS, calibration, run_calibrated, three_turn_sessions
+from tokenomy.core import RequestRecord, Session
 from tokenomy.perf.engine_calibration import (
     EngineCalibration,
-    EngineLimits,
     fit_step_scale,
     frontend_latency,
     load_calibration,
     mean_token_gap,
     pool_calibrations,
 )
-from tokenomy.perf.stepfit import Measurement, StepCoefficients, decode_step, prefill_steps
-from tokenomy.sim import SimConfig, simulate
-
-STEPS = StepCoefficients(fixed_s=0.002, token_s=2e-5, prefill_seq_s=0.004, decode_seq_s=1e-4, context_s=1e-7)
-"""A CPU-like engine: about 7 ms for a 200-token prefill, 2 ms a decode step."""
+from tokenomy.perf.stepfit import Measurement, decode_step, prefill_steps
 
 
 def _cal(step_scale: float = 1.0, frontend_s: float = 0.0, on: str = "all") -> EngineCalibration:
-    return EngineCalibration(step=STEPS, engine=EngineLimits(max_num_batched_tokens=2048, max_num_seqs=16),
-                             model="tiny", frontend_s=frontend_s, step_scale=step_scale, step_scale_on=on)
+    return calibration(frontend_s, step_scale, on)
 
 
 def _sessions(n: int) -> list[Session]:
     """``n`` agent-like sessions of three turns, 0.2 s apart (several decode at once), 0.3 s of tool time."""
-    return [Session(f"s{i}", 0.2 * i, (Turn(prompt_tokens=300, output_tokens=40),
-                                       Turn(prompt_tokens=500, output_tokens=30, think_time_s=0.3),
-                                       Turn(prompt_tokens=700, output_tokens=50, think_time_s=0.3)))
-            for i in range(n)]
-
-
-def _run(cal: EngineCalibration, sessions: list[Session], tmp_path: Path) -> list[RequestRecord]:
-    path = tmp_path / f"cal-{cal.step_scale}-{cal.frontend_s}-{cal.step_scale_on}.json"
-    cal.save(path)
-    return simulate(sessions, SimConfig(instances=1, calibration=str(path)), SLO()).records
+    return three_turn_sessions(n, 0.2, 0.3, (40, 30, 50))
 
 
 def _by_turn(records: list[RequestRecord]) -> list[RequestRecord]:
@@ -55,13 +41,13 @@ def test_the_simulator_multiplies_every_step_by_the_scale(tmp_path: Path) -> Non
     """One session alone (no batching to shift): at step_scale 1.5 each TTFT (all prefill steps) and each
     token gap (decode steps) is exactly 1.5 times the unscaled one."""
     (session,) = _sessions(1)
-    plain, slow = _run(_cal(), [session], tmp_path), _run(_cal(1.5), [session], tmp_path)
+    plain, slow = run_calibrated(_cal(), [session], tmp_path), run_calibrated(_cal(1.5), [session], tmp_path)
     assert len(plain) == len(slow) == 3
     for a, b in zip(_by_turn(plain), _by_turn(slow), strict=True):
         assert b.ttft_s == pytest.approx(1.5 * a.ttft_s, rel=1e-9)  # type: ignore[operator]
         assert b.tpot_s == pytest.approx(1.5 * a.tpot_s, rel=1e-9)  # type: ignore[operator]
     # On decode steps only: the prefills (the whole TTFT of a request alone) keep the profiled speed.
-    for a, b in zip(_by_turn(plain), _by_turn(_run(_cal(1.5, on="decode"), [session], tmp_path)), strict=True):
+    for a, b in zip(_by_turn(plain), _by_turn(run_calibrated(_cal(1.5, on="decode"), [session], tmp_path)), strict=True):
         assert b.ttft_s == pytest.approx(a.ttft_s, rel=1e-9)
         assert b.tpot_s == pytest.approx(1.5 * a.tpot_s, rel=1e-9)  # type: ignore[operator]
 
@@ -74,15 +60,15 @@ def test_fit_step_scale_recovers_an_engine_20_percent_slower(on: str, tmp_path: 
     first ratio overshoots and later guesses interpolate), and the workload simulated at that scale has
     the slow engine's TPOT where the unscaled steps price it 10% or more fast."""
     sessions = _sessions(8)
-    live = _run(_cal(1.2, on=on), sessions, tmp_path)
+    live = run_calibrated(_cal(1.2, on=on), sessions, tmp_path)
     gap = mean_token_gap(live)
     assert gap is not None
-    fit = fit_step_scale(gap, lambda scale: _run(_cal(scale, on=on), sessions, tmp_path))
+    fit = fit_step_scale(gap, lambda scale: run_calibrated(_cal(scale, on=on), sessions, tmp_path))
     assert fit.step_scale == pytest.approx(1.2, rel=0.005)
     assert fit.tried[0][0] == 1.0 and len(fit.tried) <= 8
     assert fit.simulated_gap_s == pytest.approx(gap, rel=0.005)
-    plain_tpot = sorted(r.tpot_s for r in _run(_cal(), sessions, tmp_path))  # type: ignore[type-var]
-    scaled_tpot = sorted(r.tpot_s for r in _run(_cal(fit.step_scale, on=on), sessions, tmp_path))  # type: ignore[type-var]
+    plain_tpot = sorted(r.tpot_s for r in run_calibrated(_cal(), sessions, tmp_path))  # type: ignore[type-var]
+    scaled_tpot = sorted(r.tpot_s for r in run_calibrated(_cal(fit.step_scale, on=on), sessions, tmp_path))  # type: ignore[type-var]
     live_tpot = sorted(r.tpot_s for r in live)  # type: ignore[type-var]
     median = len(live_tpot) // 2
     assert plain_tpot[median] < 0.9 * live_tpot[median]
@@ -94,13 +80,13 @@ def test_frontend_latency_measured_on_the_scaled_steps_does_not_absorb_the_slowd
     TTFT residual charges the slower prefills to the frontend (well over 5 ms); against the steps scaled by
     the fitted slowdown it is the 5 ms."""
     sessions = _sessions(8)
-    live = _run(_cal(1.25, frontend_s=0.005), sessions, tmp_path)
+    live = run_calibrated(_cal(1.25, frontend_s=0.005), sessions, tmp_path)
     gap = mean_token_gap(live)
     assert gap is not None
-    scale = fit_step_scale(gap, lambda s: _run(_cal(s), sessions, tmp_path)).step_scale
+    scale = fit_step_scale(gap, lambda s: run_calibrated(_cal(s), sessions, tmp_path)).step_scale
     assert scale == pytest.approx(1.25, rel=0.02)
-    unscaled = frontend_latency(live, _run(_cal(), sessions, tmp_path)).frontend_s
-    scaled = frontend_latency(live, _run(_cal(scale), sessions, tmp_path)).frontend_s
+    unscaled = frontend_latency(live, run_calibrated(_cal(), sessions, tmp_path)).frontend_s
+    scaled = frontend_latency(live, run_calibrated(_cal(scale), sessions, tmp_path)).frontend_s
     assert unscaled > 0.006
     assert scaled == pytest.approx(0.005, abs=0.0005)
 
