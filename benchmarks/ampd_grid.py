@@ -188,7 +188,13 @@ def compare(specs: list[ExperimentSpec], results: dict[Key, RunResult]) -> dict[
 def _cached(cache: Path | None, spec: ExperimentSpec, job: Job) -> Path | None:
     if cache is None:
         return None
-    key = json.dumps([spec.to_dict(), job.deployment.label, job.split, job.rate_per_s], sort_keys=True)
+    spec_key = spec.to_dict()
+    if job.rate_per_s is not None and job.rate_per_s >= 0:
+        # A simulation reads only its own deployment (``spec.sim_config(job.deployment, ...)``), not
+        # the spec's list of the others: keyed without that list, a baseline's cell carries over to a
+        # run with another --ampd-variant. The planner's choice (negative rate) weighs the whole list.
+        spec_key.pop("deployments", None)
+    key = json.dumps([spec_key, job.deployment.label, job.split, job.rate_per_s], sort_keys=True)
     return cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.pkl"
 
 
