@@ -75,16 +75,16 @@ class AMPD(Deployment):
                 own = alt_admission if d.instance_id in self._alt_ids else admission
                 self._admit[d.instance_id] = DecodeAdmissionQueue(d, own, ctx.slo)
         self._keeper = KVKeeper(ctx, self.decodes, self.policies, self.fabric) if opts.retention else None
-        self._kv_bytes = ctx.role_perf.get(Role.DECODE, ctx.perf).kv_bytes_per_token
+        decode_perf, prefill_perf = (ctx.role_perf.get(r, ctx.perf) for r in (Role.DECODE, Role.PREFILL))
+        self._kv_bytes = decode_perf.kv_bytes_per_token
         self._borrow: MemoryBorrow | None = None
         if admission is not None and admission.borrow_memory and self.fabric is not None:
             self._borrow = MemoryBorrow(ctx, admission, self._by_id, self._admit, self.fabric, self._kv_bytes,
                                         lambda pid: self._queues[pid].backlog_tokens(), self._cut_turn,
-                                        ctx.role_perf.get(Role.PREFILL, ctx.perf))
+                                        prefill_perf)
         self._turns: dict[str, _Turn] = {}
-        perfs = {Role.DECODE: ctx.role_perf.get(Role.DECODE, ctx.perf), Role.PREFILL: ctx.role_perf.get(Role.PREFILL, ctx.perf)}
         self._full = FullStepPrefills(
-            ctx, self.decodes, lambda d: perfs[Role.PREFILL if d in self._alt_ids else Role.DECODE]
+            ctx, self.decodes, lambda d: prefill_perf if d in self._alt_ids else decode_perf
         ) if idle_first else None
         self.local_prefills = 0
         self.remote_prefills = 0

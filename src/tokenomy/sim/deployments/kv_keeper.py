@@ -111,16 +111,19 @@ class KVKeeper:
             return 0
         return min(copy.kv_tokens, request.history_tokens)
 
+    def _missing(self, request: Request, decode: SimInstance, now: float) -> tuple[int, int, float]:
+        """(host-held history tokens, how many of them the decode GPU lacks, when a reload may start)."""
+        host = self.host_tokens(request, decode.instance_id)
+        missing = host - decode.engine.cached_prefix_tokens(request.content, request.prompt_tokens)
+        return host, missing, max(now, self.history_ready_s(request.session_id))
+
     def reload(self, request: Request, decode: SimInstance, now: float) -> tuple[float, int]:
         """(time the turn can start locally, prompt tokens preloaded from host) for a local turn."""
         # The host copy stays: it is still a valid prefix, and the next offload only adds to it.
-        host = self.host_tokens(request, decode.instance_id)
-        on_gpu = decode.engine.cached_prefix_tokens(request.content, request.prompt_tokens)
-        if host <= on_gpu:
+        host, missing, start = self._missing(request, decode, now)
+        if missing <= 0:
             return now, 0
-        missing = host - on_gpu
         self.reloaded_tokens += missing
-        start = max(now, self.history_ready_s(request.session_id))
         ready = self._from_host[decode.instance_id].transfer(start, missing * self._kv_bytes)
         return ready, host
 
@@ -128,12 +131,9 @@ class KVKeeper:
         """What :meth:`reload` would bring back for a local turn started now, and when it would be
         done: behind the reloads already queued on the instance's PCIe link (placement's view of
         the host tier; nothing changes)."""
-        missing = self.host_tokens(request, decode.instance_id) - decode.engine.cached_prefix_tokens(
-            request.content, request.prompt_tokens
-        )
+        _, missing, start = self._missing(request, decode, now)
         if missing <= 0:
             return HostReload(0, 0.0)
-        start = max(now, self.history_ready_s(request.session_id))
         done = self._from_host[decode.instance_id].done_s(start, missing * self._kv_bytes)
         return HostReload(missing, done - now)
 
