@@ -73,3 +73,22 @@ def test_set_chunk_cap_recaps_a_prefill_and_reports_what_it_has_left() -> None:
     assert res is not None and res.shape.prefill_tokens == 300
     assert engine.set_chunk_cap(req.request_id, 50) == 0  # decoding: nothing left to cap
     assert engine.set_chunk_cap("absent", 50) == 0
+
+
+def test_the_bank_counts_an_open_decode_runs_applied_steps_and_the_step_in_flight() -> None:
+    engine = create_engine(FakePerf(base_s=0.01))
+    (req,) = create_requests(1, prompt_tokens=64, max_output_tokens=100)
+    engine.add_request(req, 0.0)
+    res = engine.step(0.0)  # first token at 0.01
+    assert res is not None
+    # mid-step, the bank is read at the step's end, when the next step can start
+    mid = engine.step(res.end_s)  # second token at 0.02
+    assert mid is not None
+    assert abs(engine.tpot_bank_s(TPOT, 0.015) - (TPOT - 0.01)) < 1e-12
+    run = engine.plan_decode_run(mid.end_s, max_steps=50)
+    assert run is not None
+    assert engine.advance_decode_run(0.1) == 9  # the steps starting at 0.02, ..., 0.1: tokens to 0.11
+    # 1 + 9 tokens after the first, the last at 0.11: the same as single steps would show
+    assert abs(engine.tpot_bank_s(TPOT, 0.1) - (10 * TPOT - (0.11 - 0.01))) < 1e-9
+    engine.close_decode_run(0.1)
+    assert abs(engine.tpot_bank_s(TPOT, 0.11) - (10 * TPOT - 0.10)) < 1e-9

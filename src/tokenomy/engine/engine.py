@@ -183,9 +183,10 @@ class Engine:
         return req.pending_tokens if req is not None else 0
 
     def tpot_bank_s(self, tpot_s: float, now: float) -> float:
-        """Least banked TPOT slack of the streams here (past their first token here): ``k * tpot_s -
-        (now - first token)``, ``k`` the tokens after the first, emitted elsewhere too (docs/ampd.md)."""
-        return min((tpot_s * (r.num_tokens - r.prompt_tokens - 1) - (now - r.first_token_s)
+        """Least ``k * tpot_s - (t - first token here)`` over the streams here at ``t``, when the next step can
+        start; ``k``: tokens after the first, emitted elsewhere or in an open run too (docs/ampd.md)."""
+        at, ran = max(now, self._busy_until), (self._run.applied if self._run is not None else 0)
+        return min((tpot_s * (r.num_tokens - r.prompt_tokens - 1 + ran) - (at - r.first_token_s)
                     for r in self._requests.values() if r.first_token_s is not None), default=math.inf)
 
     def has_unfinished(self) -> bool:

@@ -71,6 +71,8 @@ VARIANTS: dict[str, Variant] = {
     # Tenth round: local prefills in chunks the decode batch's banked TPOT slack allows (increments
     # and, while the prefill pool is queued, first turns).
     "ampd-bank": lambda c: _placement(_ampd(True, True, True, True, True)(c), tpot_bank=True),
+    "ampd-bank-inc": lambda c: _placement(_ampd(True, True, True, True, True)(c), tpot_bank=True,
+                                          tpot_bank_first_turns=False),  # ... for increments only
 }
 
 

@@ -84,7 +84,8 @@ class PlacementConfig:
     exceed the ITL bound, as long as the whole prefill's excess over the TPOT SLO stays within
     the decode batch's banked TPOT slack (``decide(..., tpot_bank_s=...)``) less
     ``tpot_bank_margin`` TPOT SLOs (1.0: our choice); with it, a first turn also runs locally
-    when that is sooner while every prefill node has prompt tokens queued (docs/ampd.md).
+    when that is sooner while every prefill node has prompt tokens queued
+    (``tpot_bank_first_turns``; docs/ampd.md).
     """
 
     local_budget_tokens: int = 2048
@@ -97,6 +98,7 @@ class PlacementConfig:
     first_turn_on_idle_decode: bool = False
     tpot_bank: bool = False
     tpot_bank_margin: float = 1.0
+    tpot_bank_first_turns: bool = True
 
     def __post_init__(self) -> None:
         if self.local_budget_tokens < 1 or self.prefill_budget_tokens < 1:
@@ -282,7 +284,8 @@ class AdaptivePlacement:
             return place(True, "first turn: every prefill node misses TTFT, local meets it")
         backlog = prefill_backlog_tokens or {}
         pool_busy = all(backlog.get(p.instance_id, p.num_waiting_tokens) > 0 for p in prefills)
-        if bank_s is not None and pool_busy and itl_slack >= 0 and ttft_local < ttft_remote:
+        if (bank_s is not None and self.config.tpot_bank_first_turns and pool_busy and itl_slack >= 0
+                and ttft_local < ttft_remote):
             return place(True, "first turn: local, in chunks the banked TPOT slack allows, is sooner")
         if (self.config.first_turn_on_idle_decode and decode.num_running == 0 and decode.num_waiting == 0
                 and pool_busy):
