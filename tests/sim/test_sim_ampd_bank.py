@@ -5,6 +5,7 @@ TPOT (vLLM's per-request mean) still meets the SLO."""
 from __future__ import annotations
 
 from tokenomy.core import SLO, Session, Turn
+from tokenomy.engine.trace import ListTrace
 from tokenomy.perf import PerfModel
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.runner import SimResult
@@ -50,3 +51,28 @@ def test_a_decode_ahead_of_its_tpot_pays_for_a_larger_local_chunk_and_keeps_its_
     assert d_on.max_itl_s > 2 * SLO_.tpot_s  # with it, steps carrying large chunks ran beside "d" ...
     tpot = d_on.tpot_s
     assert tpot is not None and tpot <= SLO_.tpot_s  # ... and its TPOT still meets the SLO
+
+
+def test_a_stream_that_joins_mid_prefill_shrinks_the_chunk_to_its_own_bank() -> None:
+    # "j" (a short first turn, prefilled on the idle prefill-0) starts decoding on decode-0 while
+    # "x"'s increment runs there in banked 8192-token steps (~0.4 s each). "j" has banked nothing,
+    # so its next step must fit the TPOT SLO; later steps may spend only what "j" banks meanwhile
+    d, x, _ = sessions()
+    j = Session("j", 2.3, (Turn(prompt_tokens=2_000, output_tokens=200, content=((4, 2_200),)),))
+    trace = ListTrace()
+    res = simulate([d, x, j], make_variant("ampd-bank", CFG), SLO_, perf=PERF, trace=trace)
+    recs = {(r.session_id, r.turn): r for r in res.records}
+    inc, joiner = recs[("x", 1)], recs[("j", 0)]
+    assert joiner.prefill_instance == "prefill-0" and joiner.decode_instance == "decode-0"
+    first, end = joiner.first_token_s, joiner.finish_s
+    assert first is not None and end is not None and inc.first_token_s is not None
+    assert first < inc.first_token_s  # "j" decoded beside the increment's prefill
+    steps = [e for e in trace.events if e["kind"] == "step" and e["instance"] == "decode-0"
+             and first - 1e-9 <= e["t_s"] < end - 1e-9]
+    assert steps[0]["prefill_tokens"] > 0 and steps[0]["duration_s"] <= SLO_.tpot_s  # ITL-sized at once
+    assert max(e["duration_s"] for e in steps) > SLO_.tpot_s  # later, steps spent what "j" banked
+    # after each of its tokens, "j"'s TPOT so far meets the SLO: wherever it ended, it met its SLO
+    for k, e in enumerate(steps, start=1):
+        assert (e["t_s"] + e["duration_s"] - first) / k <= SLO_.tpot_s + 1e-12
+    tpot = joiner.tpot_s
+    assert tpot is not None and tpot <= SLO_.tpot_s
