@@ -12,7 +12,9 @@ Estimates (all from ``now``; the TTFTs reported add the time the request already
   ``min_local_chunk_tokens``) whose step, carrying the running decodes at the prefill's last
   (longest) context, fits the ITL bound: the prefill takes only what the decode batch's ITL
   slack leaves, chunked across steps (the whitepaper's slack-based local prefill; with
-  ``size_local_chunks`` off, always ``local_budget_tokens``);
+  ``size_local_chunks`` off, always ``local_budget_tokens``); with ``tpot_bank``, from
+  ``prefill_budget_tokens`` down, and a chunk also fits when its steps' excess over the TPOT SLO
+  fits the streams' banked TPOT slack (``tpot_bank_s``) less a margin;
 * local TTFT = the decode node's queued prompt tokens, then this request's uncached tokens in
   such chunks, each step also carrying the running decodes; local ITL = the longest of those
   steps (the ITL the running decodes suffer).
@@ -28,7 +30,8 @@ est_itl_local`` and ``ttft_slack = slo.ttft_s - est_ttft_remote`` of the best pr
   round: also whenever ``ttft_slack < 0``, however slow local is); else remote;
 * first turn: remote unless ``itl_slack >= 0`` and every prefill node misses TTFT while local meets
   it, or (``first_turn_on_idle_decode``) the decode node is idle, every prefill node has prompt
-  tokens queued, and the decode node's prefill in full steps is sooner than the best of them.
+  tokens queued, and the decode node's prefill in full steps is sooner than the best of them
+  (with ``tpot_bank``: local whenever sooner while every prefill node has tokens queued).
 
 Remote always goes to the prefill node of lowest estimated TTFT (ties by id).
 
