@@ -12,6 +12,7 @@ counters routers read, :class:`KVManager` the blocks, :class:`Retention` pinned 
 from __future__ import annotations
 
 import logging
+import math
 from bisect import bisect_right
 
 from tokenomy.core import Request, Role, Segment, StepTimeModel
@@ -173,6 +174,20 @@ class Engine:
         if tokens < 0:
             raise ValueError(f"prefill chunk cap must be >= 0, got {tokens}")
         self._sched.prefill_cap = tokens
+
+    def set_chunk_cap(self, request_id: str, tokens: int) -> int:
+        """Re-cap ``request_id``'s chunks as ``max_chunk_tokens`` does; its prompt tokens left (0: none)."""
+        req = self._requests.get(request_id)
+        if req is not None:
+            req.chunk_cap = max(0, tokens)
+        return req.pending_tokens if req is not None else 0
+
+    def tpot_bank_s(self, tpot_s: float, now: float) -> float:
+        """Least ``k * tpot_s - (t - first token here)`` over the streams here at ``t``, when the next step can
+        start; ``k``: tokens after the first, emitted elsewhere or in an open run too (docs/ampd.md)."""
+        at, ran = max(now, self._busy_until), (self._run.applied if self._run is not None else 0)
+        return min((tpot_s * (r.num_tokens - r.prompt_tokens - 1 + ran) - (at - r.first_token_s)
+                    for r in self._requests.values() if r.first_token_s is not None), default=math.inf)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)

@@ -68,6 +68,11 @@ VARIANTS: dict[str, Variant] = {
     # Ninth round: placement prices the PCIe reload of host-tier history (HostReload).
     "ampd-reload": lambda c: replace(c, deployment="ampd",
                                      ampd=replace(_ampd(True, True, True, True, True)(c).ampd, price_host_reload=True)),
+    # Tenth round: local prefills in chunks the decode batch's banked TPOT slack allows (increments
+    # and, while the prefill pool is queued, first turns).
+    "ampd-bank": lambda c: _placement(_ampd(True, True, True, True, True)(c), tpot_bank=True),
+    "ampd-bank-inc": lambda c: _placement(_ampd(True, True, True, True, True)(c), tpot_bank=True,
+                                          tpot_bank_first_turns=False),  # ... for increments only
 }
 
 

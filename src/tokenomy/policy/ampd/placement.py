@@ -12,7 +12,9 @@ Estimates (all from ``now``; the TTFTs reported add the time the request already
   ``min_local_chunk_tokens``) whose step, carrying the running decodes at the prefill's last
   (longest) context, fits the ITL bound: the prefill takes only what the decode batch's ITL
   slack leaves, chunked across steps (the whitepaper's slack-based local prefill; with
-  ``size_local_chunks`` off, always ``local_budget_tokens``);
+  ``size_local_chunks`` off, always ``local_budget_tokens``); with ``tpot_bank``, from
+  ``prefill_budget_tokens`` down, and a chunk also fits when its steps' excess over the TPOT SLO
+  fits the streams' banked TPOT slack (``tpot_bank_s``) less a margin;
 * local TTFT = the decode node's queued prompt tokens, then this request's uncached tokens in
   such chunks, each step also carrying the running decodes; local ITL = the longest of those
   steps (the ITL the running decodes suffer).
@@ -28,7 +30,8 @@ est_itl_local`` and ``ttft_slack = slo.ttft_s - est_ttft_remote`` of the best pr
   round: also whenever ``ttft_slack < 0``, however slow local is); else remote;
 * first turn: remote unless ``itl_slack >= 0`` and every prefill node misses TTFT while local meets
   it, or (``first_turn_on_idle_decode``) the decode node is idle, every prefill node has prompt
-  tokens queued, and the decode node's prefill in full steps is sooner than the best of them.
+  tokens queued, and the decode node's prefill in full steps is sooner than the best of them
+  (with ``tpot_bank``: local whenever sooner while every prefill node has tokens queued).
 
 Remote always goes to the prefill node of lowest estimated TTFT (ties by id).
 
@@ -80,6 +83,12 @@ class PlacementConfig:
     ``prefill_budget_tokens`` chunks when that is sooner than the best prefill node (ninth
     round); the caller must let the node take such chunks and shrink them as decodes join
     (the simulator's AMPD does).
+    ``tpot_bank``: a local prefill may take chunks up to ``prefill_budget_tokens`` whose steps
+    exceed the ITL bound, as long as the whole prefill's excess over the TPOT SLO stays within
+    the decode batch's banked TPOT slack (``decide(..., tpot_bank_s=...)``) less
+    ``tpot_bank_margin`` TPOT SLOs (1.0: our choice); with it, a first turn also runs locally
+    when that is sooner while every prefill node has prompt tokens queued
+    (``tpot_bank_first_turns``; docs/ampd.md).
     """
 
     local_budget_tokens: int = 2048
@@ -90,6 +99,9 @@ class PlacementConfig:
     min_local_chunk_tokens: int = 16
     late_goes_local: bool = False
     first_turn_on_idle_decode: bool = False
+    tpot_bank: bool = False
+    tpot_bank_margin: float = 1.0
+    tpot_bank_first_turns: bool = True
 
     def __post_init__(self) -> None:
         if self.local_budget_tokens < 1 or self.prefill_budget_tokens < 1:
@@ -103,6 +115,8 @@ class PlacementConfig:
             raise ValueError(f"itl_bound_factor must be > 0, got {self.itl_bound_factor}")
         if self.link_bytes_per_s is not None and not self.link_bytes_per_s > 0:
             raise ValueError(f"link_bytes_per_s must be > 0, got {self.link_bytes_per_s}")
+        if not self.tpot_bank_margin >= 0:
+            raise ValueError(f"tpot_bank_margin must be >= 0, got {self.tpot_bank_margin}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +190,7 @@ class AdaptivePlacement:
         prefill_backlog_tokens: Mapping[str, int] | None = None,
         link_wait_s: Mapping[str, float] | None = None,
         host_reload: HostReload | None = None,
+        tpot_bank_s: float | None = None,
     ) -> PlacementDecision:
         """Place the prefill of ``request`` whose decode is bound to ``decode``.
 
@@ -185,11 +200,13 @@ class AdaptivePlacement:
         prefill instance id, the queueing on the KV links a remote prefill there would use
         (history pull, the KV's way back), added to its TTFT. ``host_reload``: the part of that
         history only in the decode node's host memory and when a reload of it would be done
-        (None: price none; module docstring).
+        (None: price none; module docstring). ``tpot_bank_s``: the least banked TPOT slack of
+        the decode node's streams (``Engine.tpot_bank_s``), read with ``config.tpot_bank``.
         """
         decision = self._decide(
             request, decode, prefills, slo, now, history_cached_tokens_on_decode, prefill_queue_delay_s,
             prefill_backlog_tokens, link_wait_s, host_reload,
+            tpot_bank_s if self.config.tpot_bank else None,
         )
         decision = replace(decision, request_id=request.request_id, decode_instance=decode.instance_id)
         emit(self.trace, "placement", now, decision)
@@ -207,6 +224,7 @@ class AdaptivePlacement:
         prefill_backlog_tokens: Mapping[str, int] | None,
         link_wait_s: Mapping[str, float] | None = None,
         host_reload: HostReload | None = None,
+        bank_s: float | None = None,
     ) -> PlacementDecision:
         if request.prompt_tokens < 1:
             raise ValueError(f"request {request.request_id!r} has no prompt tokens")
@@ -220,11 +238,15 @@ class AdaptivePlacement:
         reload_tokens = min(host_reload.tokens, on_decode) if host_reload is not None else 0
         on_gpu = on_decode - reload_tokens
         itl_bound = self.config.itl_bound_factor * slo.tpot_s
-        queue_s, local_s, itl_s, chunk = self._local(request, decode, on_decode, itl_bound)
+        context = min(on_decode, request.prompt_tokens - 1)
+        queue_s = self._drain_s(decode.num_waiting_tokens, self.config.local_budget_tokens)
+        chunk, local_s, itl_s, itl_slack = self.local_chunk(
+            request.prompt_tokens - context, context, decode.num_decoding, decode.decode_context_tokens,
+            slo, bank_s,
+        )
         # The engine takes the turn once its history is back: its queue drains meanwhile.
         ready_s = host_reload.ready_in_s if host_reload is not None and reload_tokens > 0 else 0.0
         ttft_local = waited + (max(queue_s, ready_s) + local_s)
-        itl_slack = itl_bound - itl_s
         remote = [
             (
                 waited
@@ -264,12 +286,15 @@ class AdaptivePlacement:
         if itl_slack >= 0 and ttft_slack < 0 and ttft_local <= slo.ttft_s:
             return place(True, "first turn: every prefill node misses TTFT, local meets it")
         backlog = prefill_backlog_tokens or {}
+        pool_busy = all(backlog.get(p.instance_id, p.num_waiting_tokens) > 0 for p in prefills)
+        if (bank_s is not None and self.config.tpot_bank_first_turns and pool_busy and itl_slack >= 0
+                and ttft_local < ttft_remote):
+            return place(True, "first turn: local, in chunks the banked TPOT slack allows, is sooner")
         if (self.config.first_turn_on_idle_decode and decode.num_running == 0 and decode.num_waiting == 0
-                and all(backlog.get(p.instance_id, p.num_waiting_tokens) > 0 for p in prefills)):
+                and pool_busy):
             # An idle decode node prefills in full steps, as a prefill node does, while every
             # prefill node is busy (the caller keeps the steps within the ITL bound once decodes
             # join it).
-            context = min(on_decode, request.prompt_tokens - 1)
             full = waited + self.estimator.prefill_time_s(request.prompt_tokens - context, context)
             if full < ttft_remote:
                 return PlacementDecision(
@@ -333,37 +358,41 @@ class AdaptivePlacement:
             decode_context_tokens=decode_ctx,
         ))
 
-    def _local(
-        self, request: Request, decode: InstanceView, on_decode: int, itl_bound: float
-    ) -> tuple[float, float, float, int]:
-        """(wait for the decode node's queued prompts, time of this prefill's own steps, longest
-        step carrying it, chunk) on the decode node.
+    def local_chunk(
+        self, todo: int, context: int, seqs: int, decode_ctx: int, slo: SLO, bank_s: float | None = None
+    ) -> tuple[int, float, float, float]:
+        """(chunk, time of the prefill's own steps, longest step carrying it, ITL slack) for
+        ``todo`` prompt tokens after ``context`` on a decode node running ``seqs`` decodes of
+        ``decode_ctx`` tokens of context.
 
+        The chunk is the largest of the budget, its half, ... (down to ``min_local_chunk_tokens``)
+        with slack >= 0. Slack: the ITL bound less the longest step; with a bank (``bank_s``, the
+        decode batch's banked TPOT slack), at least the bank less the margin less what the
+        prefill's steps take beyond the TPOT SLO, and the budget is then ``prefill_budget_tokens``.
         Step time grows with the context, so the longest step is the last; the steps between
         are priced by the trapezoid of the first and the last (step time is close to linear in
         the context), which keeps a decision O(log budget) whatever the chunk."""
         cfg = self.config
-        budget = cfg.local_budget_tokens
-        wait = self._drain_s(decode.num_waiting_tokens, budget)
-        context = min(on_decode, request.prompt_tokens - 1)
-        todo = request.prompt_tokens - context
-        seqs, decode_ctx = decode.num_decoding, decode.decode_context_tokens
+        itl_bound = cfg.itl_bound_factor * slo.tpot_s
 
-        def price(chunk: int) -> tuple[float, float]:
+        def price(chunk: int) -> tuple[int, float, float]:
             n = min(todo, chunk)
             steps = -(-todo // n)
             first = self._step_s(n, context, seqs, decode_ctx)
             if steps == 1:
-                return first, first
+                return steps, first, first
             last_n = todo - (steps - 1) * n
             last = self._step_s(last_n, context + todo - last_n, seqs, decode_ctx + (steps - 1) * seqs)
             # the last full chunk bounds the ITL (the final one may be shorter)
             peak = self._step_s(n, context + todo - last_n - n, seqs, decode_ctx + (steps - 2) * seqs)
-            return (steps - 1) * (first + peak) / 2 + last, max(first, peak, last)
+            return steps, (steps - 1) * (first + peak) / 2 + last, max(first, peak, last)
 
-        chunk = budget
-        elapsed, itl = price(chunk)
-        while cfg.size_local_chunks and itl > itl_bound and chunk > cfg.min_local_chunk_tokens:
+        chunk = cfg.local_budget_tokens if bank_s is None else max(cfg.local_budget_tokens, cfg.prefill_budget_tokens)
+        while True:
+            steps, elapsed, itl = price(chunk)
+            slack = itl_bound - itl
+            if bank_s is not None:  # the bank pays each step's excess over the TPOT SLO
+                slack = max(slack, bank_s - cfg.tpot_bank_margin * slo.tpot_s - steps * max(0.0, itl - slo.tpot_s))
+            if slack >= 0 or chunk <= cfg.min_local_chunk_tokens or not (cfg.size_local_chunks or bank_s is not None):
+                return min(chunk, todo), elapsed, itl, slack
             chunk = max(cfg.min_local_chunk_tokens, chunk // 2)
-            elapsed, itl = price(chunk)
-        return wait, elapsed, itl, min(chunk, todo)

@@ -13,7 +13,7 @@ mechanism is a policy object from :mod:`tokenomy.policy.ampd` and can be switche
 from __future__ import annotations
 
 from tokenomy.core import Request, RequestRecord, Role
-from tokenomy.engine import FinishedRequest
+from tokenomy.engine import FinishedRequest, StepResult
 from tokenomy.policy.ampd import AdmissionTask, PlacementDecision, PrefillTask
 from tokenomy.policy.router import make_router
 from tokenomy.sim.base import (
@@ -25,6 +25,7 @@ from tokenomy.sim.base import (
     split_record,
 )
 from tokenomy.sim.deployments.ampd_turn import Turn as _Turn
+from tokenomy.sim.deployments.banked_chunks import BankedPrefills
 from tokenomy.sim.deployments.borrow import MemoryBorrow, joined
 from tokenomy.sim.deployments.decode_queue import DecodeAdmissionQueue
 from tokenomy.sim.deployments.disagg import kv_fabric
@@ -48,7 +49,8 @@ class AMPD(Deployment):
         local_budget = opts.placement_config.local_budget_tokens + cfg.decode_max_num_seqs
         # An idle decode instance may prefill a first turn in full prefill steps (ninth round).
         idle_first = opts.placement and opts.placement_config.first_turn_on_idle_decode
-        if idle_first:
+        banked = opts.placement and opts.placement_config.tpot_bank  # or in chunks the TPOT bank allows
+        if idle_first or banked:
             local_budget = max(local_budget, cfg.max_num_batched_tokens + cfg.decode_max_num_seqs)
         self.decodes = self._make_decodes(local_budget)
         self._by_id = {inst.instance_id: inst for inst in self.instances}
@@ -86,6 +88,8 @@ class AMPD(Deployment):
         self._full = FullStepPrefills(
             ctx, self.decodes, lambda d: prefill_perf if d in self._alt_ids else decode_perf
         ) if idle_first else None
+        self._banked = BankedPrefills(ctx, self.decodes, lambda d: (
+            self._alt_placement if d in self._alt_ids and self._alt_placement else self._placement)) if banked else None
         self.local_prefills = 0
         self.remote_prefills = 0
         self.lent_turns = 0
@@ -112,6 +116,7 @@ class AMPD(Deployment):
                 link_wait_s=self._link_waits(decode.instance_id, now) if self.ctx.config.ampd.link_aware else None,
                 host_reload=(self._keeper.reload_estimate(request, decode, now)
                              if self._keeper is not None and self.ctx.config.ampd.price_host_reload else None),
+                tpot_bank_s=self._banked.bank_s(decode, now) if self._banked is not None else None,
             )
             local, prefill_id = placement.local, placement.prefill_instance or ""
         turn = _Turn(request, decode.instance_id, local, prefill_id, placement=placement)
@@ -176,8 +181,12 @@ class AMPD(Deployment):
                 if self._full is not None and chunk > self.ctx.config.ampd.placement_config.local_budget_tokens:
                     self._full.start(decode, req.request_id, req.prompt_tokens)
                 decode.submit(req, at, preloaded_tokens=preloaded, max_chunk_tokens=chunk)
+                if self._banked is not None:
+                    self._banked.start(decode, req.request_id, req.prompt_tokens)
             if self._full is not None:
                 self._full.resize(decode)
+            if self._banked is not None:
+                self._banked.resize(decode, at)
 
         queue = self._admit.get(turn.decode_id)
         if queue is None:
@@ -297,6 +306,11 @@ class AMPD(Deployment):
             send()
 
     # ---- completions -------------------------------------------------------------------------
+    def _on_step(self, instance: SimInstance, result: StepResult) -> None:
+        super()._on_step(instance, result)
+        if self._banked is not None and instance.engine.role is Role.DECODE:
+            self._banked.resize(instance, result.end_s)  # the streams' bank changed with the step
+
     def on_finished(self, instance: SimInstance, fin: FinishedRequest) -> None:
         turn = self._turns[fin.request_id]
         if instance.engine.role is Role.PREFILL:

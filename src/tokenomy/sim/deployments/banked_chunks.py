@@ -1,0 +1,63 @@
+"""Local prefills sized to the decode batch's banked TPOT slack (tenth round, off by default).
+
+With ``PlacementConfig.tpot_bank``, placement may give a local prefill chunks larger than the
+ITL bound allows, paid from the TPOT slack the decode instance's streams have banked
+(``Engine.tpot_bank_s``: a stream ``k`` tokens past its first, ``e`` seconds after it, may stall
+``k * SLO - e`` and still end within its TPOT SLO). The bank is re-read after every step of the
+instance and whenever a turn is submitted there, and the prefill's chunk is re-sized for the
+tokens it has left (``AdaptivePlacement.local_chunk``, the function placement priced it with):
+the chunk grows back as streams bank slack, shrinks as the prefill spends it, and falls to the
+ITL-sized chunk when a stream with no bank joins. One prefill per instance spends the bank;
+any other local prefill there is sized to the ITL bound, as without the bank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from tokenomy.policy.ampd import AdaptivePlacement
+from tokenomy.sim.base import SimContext
+from tokenomy.sim.instance import SimInstance
+
+
+class BankedPrefills:
+    """The local prefills each decode instance runs in banked chunks, re-sized step by step."""
+
+    def __init__(
+        self, ctx: SimContext, decodes: Sequence[SimInstance], placement_of: Callable[[str], AdaptivePlacement | None]
+    ) -> None:
+        self.ctx = ctx
+        self._placement_of = placement_of  # the placement policy of a decode instance, by id
+        self._local: dict[str, dict[str, int]] = {d.instance_id: {} for d in decodes}  # id -> request -> prompt
+        self.started = 0  # local prefills that were given a bank
+
+    def bank_s(self, decode: SimInstance, now: float) -> float | None:
+        """The bank placement may spend on a new local prefill on ``decode`` (None: another
+        prefill there spends it)."""
+        if self._local[decode.instance_id]:
+            return None
+        return decode.engine.tpot_bank_s(self.ctx.slo.tpot_s, now)
+
+    def start(self, decode: SimInstance, request_id: str, prompt_tokens: int) -> None:
+        """``request_id`` prefills on ``decode`` (call after submitting it, then :meth:`resize`)."""
+        self._local[decode.instance_id][request_id] = prompt_tokens
+        self.started += 1
+
+    def resize(self, decode: SimInstance, now: float) -> None:
+        """Re-size the chunks of ``decode``'s local prefills for its streams' bank now."""
+        local = self._local[decode.instance_id]
+        placement = self._placement_of(decode.instance_id)
+        if not local or placement is None:
+            return
+        engine = decode.engine
+        bank: float | None = engine.tpot_bank_s(self.ctx.slo.tpot_s, now)
+        for rid, prompt in list(local.items()):
+            left = engine.set_chunk_cap(rid, 0)
+            if left <= 0:  # its prefill is done (or it left): it no longer spends the bank
+                del local[rid]
+                continue
+            chunk = placement.local_chunk(
+                left, prompt - left, engine.num_decoding, engine.decode_context_tokens, self.ctx.slo, bank
+            )[0]
+            engine.set_chunk_cap(rid, chunk)
+            bank = None  # the first prefill spends the bank; the rest keep the ITL bound
