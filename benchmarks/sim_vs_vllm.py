@@ -157,17 +157,19 @@ def burst_fraction(records: list[RequestRecord]) -> float | None:
     return sum(t < BURST_S for t in tpots) / len(tpots) if tpots else None
 
 
-def ttft_tail(measured: list[RequestRecord], simulated: list[RequestRecord], n: int = 5) -> list[dict[str, Any]]:
-    """The ``n`` requests with the longest measured TTFT: session, turn, arrival (s from the first
-    request's), prompt tokens, measured and simulated TTFT, and how many other requests were in flight
-    when it arrived (measured)."""
-    sim = {(r.session_id, r.turn): r.ttft_s for r in simulated}
-    done = [r for r in measured if r.finished and r.ttft_s is not None]
+def slowest(measured: list[RequestRecord], simulated: list[RequestRecord], attr: str = "ttft_s",
+            n: int = 5) -> list[dict[str, Any]]:
+    """The ``n`` requests with the largest measured ``attr`` (``ttft_s`` or ``tpot_s``): session, turn,
+    arrival (s from the first request's), prompt and output tokens, measured and simulated value, and
+    how many other requests were in flight when it arrived (measured)."""
+    sim = {(r.session_id, r.turn): getattr(r, attr) for r in simulated}
+    done = [r for r in measured if r.finished and getattr(r, attr) is not None]
     start = min((r.arrival_s for r in measured), default=0.0)
     return [{"session": r.session_id, "turn": r.turn, "arrival_s": round(r.arrival_s - start, 3),
-             "prompt_tokens": r.prompt_tokens, "ttft_s": [r.ttft_s, sim.get((r.session_id, r.turn))],
+             "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+             attr: [getattr(r, attr), sim.get((r.session_id, r.turn))],
              "in_flight": sum(o is not r and o.arrival_s <= r.arrival_s < (o.finish_s or math.inf) for o in measured)}
-            for r in sorted(done, key=lambda r: r.ttft_s or 0.0, reverse=True)[:n]]
+            for r in sorted(done, key=lambda r: getattr(r, attr) or 0.0, reverse=True)[:n]]
 
 
 def simulate_on(cal: EngineCalibration, sessions: list[Session], model: str, slo: SLO, path: Path) -> Summary:
@@ -479,7 +481,9 @@ def main() -> int:
         "e2e_p50": [sim.e2e_p50_s, got.e2e_p50_s], "e2e_p99": [sim.e2e_p99_s, got.e2e_p99_s],
         "live_whole_answer_bursts": burst_fraction(rep.records),
         # The five slowest live first tokens beside their one unjittered simulation (what sets a live TTFT P99).
-        "live_ttft_tail": ttft_tail(rep.records, sim_records),
+        "live_ttft_tail": slowest(rep.records, sim_records, "ttft_s"),
+        # Likewise the five largest live token gaps (TPOT; what sets a live TPOT P99).
+        "live_tpot_tail": slowest(rep.records, sim_records, "tpot_s"),
         # Mean gap between a request's tokens: simulated, as the bench's client saw it, and as vLLM's
         # engine stamped it over the live run (None: the target exports no such histogram).
         "itl_mean": {"sim": sim.itl_mean_s, "live_client": got.itl_mean_s,
