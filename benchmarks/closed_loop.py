@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from _fidelity import JITTER_S, jittered_starts
 from _live import EngineShape, spec_json
 from ampd_live import LiveSpec
 from closed_loop_stats import (
@@ -87,8 +87,6 @@ R90_RATES = (1.0, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8)
 LOCK_GAP_S = 5.0
 """Seconds between the live modes with the lock free: a blocked waiter is woken on release, but a
 process that takes the lock again at once wins the race."""
-JITTER_S = 0.01
-"""How far a simulated draw shifts each session's start (uniform, up to 10 ms)."""
 
 
 @dataclass(frozen=True)
@@ -194,8 +192,7 @@ def jittered(spec: OverloadSpec, sessions: list[Session], k: int, max_shift_s: f
     """Draw ``k`` of the workload: each session's start shifted by up to ``max_shift_s`` (uniform,
     seeded by the cell's seed and ``k``). A live run is one such draw: which turn meets a deadline,
     and so which session is abandoned, turns on milliseconds."""
-    rng = np.random.default_rng([spec.seed, k])
-    return [dataclasses.replace(s, start_s=s.start_s + float(rng.uniform(0, max_shift_s))) for s in sessions]
+    return jittered_starts(sessions, [spec.seed, k], max_shift_s)
 
 
 def simulated_fleet(spec: OverloadSpec, rate: float, draws: int) -> dict[str, Any]:
