@@ -102,8 +102,9 @@ class AMPD(Deployment):
         on_decode = self._history_on_decode(request, decode)
         placement: PlacementDecision | None = None
         policy = self._alt_placement if decode.instance_id in self._alt_ids else self._placement
-        if policy is None:
-            local, prefill_id = False, self._router.choose(request, self._prefill_views, now)
+        if policy is None:  # no placement: remote, or local when there is no prefill instance (rule 1)
+            local = not self._prefill_views
+            prefill_id = "" if local else self._router.choose(request, self._prefill_views, now)
         else:
             placement = policy.decide(
                 request,
