@@ -39,6 +39,10 @@ class AMPDOptions:
     # queued on the decode instance's PCIe link, is done (AdaptivePlacement's HostReload; ninth
     # round, variant ``ampd-reload``).
     price_host_reload: bool = False
+    # A local turn its memory-full decode instance holds moves, with its history, to a decode
+    # instance with room; admission counts reloaded history as blocks (held_move.py; eleventh
+    # round, variant ``ampd-bank-move``).
+    move_held_turns: bool = False
     binding_config: BindingConfig = field(default_factory=BindingConfig)
     # Decode-side chunks of at most 512 tokens (decodes included) keep a local prefill's ITL cost
     # small; 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).
