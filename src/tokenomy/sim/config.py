@@ -39,7 +39,7 @@ class AMPDOptions:
     # queued on the decode instance's PCIe link, is done (AdaptivePlacement's HostReload; ninth
     # round, variant ``ampd-reload``).
     price_host_reload: bool = False
-    # A local turn its memory-full decode instance holds moves, with its history, to a decode
+    # A local turn that would wait for memory on its decode instance moves, with its history, to a decode
     # instance with room; admission counts reloaded history as blocks (held_move.py; eleventh
     # round, variant ``ampd-bank-move``).
     move_held_turns: bool = False

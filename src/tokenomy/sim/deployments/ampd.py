@@ -90,9 +90,9 @@ class AMPD(Deployment):
         ) if idle_first else None
         self._banked = BankedPrefills(ctx, self.decodes, lambda d: (
             self._alt_placement if d in self._alt_ids and self._alt_placement else self._placement)) if banked else None
-        movable = opts.move_held_turns and self._binder is not None and self._keeper is not None and self._admit
-        self._mover = HeldTurnMover(self._binder, self._keeper, self.decodes, self._admit, self._run_local) \
-            if movable and self._binder is not None and self._keeper is not None else None
+        self._mover: HeldTurnMover | None = None  # a local turn that would wait for memory moves (held_move.py)
+        if opts.move_held_turns and self._binder is not None and self._keeper is not None and self._admit:
+            self._mover = HeldTurnMover(self._binder, self._keeper, self.decodes, self._admit, self._run_local)
         self.local_prefills = self.remote_prefills = self.lent_turns = 0
 
     # ---- arrival: bind, place ----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A local turn its memory-full decode instance holds moves to a decode instance with room
+"""A local turn that would wait for memory on its decode instance moves to one with room
 (eleventh round; ``AMPDOptions.move_held_turns``, variant ``ampd-bank-move``; off by default).
 
 Two parts. **Blocks as the engine counts them**: a local turn's admission task counts the history
@@ -27,7 +27,7 @@ from tokenomy.sim.instance import SimInstance
 
 
 class HeldTurnMover:
-    """Moves held local turns to a decode instance with room (module docstring)."""
+    """Moves local turns that would wait for memory to a decode instance with room (module docstring)."""
 
     def __init__(self, binder: SessionBinder, keeper: KVKeeper, decodes: Sequence[SimInstance],
                  queues: dict[str, DecodeAdmissionQueue], run_local: Callable[[Turn, float], None]) -> None:
