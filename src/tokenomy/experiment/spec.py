@@ -151,16 +151,27 @@ class DeploymentSpec:
             raise ValueError(f"unknown deployment {self.name!r}; known: {', '.join(VARIANTS)}")
         if self.split is not None and not self.disaggregated:
             raise ValueError(f"deployment {self.name!r} is not disaggregated: it takes no P:D split")
+        if self.split is not None and self.split[0] == 0 and not runs_without_prefill(self.name):
+            raise ValueError(f"bad split {self.label!r}: {self.name} needs >= 1 prefill instance "
+                             "(only AMPD runs with none: every prefill local on the session's decode instance)")
+
+
+def runs_without_prefill(name: str) -> bool:
+    """Whether variant ``name`` can run a ``0:D`` split: AMPD's placement (rule 1, docs/ampd.md)
+    then prefills every turn on the session's own decode instance; PD disaggregation cannot."""
+    return make_variant(name, SimConfig()).deployment == "ampd"
 
 
 def parse_split(text: str, where: str | None = None) -> Split:
-    """``"P:D"`` with both sides >= 1."""
+    """``"P:D"`` with ``D >= 1`` and ``P >= 0`` (``P = 0`` only for AMPD: checked where the
+    deployment is known, :class:`DeploymentSpec` and :class:`ExperimentSpec`)."""
     try:
         p, d = (int(x) for x in text.split(":"))
     except ValueError:
         raise ValueError(f"bad split {where or text!r}: expected P:D, e.g. 2:6") from None
-    if p < 1 or d < 1:
-        raise ValueError(f"bad split {where or text!r}: both sides need >= 1 instance")
+    if p < 0 or d < 1:
+        raise ValueError(f"bad split {where or text!r}: needs >= 1 decode instance and >= 0 prefill "
+                         "(0 only for AMPD)")
     return p, d
 
 
@@ -201,10 +212,10 @@ class ExperimentSpec:
         mixed = self.mixed_split
         if mixed is not None:
             for dep in self.deployments:
-                if dep.split is not None and not 1 <= dep.split[0] <= mixed[0]:
+                if dep.split is not None and not 0 <= dep.split[0] <= mixed[0]:
                     raise ValueError(f"{dep.label}: on the mixed inventory {self.cluster.gpus} the prefill "
-                                     f"instances are 1 to {mixed[0]} of the compute-rich type (its others decode "
-                                     f"beside the {mixed[1]} of the other type), got {dep.split[0]}")
+                                     f"instances are 1 to {mixed[0]} of the compute-rich type (0 for AMPD; its "
+                                     f"others decode beside the {mixed[1]} of the other type), got {dep.split[0]}")
         pinned = [(d.label, d.split) for d in self.deployments if d.split]
         listed = [] if isinstance(self.splits, str) else [(f"splits {p}:{d}", (p, d)) for p, d in self.splits]
         fixed = [("fixed split", self.fixed_split)] if self.fixed_split else []
@@ -212,6 +223,11 @@ class ExperimentSpec:
             if p + d != n:
                 raise ValueError(f"{where}: {p}P + {d}D = {p + d} instances, but the cluster has {n} "
                                  "(a split never changes the GPU count)")
+        pd_only = [d.name for d in self.deployments if d.disaggregated and not d.split and not runs_without_prefill(d.name)]
+        for where, (p, _) in [*listed, *fixed]:
+            if p == 0 and pd_only:
+                raise ValueError(f"{where}: {', '.join(pd_only)} need >= 1 prefill instance (only AMPD runs "
+                                 "with none); pin the AMPD deployment's split instead, e.g. ampd@0:8")
         if self.splits == "auto" and n < 2 and any(d.disaggregated and not d.split for d in self.deployments):
             raise ValueError(f"splits auto needs at least 2 instances for a disaggregated deployment, got {n}")
         if self.fixed_split is None and n < 2 and any(d.disaggregated for d in self.deployments):
@@ -227,8 +243,8 @@ class ExperimentSpec:
         if dep.split is not None:
             return [dep.split]
         n = self.cluster.instances
-        if self.splits == "auto":
-            return [(p, n - p) for p in range(1, n)]
+        if self.splits == "auto":  # AMPD also without a prefill instance
+            return [(p, n - p) for p in range(0 if runs_without_prefill(dep.name) else 1, n)]
         if not isinstance(self.splits, str):
             return list(self.splits)
         return [self.fixed_split or (max(1, n // 2), n - max(1, n // 2))]
@@ -252,6 +268,7 @@ class ExperimentSpec:
         c = self.cluster
         prefill, decode = split or (max(1, c.instances // 2), max(1, c.instances - c.instances // 2))
         base = SimConfig(
+            deployment="ampd" if prefill == 0 else "colocated",  # the variant sets it (only AMPD runs 0:D)
             model=c.model, gpu=c.gpu, tp=c.tp, instances=c.instances, prefill=prefill, decode=decode,
             router=c.router, max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
             horizon_s=c.horizon_s, calibration=c.calibration,

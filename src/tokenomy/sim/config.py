@@ -39,6 +39,10 @@ class AMPDOptions:
     # queued on the decode instance's PCIe link, is done (AdaptivePlacement's HostReload; ninth
     # round, variant ``ampd-reload``).
     price_host_reload: bool = False
+    # A local turn that would wait for memory on its decode instance moves, with its history, to a decode
+    # instance with room; admission counts reloaded history as blocks (held_move.py; eleventh
+    # round, variant ``ampd-bank-move``).
+    move_held_turns: bool = False
     binding_config: BindingConfig = field(default_factory=BindingConfig)
     # Decode-side chunks of at most 512 tokens (decodes included) keep a local prefill's ITL cost
     # small; 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).
@@ -63,7 +67,8 @@ class SimConfig:
     """A deployment of one model on GPUs of one kind.
 
     ``instances`` is used by colocated deployments; ``prefill`` and ``decode`` by
-    disaggregated ones. Each instance spans ``tp`` GPUs. Engine knobs mirror vLLM's
+    disaggregated ones (``ampd`` may have ``prefill=0``: every turn prefills on its session's
+    decode instance). Each instance spans ``tp`` GPUs. Engine knobs mirror vLLM's
     (``max_num_batched_tokens``, ``max_num_seqs``, ``block_size``, ``gpu_memory_utilization``);
     decode-only instances run larger batches (``decode_max_num_seqs``), as PD deployments
     configure them, since they carry no prefill.
@@ -122,8 +127,9 @@ class SimConfig:
     def __post_init__(self) -> None:
         for name in ("tp", "instances", "prefill", "decode", "max_num_batched_tokens", "max_num_seqs",
                      "decode_max_num_seqs", "block_size_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            if getattr(self, name) < (0 if name == "prefill" and self.deployment == "ampd" else 1):
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}"
+                                 + (" (0 prefill instances only for ampd)" if name == "prefill" else ""))
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.link_bytes_per_s is not None and self.link_bytes_per_s <= 0:

@@ -73,6 +73,9 @@ VARIANTS: dict[str, Variant] = {
     "ampd-bank": lambda c: _placement(_ampd(True, True, True, True, True)(c), tpot_bank=True),
     "ampd-bank-inc": lambda c: _placement(_ampd(True, True, True, True, True)(c), tpot_bank=True,
                                           tpot_bank_first_turns=False),  # ... for increments only
+    # Eleventh round: with the bank, a local turn that would wait for memory moves to an instance with room.
+    "ampd-bank-move": lambda c: _placement(replace(c, deployment="ampd", ampd=replace(
+        _ampd(True, True, True, True, True)(c).ampd, move_held_turns=True)), tpot_bank=True),
 }
 
 

@@ -30,6 +30,7 @@ from tokenomy.sim.deployments.borrow import MemoryBorrow, joined
 from tokenomy.sim.deployments.decode_queue import DecodeAdmissionQueue
 from tokenomy.sim.deployments.disagg import kv_fabric
 from tokenomy.sim.deployments.full_chunks import FullStepPrefills
+from tokenomy.sim.deployments.held_move import HeldTurnMover
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.deployments.prefill_queue import PrefillQueue
@@ -54,8 +55,7 @@ class AMPD(Deployment):
             local_budget = max(local_budget, cfg.max_num_batched_tokens + cfg.decode_max_num_seqs)
         self.decodes = self._make_decodes(local_budget)
         self._by_id = {inst.instance_id: inst for inst in self.instances}
-        self._decode_views = [inst.engine for inst in self.decodes]
-        self._prefill_views = [inst.engine for inst in self.prefills]
+        self._decode_views, self._prefill_views = [d.engine for d in self.decodes], [p.engine for p in self.prefills]
         # Every decision below comes from these policy objects, built as a live path builds them.
         self.policies = sim_policies(ctx)
         self._binder = self.policies.binder
@@ -90,9 +90,10 @@ class AMPD(Deployment):
         ) if idle_first else None
         self._banked = BankedPrefills(ctx, self.decodes, lambda d: (
             self._alt_placement if d in self._alt_ids and self._alt_placement else self._placement)) if banked else None
-        self.local_prefills = 0
-        self.remote_prefills = 0
-        self.lent_turns = 0
+        self._mover: HeldTurnMover | None = None  # a local turn that would wait for memory moves (held_move.py)
+        if opts.move_held_turns and self._binder is not None and self._keeper is not None and self._admit:
+            self._mover = HeldTurnMover(self._binder, self._keeper, self.decodes, self._admit, self._run_local)
+        self.local_prefills = self.remote_prefills = self.lent_turns = 0
 
     # ---- arrival: bind, place ----------------------------------------------------------------
     def submit(self, request: Request, now: float) -> None:
@@ -102,8 +103,9 @@ class AMPD(Deployment):
         on_decode = self._history_on_decode(request, decode)
         placement: PlacementDecision | None = None
         policy = self._alt_placement if decode.instance_id in self._alt_ids else self._placement
-        if policy is None:
-            local, prefill_id = False, self._router.choose(request, self._prefill_views, now)
+        if policy is None:  # no placement: remote, or local when there is no prefill instance (rule 1)
+            local = not self._prefill_views
+            prefill_id = "" if local else self._router.choose(request, self._prefill_views, now)
         else:
             placement = policy.decide(
                 request,
@@ -192,15 +194,16 @@ class AMPD(Deployment):
         if queue is None:
             submit(now)
             return
-        cached = max(preloaded, decode.engine.cached_prefix_tokens(req.content, req.prompt_tokens))
-        bs = decode.engine.block_size_tokens
-        task = AdmissionTask(
-            request_id=req.request_id,
-            arrival_s=req.arrival_s,
-            prefill_tokens=0 if kv_arrived else req.prompt_tokens - cached,
-            cached_tokens=cached,
-            blocks=-(-(req.prompt_tokens + req.max_output_tokens - (0 if kv_arrived else cached)) // bs),
-        )
+        on_gpu = decode.engine.cached_prefix_tokens(req.content, req.prompt_tokens)
+        cached = max(preloaded, on_gpu)
+        # With held turns moved, reloaded history counts as blocks, as the engine counts it (held_move.py).
+        have = 0 if kv_arrived else (on_gpu if self._mover is not None else cached)
+        task = AdmissionTask(request_id=req.request_id, arrival_s=req.arrival_s,
+                             prefill_tokens=0 if kv_arrived else req.prompt_tokens - cached, cached_tokens=cached,
+                             blocks=-(-(req.prompt_tokens + req.max_output_tokens - have)
+                                      // decode.engine.block_size_tokens))
+        if not kv_arrived and self._mover is not None and self._mover.try_move(turn, task, queue, now):
+            return
         queue.push(task, submit, now)
         if queue.held(req.request_id) is None:  # admitted at once
             return
@@ -230,8 +233,7 @@ class AMPD(Deployment):
         self._enqueue_remote(turn, now)
 
     def _lend(self, turn: _Turn) -> None:
-        """``turn``'s TTFT deadline passed while its decode instance held it: the prefill instance
-        that computed it decodes it, if the admission policy says so (it has the blocks)."""
+        """A held turn past its TTFT deadline: its prefill instance decodes it, if admission allows."""
         req, now = turn.request, self.ctx.loop.now
         queue = self._admit[turn.decode_id]
         task = queue.held(req.request_id)

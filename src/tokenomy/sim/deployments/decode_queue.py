@@ -41,6 +41,11 @@ class DecodeAdmissionQueue:
         self._items.append(_Held(task, submit))
         self.pump(now)
 
+    def pending_blocks(self) -> int:
+        """Blocks of the turns held here and of those released that the engine holds unadmitted."""
+        waiting = self._released_blocks if self.instance.engine.num_waiting else 0
+        return waiting + sum(h.task.blocks for h in self._items)
+
     def held(self, request_id: str) -> AdmissionTask | None:
         """The held task of ``request_id`` (None once released or taken)."""
         return next((h.task for h in self._items if h.task.request_id == request_id), None)

@@ -1,0 +1,43 @@
+"""A local turn that would wait for memory on its decode instance moves, with its history, to a
+decode instance with room (``ampd-bank-move``, eleventh round; off by default)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenomy.core import SLO
+from tokenomy.perf import PerfModel
+from tokenomy.sim import SimConfig, simulate
+from tokenomy.sim.variants import make_variant
+from tokenomy.workload.registry import load_workload
+
+PERF = PerfModel.from_names("llama-3.1-8b", "h100", 1)
+# GAIA sessions on four decode instances with little KV memory each (no prefill instance): turns
+# often find their instance full while another has room.
+CFG = SimConfig(deployment="ampd", instances=4, prefill=0, decode=4, gpu_memory_utilization=0.3)
+
+
+def test_a_turn_that_would_wait_for_memory_moves_with_its_history_to_an_instance_with_room() -> None:
+    sessions = load_workload("gaia", rate_per_s=1.0, duration_s=20.0, seed=1)
+    events: list[dict[str, Any]] = []
+    res = simulate(sessions, make_variant("ampd-bank-move", CFG), SLO(2.0, 0.1), perf=PERF,
+                   decision_trace=events.append)
+    moves = [e for e in events if e["kind"] == "binding" and e["reason"].startswith("turn would wait")]
+    assert moves and all(e["rebound"] and e["move_history"] and e["from_instance"] != e["instance_id"]
+                         for e in moves)
+    by_session: dict[str, list[Any]] = {}
+    for r in res.records:
+        assert r.finished
+        r.usage.check()
+        by_session.setdefault(r.session_id, []).append(r)
+    for m in moves:
+        turn = next(r for r in by_session[m["session_id"]]
+                    if r.arrival_s <= m["t_s"] and r.finish_s is not None and r.finish_s >= m["t_s"])
+        assert turn.decode_instance == m["instance_id"]  # it ran where it moved
+        # its history came along over the KV link: only the new tokens were computed
+        assert turn.usage.recomputed_tokens == turn.usage.incremental_prefill_tokens
+        assert turn.usage.cache_hit_tokens == turn.usage.history_tokens > 0
+    # without the mechanism no turn moves this way
+    events.clear()
+    simulate(sessions, make_variant("ampd-bank", CFG), SLO(2.0, 0.1), perf=PERF, decision_trace=events.append)
+    assert not any(e["kind"] == "binding" and e["reason"].startswith("turn would wait") for e in events)
