@@ -56,8 +56,10 @@ the calibrations compared side by side (``profiles``, ``without_frontend``, ``wi
 Writes ``{"ttft_p50": [sim, live], "ttft_p99", "tpot_p50", "tpot_p99", "slo_attainment",
 "cached_fraction"}`` with the targets of issue 17 (P50s within 20%, P99s within 40%, attainment
 within 0.08) and whether each was met, the calibration (coefficients, fit, every measurement), the
-prompt sizing, and the load average before and after (the machine is shared: read the numbers
-with it; ``fit.repeat_spread`` says how far a probe's rounds lay apart in each profile).
+prompt sizing, the load average before and after, and the CPU that processes outside the benchmark
+and its engine took in each phase (``machine_cpu``: on a shared CPU machine other jobs, niced or
+not, slow vLLM CPU's steps while they run, so read the numbers with it; docs/vllm.md, "Why TPOT
+P99 comes out low"); ``fit.repeat_spread`` says how far a probe's rounds lay apart in each profile.
 
     python benchmarks/sim_vs_vllm.py --json out/sim_vs_vllm.json
 """
