@@ -18,7 +18,7 @@ import os
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -88,6 +88,68 @@ def simulated_expectation(run: Callable[[list[Session]], Summary], sessions: Seq
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+class CpuReading(NamedTuple):
+    """The machine's CPU counters at one moment, in seconds: ``t_s`` the uptime clock; ``busy_s``
+    every CPU's time not idle (user, nice, system, irq, softirq; not iowait or steal), sampled at
+    the kernel's ticks; ``steal_s`` what the hypervisor took; ``own_s`` this process and its
+    descendants (the benchmark, ``tokenomy up`` and the engine it started), as the kernel times
+    each process (exactly, not by ticks; so ``/proc/stat``'s own nice share is not reported: a niced
+    job that runs until the next tick preempts it is counted there out of proportion)."""
+
+    t_s: float
+    busy_s: float
+    steal_s: float
+    own_s: float
+
+
+def cpu_reading(proc: Path = Path("/proc"), root: int | None = None) -> CpuReading | None:
+    """The counters now (``root``: the process whose tree is ours, default this one); None where
+    ``proc`` has no ``stat`` (not Linux). A process's own time includes its reaped children's."""
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        cpu = [int(x) / hz for x in (proc / "stat").read_text().splitlines()[0].split()[1:]]
+        t = float((proc / "uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (cpu + [0.0] * 8)[:8]
+    parent: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+            fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+            parent[int(entry.name)] = int(fields[1])
+            used[int(entry.name)] = sum(int(x) for x in fields[11:15]) / hz  # utime stime cutime cstime
+        except (OSError, ValueError, IndexError):
+            continue  # the process ended while we read
+    ours = {os.getpid() if root is None else root}
+    grew = True
+    while grew:  # descendants: children of anything already ours
+        grew = False
+        for pid, ppid in parent.items():
+            if ppid in ours and pid not in ours:
+                ours.add(pid)
+                grew = True
+    return CpuReading(t_s=t, busy_s=user + nice + system + irq + softirq, steal_s=steal,
+                      own_s=sum(used.get(pid, 0.0) for pid in ours))
+
+
+def machine_share(a: CpuReading | None, b: CpuReading | None) -> dict[str, float] | None:
+    """CPUs in use between readings ``a`` and ``b``, in cores (CPU-seconds per second): all
+    (``busy_cores``), by processes outside ours (``foreign_cores``: other users of a shared machine,
+    niced or not, which slow vLLM CPU's steps while they run: docs/vllm.md, "Runs E1-"), and by
+    the hypervisor (``steal_cores``); None without both readings."""
+    if a is None or b is None or b.t_s <= a.t_s:
+        return None
+    dt = b.t_s - a.t_s
+    busy = b.busy_s - a.busy_s
+    return {"seconds": round(dt, 2), "busy_cores": round(busy / dt, 3),
+            "foreign_cores": round(max(0.0, busy - (b.own_s - a.own_s)) / dt, 3),
+            "steal_cores": round((b.steal_s - a.steal_s) / dt, 3)}
 
 
 def compare(sim: Summary | Figures, got: Summary, tolerance: Tolerance,

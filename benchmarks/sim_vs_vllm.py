@@ -56,8 +56,10 @@ the calibrations compared side by side (``profiles``, ``without_frontend``, ``wi
 Writes ``{"ttft_p50": [sim, live], "ttft_p99", "tpot_p50", "tpot_p99", "slo_attainment",
 "cached_fraction"}`` with the targets of issue 17 (P50s within 20%, P99s within 40%, attainment
 within 0.08) and whether each was met, the calibration (coefficients, fit, every measurement), the
-prompt sizing, and the load average before and after (the machine is shared: read the numbers
-with it; ``fit.repeat_spread`` says how far a probe's rounds lay apart in each profile).
+prompt sizing, the load average before and after, and the CPU that processes outside the benchmark
+and its engine took in each phase (``machine_cpu``: on a shared CPU machine other jobs, niced or
+not, slow vLLM CPU's steps while they run, so read the numbers with it; docs/vllm.md, "Why TPOT
+P99 comes out low"); ``fit.repeat_spread`` says how far a probe's rounds lay apart in each profile.
 
     python benchmarks/sim_vs_vllm.py --json out/sim_vs_vllm.json
 """
@@ -84,9 +86,12 @@ from _emulated import cluster
 from _fidelity import (
     JITTER_S,
     KEYS,
+    CpuReading,
     Tolerance,
     compare,
+    cpu_reading,
     load_average,
+    machine_share,
     report,
     simulated_expectation,
     summary_figures,
@@ -356,11 +361,15 @@ def main() -> int:
                            max_num_seqs=args.max_num_seqs)
         clock = time.monotonic
         profiles: dict[str, tuple[EngineCalibration, float, float]] = {}  # name -> (calibration, start, end)
+        # The machine's CPU counters at the end of each phase (the first: its start), for the CPU other
+        # processes took during each (docs/vllm.md, "Runs E1-"): not an input to anything.
+        cpu_marks: list[tuple[str, CpuReading | None]] = [("start", cpu_reading())]
 
         def take_profile(name: str) -> None:
             start = clock()
             cal = profile(url, plan, model=model, on_progress=lambda msg: print(f"{name}: {msg}", flush=True))
             profiles[name] = (cal, start, clock())
+            cpu_marks.append((f"profile_{name}", cpu_reading()))
             print(f"profile {name}: {cal.step}; fit {cal.fit['mape']:.1%} {cal.fit['mape_by_kind']}", flush=True)
 
         take_profile("before")
@@ -382,6 +391,7 @@ def main() -> int:
             itl1 = engine_itl(url)
             replay_engine_itl.append((itl1[0] - itl0[0]) / (itl1[1] - itl0[1])
                                      if itl0 and itl1 and itl1[1] > itl0[1] else None)
+            cpu_marks.append((f"replay_{len(replays)}", cpu_reading()))
 
         if replay_sessions:
             take_replay()
@@ -389,6 +399,7 @@ def main() -> int:
         live_start = clock()
         rep = run_bench(sessions, bench, sizing=sizing)
         live_end = clock()
+        cpu_marks.append(("live", cpu_reading()))
         itl_after = engine_itl(url)
         live_extras = {"errors_by_status": rep.errors_by_status, **rep.extras}
         if args.bracket:
@@ -465,6 +476,7 @@ def main() -> int:
         sim_drawn = drawn(cal, "drawn")
         print(f"simulated: {sim.requests} requests, TTFT P50 {sim.ttft_p50_s} (one simulation)", flush=True)
     load_after = load_average()
+    machine = {name: machine_share(a, b) for (_, a), (name, b) in zip(cpu_marks, cpu_marks[1:], strict=False)}
     got = rep.summary
     render_table({"sim (one simulation)": sim, "vllm": got}, title="sim vs vLLM (tiny-agent)")
     single = compare(sim, got, TOLERANCE, relative_to="live")
@@ -502,6 +514,9 @@ def main() -> int:
         "profile_drift": profile_drift([c for c, _, _ in profiles.values()]),
         "live_seconds": round(live_end - live_start, 1),
         "load_average": {"before": load_before, "after": load_after},
+        # CPU in use during each phase, in cores: all, by processes outside this benchmark and its engine
+        # (another user's jobs, niced or not), and taken by the hypervisor. Not an input.
+        "machine_cpu": machine,
         "config": {k: v for k, v in vars(args).items() if k != "json"},
     })
     print(f"prompt tokens sent/workload: {live_extras['prompt_tokens_sent']}/{live_extras['prompt_tokens_workload']}; "
@@ -519,6 +534,9 @@ def main() -> int:
     if without_mixed:
         print("fitted without the mixed probes: " + ", ".join(f"{k} {without_mixed[k]:.4g}" for k in KEYS))
     print(f"profile drift (after/before, median over probes): {out['profile_drift']}")
+    print("CPU by phase (cores: busy / foreign / steal): " + "; ".join(
+        f"{name} {m['busy_cores']:.2f} / {m['foreign_cores']:.2f} / {m['steal_cores']:.2f}"
+        for name, m in machine.items() if m))
     print("one unjittered simulation: " + ", ".join(f"{k} {out['sim_single'][k]:.4g} (met {single['met'][k]})"
                                                      for k in KEYS))
     if sim_drawn:
