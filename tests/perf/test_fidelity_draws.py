@@ -4,9 +4,7 @@ figure's spread over them, and the targets checked against that mean."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -16,18 +14,9 @@ from tokenomy.core import SLO, Session
 from tokenomy.metrics import Summary
 from tokenomy.sim import SimConfig, simulate
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 KEYS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "slo_attainment")
 
 
-@pytest.fixture(scope="module")
-def fidelity() -> ModuleType:
-    """``benchmarks/_fidelity.py``, loaded from its file (it imports nothing else from benchmarks/)."""
-    spec = importlib.util.spec_from_file_location("_fidelity", BENCHMARKS / "_fidelity.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _busy() -> list[Session]:

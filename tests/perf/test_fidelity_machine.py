@@ -3,24 +3,15 @@ split into the benchmark's own process tree and everything else, read from a ``/
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 HZ = os.sysconf("SC_CLK_TCK")
 
 
-@pytest.fixture(scope="module")
-def fidelity() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_fidelity", BENCHMARKS / "_fidelity.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def fake_proc(root: Path, uptime: float, cpu: dict[str, float], procs: dict[int, tuple[int, float, float]]) -> Path:
