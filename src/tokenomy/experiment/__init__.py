@@ -14,9 +14,9 @@ from tokenomy.experiment.spec import (
     WorkloadSpec,
     dump_spec,
     load_spec,
-    parse_split,
     spec_from_dict,
 )
+from tokenomy.experiment.splits import parse_split
 from tokenomy.experiment.sweep import EXECUTORS, Progress, run_jobs, run_sweep
 
 __all__ = [

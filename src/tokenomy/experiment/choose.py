@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 
 from tokenomy.experiment.jobs import Job
 from tokenomy.experiment.results import RunResult
-from tokenomy.experiment.spec import ClusterSpec, DeploymentSpec, ExperimentSpec, Split, WorkloadSpec
+from tokenomy.experiment.spec import ClusterSpec, DeploymentSpec, ExperimentSpec, WorkloadSpec
+from tokenomy.experiment.splits import Split
 from tokenomy.experiment.sweep import run_jobs
 from tokenomy.plan.planner import Plan
 

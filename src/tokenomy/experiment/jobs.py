@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from tokenomy.core import Session
 from tokenomy.engine import EventTrace
 from tokenomy.experiment.results import RunResult
-from tokenomy.experiment.spec import DeploymentSpec, ExperimentSpec, Split
+from tokenomy.experiment.spec import DeploymentSpec, ExperimentSpec
+from tokenomy.experiment.splits import Split
 from tokenomy.sim import simulate
 from tokenomy.sim.runner import ProgressFn
 from tokenomy.workload import WorkloadInfo, load_workload_info

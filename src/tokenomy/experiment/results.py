@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from tokenomy.experiment.spec import ExperimentSpec, Split, spec_from_dict
+from tokenomy.experiment.spec import ExperimentSpec, spec_from_dict
+from tokenomy.experiment.splits import Split
 from tokenomy.metrics import Summary, max_rate_at_attainment
 
 SIM_SCHEMA = "tokenomy.sim/2"

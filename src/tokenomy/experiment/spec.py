@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenomy.core import SLO
+from tokenomy.experiment.splits import Split, parse_split, runs_without_prefill
 from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
 from tokenomy.perf.inventory import GpuPool, format_gpus, parse_gpus, role_pools
 from tokenomy.policy.closedloop import ADMISSION_POLICIES, RetryPolicy
@@ -28,9 +29,6 @@ from tokenomy.sim.admission_options import AdmissionOptions
 from tokenomy.sim.config import SimConfig
 from tokenomy.sim.variants import VARIANTS, is_disaggregated, make_variant
 from tokenomy.workload.tenants import TenantMix
-
-Split = tuple[int, int]
-"""(prefill instances, decode instances)."""
 
 SPLIT_MODES = ("fixed", "auto")
 
@@ -154,25 +152,6 @@ class DeploymentSpec:
         if self.split is not None and self.split[0] == 0 and not runs_without_prefill(self.name):
             raise ValueError(f"bad split {self.label!r}: {self.name} needs >= 1 prefill instance "
                              "(only AMPD runs with none: every prefill local on the session's decode instance)")
-
-
-def runs_without_prefill(name: str) -> bool:
-    """Whether variant ``name`` can run a ``0:D`` split: AMPD's placement (rule 1, docs/ampd.md)
-    then prefills every turn on the session's own decode instance; PD disaggregation cannot."""
-    return make_variant(name, SimConfig()).deployment == "ampd"
-
-
-def parse_split(text: str, where: str | None = None) -> Split:
-    """``"P:D"`` with ``D >= 1`` and ``P >= 0`` (``P = 0`` only for AMPD: checked where the
-    deployment is known, :class:`DeploymentSpec` and :class:`ExperimentSpec`)."""
-    try:
-        p, d = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise ValueError(f"bad split {where or text!r}: expected P:D, e.g. 2:6") from None
-    if p < 0 or d < 1:
-        raise ValueError(f"bad split {where or text!r}: needs >= 1 decode instance and >= 0 prefill "
-                         "(0 only for AMPD)")
-    return p, d
 
 
 @dataclass(frozen=True)

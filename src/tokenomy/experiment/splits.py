@@ -1,0 +1,28 @@
+"""A P:D split of a cluster's instances, and which deployments may run one with no prefill instance."""
+
+from __future__ import annotations
+
+from tokenomy.sim.config import SimConfig
+from tokenomy.sim.variants import make_variant
+
+Split = tuple[int, int]
+"""(prefill instances, decode instances)."""
+
+
+def runs_without_prefill(name: str) -> bool:
+    """Whether variant ``name`` can run a ``0:D`` split: AMPD's placement (rule 1, docs/ampd.md)
+    then prefills every turn on the session's own decode instance; PD disaggregation cannot."""
+    return make_variant(name, SimConfig()).deployment == "ampd"
+
+
+def parse_split(text: str, where: str | None = None) -> Split:
+    """``"P:D"`` with ``D >= 1`` and ``P >= 0`` (``P = 0`` only for AMPD: checked where the
+    deployment is known, :class:`DeploymentSpec` and :class:`ExperimentSpec`)."""
+    try:
+        p, d = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"bad split {where or text!r}: expected P:D, e.g. 2:6") from None
+    if p < 0 or d < 1:
+        raise ValueError(f"bad split {where or text!r}: needs >= 1 decode instance and >= 0 prefill "
+                         "(0 only for AMPD)")
+    return p, d
