@@ -126,14 +126,15 @@ def cpu_reading(proc: Path = Path("/proc"), root: int | None = None) -> CpuReadi
             used[int(entry.name)] = sum(int(x) for x in fields[11:15]) / hz  # utime stime cutime cstime
         except (OSError, ValueError, IndexError):
             continue  # the process ended while we read
-    ours = {os.getpid() if root is None else root}
-    grew = True
-    while grew:  # descendants: children of anything already ours
-        grew = False
-        for pid, ppid in parent.items():
-            if ppid in ours and pid not in ours:
-                ours.add(pid)
-                grew = True
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    ours: set[int] = set()
+    todo = [os.getpid() if root is None else root]
+    while todo:  # the root and its descendants
+        pid = todo.pop()
+        ours.add(pid)
+        todo.extend(children.get(pid, ()))
     return CpuReading(t_s=t, busy_s=user + nice + system + irq + softirq, steal_s=steal,
                       own_s=sum(used.get(pid, 0.0) for pid in ours))
 

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from tokenomy.core import SLO
-from tokenomy.experiment.splits import Split, parse_split, runs_without_prefill
+from tokenomy.experiment.splits import Split, parse_split
 from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
 from tokenomy.perf.inventory import GpuPool, format_gpus, parse_gpus, role_pools
 from tokenomy.policy.closedloop import ADMISSION_POLICIES, RetryPolicy
 from tokenomy.sim.admission_options import AdmissionOptions
 from tokenomy.sim.config import SimConfig
-from tokenomy.sim.variants import VARIANTS, is_disaggregated, make_variant
+from tokenomy.sim.variants import VARIANTS, is_disaggregated, make_variant, runs_without_prefill
 from tokenomy.workload.tenants import TenantMix
 
 SPLIT_MODES = ("fixed", "auto")

@@ -1,18 +1,9 @@
-"""A P:D split of a cluster's instances, and which deployments may run one with no prefill instance."""
+"""A P:D split of a cluster's instances (``0:D`` only for AMPD: ``sim.variants.runs_without_prefill``)."""
 
 from __future__ import annotations
 
-from tokenomy.sim.config import SimConfig
-from tokenomy.sim.variants import make_variant
-
 Split = tuple[int, int]
 """(prefill instances, decode instances)."""
-
-
-def runs_without_prefill(name: str) -> bool:
-    """Whether variant ``name`` can run a ``0:D`` split: AMPD's placement (rule 1, docs/ampd.md)
-    then prefills every turn on the session's own decode instance; PD disaggregation cannot."""
-    return make_variant(name, SimConfig()).deployment == "ampd"
 
 
 def parse_split(text: str, where: str | None = None) -> Split:

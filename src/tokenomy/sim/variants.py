@@ -90,4 +90,10 @@ def is_disaggregated(name: str) -> bool:
     return make_variant(name, SimConfig()).deployment != "colocated"
 
 
-__all__ = ["VARIANTS", "AMPDOptions", "is_disaggregated", "make_variant"]
+def runs_without_prefill(name: str) -> bool:
+    """Whether variant ``name`` can run a ``0:D`` split: AMPD's placement (rule 1, docs/ampd.md)
+    then prefills every turn on the session's own decode instance; PD disaggregation cannot."""
+    return make_variant(name, SimConfig()).deployment == "ampd"
+
+
+__all__ = ["VARIANTS", "AMPDOptions", "is_disaggregated", "make_variant", "runs_without_prefill"]

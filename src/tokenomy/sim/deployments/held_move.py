@@ -49,7 +49,7 @@ class HeldTurnMover:
         room = [d for d in self._decodes
                 if d.instance_id != turn.decode_id and d.engine.num_waiting == 0
                 and not len(self._queues[d.instance_id])
-                and d.engine.free_blocks - self._need(turn, d) >= headroom * d.engine.total_blocks]
+                and d.engine.free_blocks - blocks_needed(req, d.engine) >= headroom * d.engine.total_blocks]
         if not room:
             return False
         new = min(room, key=lambda d: (d.engine.num_running, -d.engine.free_blocks, d.instance_id))
@@ -64,8 +64,3 @@ class HeldTurnMover:
         self.moved += 1
         self._run_local(turn, now)
         return True
-
-    @staticmethod
-    def _need(turn: Turn, d: SimInstance) -> int:
-        """Blocks the whole turn takes on ``d``: its prompt less what ``d``'s GPU caches, and its output."""
-        return blocks_needed(turn.request, d.engine)
