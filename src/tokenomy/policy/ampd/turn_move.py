@@ -3,9 +3,9 @@ would queue behind prefill work (twelfth round; ``AMPDOptions.move_queued_turns`
 
 Session binding keeps a session on its decode instance while the instance has memory for it
 (:class:`~tokenomy.policy.ampd.SessionBinder`); it does not look at what the instance is computing.
-On GAIA at 8 x H100 with no prefill instance (docs/ampd-results.md, twelfth round) a third of the
-turns slower than colocated-offload's P99 TTFT are increments queued 0.5-1.9 s behind another
-session's prefill on their bound instance while other instances had no prompt token queued.
+On GAIA at 8 x H100 with no prefill instance (docs/ampd-results.md, twelfth round) 9 of the 32
+turns slower than colocated-offload's P99 TTFT waited 0.2-1.8 s behind another session's prefill
+on their bound instance while other instances had no prompt token queued.
 
 Rule, for a turn of a session whose history its bound instance holds:
 

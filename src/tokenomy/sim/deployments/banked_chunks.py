@@ -13,9 +13,11 @@ any other local prefill there is sized to the ITL bound, as without the bank.
 With ``lengths`` (``AMPDOptions.tpot_bank_forward``, twelfth round) the bank is forward-looking:
 each young stream also counts the tokens a low quantile of the finished turns' outputs says it
 will still emit (:mod:`tokenomy.engine.tpot_bank`), each at the instance's expected step time: the
-longer of its decode-only step now and the mean of its last ``ITL_WINDOW_STEPS`` steps (64, a
-labelled default; the steps other local prefills lengthened count, so an instance whose steps
-run near the TPOT SLO has little forward slack to lend).
+longer of its decode-only step now and the mean of its recent steps, those since the first
+reading of the bank at least ``ITL_WINDOW_STEPS`` steps ago (64, a labelled default; the bank is
+read at every placement there and after every step of a banked prefill). The steps other local
+prefills lengthened count, so an instance whose steps run near the TPOT SLO has little forward
+slack to lend.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class BankedPrefills:
         return engine.tpot_bank_s(self.ctx.slo.tpot_s, now, expected, itl)
 
     def _recent_step_s(self, decode: SimInstance) -> float:
-        """Mean duration of ``decode``'s last ``ITL_WINDOW_STEPS`` steps (0 before its first)."""
+        """Mean duration of ``decode``'s steps since the first reading at least ``ITL_WINDOW_STEPS``
+        steps ago (or its first reading; 0 before any step between readings)."""
         seen = self._seen[decode.instance_id]
         now = (decode.steps, decode.busy_s)
         if not seen or seen[-1][0] != now[0]:
