@@ -317,11 +317,8 @@ class Engine:
 
     # ---- KV retention across tool calls -----------------------------------------------------
     def retain(self, request_id: str) -> None:
-        """Keep the request's blocks referenced after it finishes (pinned, not evictable).
-
-        Call it before the request finishes, or right after the step that finished it (before
-        the next ``step``). Idempotent. Unknown ids raise ValueError.
-        """
+        """Keep the request's blocks referenced (pinned, not evictable) after it finishes; call it before it
+        finishes or right after the step that finished it (before the next ``step``). Idempotent."""
         req = self._requests.get(request_id)
         if req is not None:
             req.retain = True
@@ -396,3 +393,7 @@ class Engine:
     def cached_prefix_tokens(self, content: tuple[Segment, ...], prompt_tokens: int) -> int:
         """Prompt tokens that would hit the prefix cache now (read-only: LRU order untouched)."""
         return self._kv.cached_prefix_tokens(content, prompt_tokens)
+
+    def cached_prefix_free_blocks(self, content: tuple[Segment, ...], prompt_tokens: int) -> int:
+        """Blocks of that cached prefix in the free pool: admitting the request takes them off it."""
+        return self._kv.cached_prefix_free_blocks(content, prompt_tokens)
