@@ -9,8 +9,9 @@ blocks do not cover it (with the turns queued or waiting in the engine ahead of 
 would wait for memory there (the twelfth round's fix: the session's history cached in free
 blocks is not counted free, since reusing it takes it off the free pool, as the engine's
 admission counts), the session moves to the decode instance with room for its whole context (the
-binder's first-binding headroom) and nothing queued or waiting, fewest running first, and its history follows over the KV link (``KVKeeper.move_history``); the turn then runs
-locally there, once its history is in that instance's host tier. The move is traced as a
+binder's first-binding headroom) and nothing queued or waiting, fewest running first, and its
+history follows over the KV link (``KVKeeper.move_history``); the turn then runs locally there,
+once its history is in that instance's host tier. The move is traced as a
 ``binding`` decision (``rebound``, ``move_history``).
 """
 
