@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenomy.core import SLO
+from tokenomy.core import SLO, Request
+from tokenomy.engine import Engine, EngineConfig
 from tokenomy.perf import PerfModel
 from tokenomy.sim import SimConfig, simulate
 from tokenomy.sim.variants import make_variant
@@ -41,3 +42,26 @@ def test_a_turn_that_would_wait_for_memory_moves_with_its_history_to_an_instance
     events.clear()
     simulate(sessions, make_variant("ampd-bank", CFG), SLO(2.0, 0.1), perf=PERF, decision_trace=events.append)
     assert not any(e["kind"] == "binding" and e["reason"].startswith("turn would wait") for e in events)
+
+
+def test_history_cached_in_free_blocks_counts_as_taken_by_the_turn_that_reuses_it() -> None:
+    # The move's memory test (twelfth round fix): a finished turn's blocks become free-cached; its
+    # session's next turn reuses them, which takes them off the free pool, as the engine's admission
+    # counts them. So the free blocks left for that turn exclude them; pinned, they are not free.
+    engine = Engine("d0", EngineConfig(num_gpu_blocks=64, block_size_tokens=16), PERF)
+    content = ((7, 1_000),)
+    engine.add_request(Request("t0", 0.0, 500, 4, content=content), 0.0)
+    now = 0.0
+    while (step := engine.step(now)) is not None:
+        now = step.end_s
+        engine.end_step()
+    cached = engine.cached_prefix_tokens(content, 900)
+    assert cached == 496 and engine.free_blocks == 64  # 31 full blocks, all in the free pool
+    assert engine.cached_prefix_free_blocks(content, 900) == 31
+    engine.add_request(Request("t1", now, 900, 4, content=content), now)
+    engine.retain("t1")
+    while (step := engine.step(now)) is not None:
+        now = step.end_s
+        engine.end_step()
+    assert engine.cached_prefix_free_blocks(content, 1_000) == 0  # pinned by retention now
+    assert engine.cached_prefix_tokens(content, 1_000) == 896

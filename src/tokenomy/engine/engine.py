@@ -12,7 +12,6 @@ counters routers read, :class:`KVManager` the blocks, :class:`Retention` pinned 
 from __future__ import annotations
 
 import logging
-import math
 from bisect import bisect_right
 
 from tokenomy.core import Request, Role, Segment, StepTimeModel
@@ -25,6 +24,7 @@ from tokenomy.engine.request_state import RequestState
 from tokenomy.engine.results import EngineStats, FinishedRequest, StepResult
 from tokenomy.engine.retention import Retention
 from tokenomy.engine.scheduler import Scheduler
+from tokenomy.engine.tpot_bank import tpot_bank_s
 from tokenomy.engine.trace import EventTrace, active
 from tokenomy.engine.tracer import Tracer
 from tokenomy.engine.update import Updater, finished_record
@@ -182,12 +182,10 @@ class Engine:
             req.chunk_cap = max(0, tokens)
         return req.pending_tokens if req is not None else 0
 
-    def tpot_bank_s(self, tpot_s: float, now: float) -> float:
-        """Least ``k * tpot_s - (t - first token here)`` over the streams here at ``t``, when the next step can
-        start; ``k``: tokens after the first, emitted elsewhere or in an open run too (docs/ampd.md)."""
-        at, ran = max(now, self._busy_until), (self._run.applied if self._run is not None else 0)
-        return min((tpot_s * (r.num_tokens - r.prompt_tokens - 1 + ran) - (at - r.first_token_s)
-                    for r in self._requests.values() if r.first_token_s is not None), default=math.inf)
+    def tpot_bank_s(self, tpot_s: float, now: float, expected_tokens: int = 0, itl_s: float = 0.0) -> float:
+        """The streams' banked TPOT slack when the next step can start (:mod:`tokenomy.engine.tpot_bank`)."""
+        ran = self._run.applied if self._run is not None else 0
+        return tpot_bank_s(self._requests.values(), max(now, self._busy_until), ran, tpot_s, expected_tokens, itl_s)
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)
@@ -319,11 +317,8 @@ class Engine:
 
     # ---- KV retention across tool calls -----------------------------------------------------
     def retain(self, request_id: str) -> None:
-        """Keep the request's blocks referenced after it finishes (pinned, not evictable).
-
-        Call it before the request finishes, or right after the step that finished it (before
-        the next ``step``). Idempotent. Unknown ids raise ValueError.
-        """
+        """Keep the request's blocks referenced (pinned, not evictable) after it finishes; call it before it
+        finishes or right after the step that finished it (before the next ``step``). Idempotent."""
         req = self._requests.get(request_id)
         if req is not None:
             req.retain = True
@@ -398,3 +393,7 @@ class Engine:
     def cached_prefix_tokens(self, content: tuple[Segment, ...], prompt_tokens: int) -> int:
         """Prompt tokens that would hit the prefix cache now (read-only: LRU order untouched)."""
         return self._kv.cached_prefix_tokens(content, prompt_tokens)
+
+    def cached_prefix_free_blocks(self, content: tuple[Segment, ...], prompt_tokens: int) -> int:
+        """Blocks of that cached prefix in the free pool: admitting the request takes them off it."""
+        return self._kv.cached_prefix_free_blocks(content, prompt_tokens)

@@ -108,6 +108,15 @@ class KVManager:
         chain.ensure(max_blocks)
         return _cached_run(self.pool.cached, chain.keys, max_blocks) * self.block_size
 
+    def cached_prefix_free_blocks(self, content: tuple[Segment, ...], prompt_tokens: int) -> int:
+        """Of the blocks :meth:`cached_prefix_tokens` counts, those in the free pool (reference count
+        0): admitting the request takes them off it, as :meth:`admit` counts them (read-only)."""
+        hit = self.cached_prefix_tokens(content, prompt_tokens) // self.block_size
+        if hit == 0:
+            return 0
+        chain = self.chains.get(content, self.block_size)
+        return self.pool.num_evictable([self.pool.cached[k] for k in chain.keys[:hit]])
+
     # ---- failed admissions ------------------------------------------------------------------
     def blocked_state(
         self, req: RequestState, num_hits: int, n: int, *, over_budget: bool

@@ -43,6 +43,14 @@ class AMPDOptions:
     # instance with room; admission counts reloaded history as blocks (held_move.py; eleventh
     # round, variant ``ampd-bank-move``).
     move_held_turns: bool = False
+    # A later turn that would queue behind prefill work on its decode instance moves, with its
+    # history, to a decode instance that starts it sooner by a margin (turn_move.py; twelfth round,
+    # variant ``ampd-bank-turn``).
+    move_queued_turns: bool = False
+    # With ``placement_config.tpot_bank``: the bank is forward-looking, each young stream counting the
+    # tokens it is still expected to emit (a low quantile of finished turns' outputs, learned online;
+    # OutputLengths, engine/tpot_bank.py; twelfth round, variant ``ampd-bank-ahead``).
+    tpot_bank_forward: bool = False
     binding_config: BindingConfig = field(default_factory=BindingConfig)
     # Decode-side chunks of at most 512 tokens (decodes included) keep a local prefill's ITL cost
     # small; 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).

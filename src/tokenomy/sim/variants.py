@@ -76,6 +76,17 @@ VARIANTS: dict[str, Variant] = {
     # Eleventh round: with the bank, a local turn that would wait for memory moves to an instance with room.
     "ampd-bank-move": lambda c: _placement(replace(c, deployment="ampd", ampd=replace(
         _ampd(True, True, True, True, True)(c).ampd, move_held_turns=True)), tpot_bank=True),
+    # Twelfth round (point (a)): a later turn queued behind prefill work on its instance moves to one
+    # that starts it sooner (with ampd-bank-move's move of a turn that would wait for memory) ...
+    "ampd-bank-turn": lambda c: _placement(replace(c, deployment="ampd", ampd=replace(
+        _ampd(True, True, True, True, True)(c).ampd, move_held_turns=True, move_queued_turns=True)), tpot_bank=True),
+    # ... the bank forward-looking (a young stream counts the tokens it is still expected to emit) ...
+    "ampd-bank-ahead": lambda c: _placement(replace(c, deployment="ampd", ampd=replace(
+        _ampd(True, True, True, True, True)(c).ampd, tpot_bank_forward=True)), tpot_bank=True),
+    # ... and both.
+    "ampd-turn-ahead": lambda c: _placement(replace(c, deployment="ampd", ampd=replace(
+        _ampd(True, True, True, True, True)(c).ampd, move_held_turns=True, move_queued_turns=True,
+        tpot_bank_forward=True)), tpot_bank=True),
 }
 
 

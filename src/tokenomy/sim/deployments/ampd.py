@@ -12,19 +12,20 @@ mechanism is a policy object from :mod:`tokenomy.policy.ampd` and can be switche
 
 from __future__ import annotations
 
-from tokenomy.core import Request, RequestRecord, Role
+from tokenomy.core import Request, Role
 from tokenomy.engine import FinishedRequest, StepResult
 from tokenomy.policy.ampd import AdmissionTask, PlacementDecision, PrefillTask
+from tokenomy.policy.ampd.output_lengths import OutputLengths
 from tokenomy.policy.router import make_router
 from tokenomy.sim.base import (
     Deployment,
     SimContext,
-    incomplete_record,
     register_deployment,
     single_record,
     split_record,
 )
 from tokenomy.sim.deployments.ampd_turn import Turn as _Turn
+from tokenomy.sim.deployments.ampd_turn import unfinished_record
 from tokenomy.sim.deployments.banked_chunks import BankedPrefills
 from tokenomy.sim.deployments.borrow import MemoryBorrow, joined
 from tokenomy.sim.deployments.decode_queue import DecodeAdmissionQueue
@@ -34,6 +35,7 @@ from tokenomy.sim.deployments.held_move import HeldTurnMover
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.policies import sim_policies
 from tokenomy.sim.deployments.prefill_queue import PrefillQueue
+from tokenomy.sim.deployments.turn_move import QueuedTurnMover
 from tokenomy.sim.instance import SimInstance
 
 
@@ -89,10 +91,15 @@ class AMPD(Deployment):
             ctx, self.decodes, lambda d: prefill_perf if d in self._alt_ids else decode_perf
         ) if idle_first else None
         self._banked = BankedPrefills(ctx, self.decodes, lambda d: (
-            self._alt_placement if d in self._alt_ids and self._alt_placement else self._placement)) if banked else None
+            self._alt_placement if d in self._alt_ids and self._alt_placement else self._placement),
+            OutputLengths() if opts.tpot_bank_forward else None) if banked else None
         self._mover: HeldTurnMover | None = None  # a local turn that would wait for memory moves (held_move.py)
         if opts.move_held_turns and self._binder is not None and self._keeper is not None and self._admit:
             self._mover = HeldTurnMover(self._binder, self._keeper, self.decodes, self._admit, self._run_local)
+        self._turn_mover: QueuedTurnMover | None = None  # a turn queued on its instance moves (turn_move.py)
+        if opts.move_queued_turns and self._binder is not None and self._keeper is not None:
+            self._turn_mover = QueuedTurnMover(self._binder, self._keeper, self.decodes, self._admit,
+                                               decode_perf, cfg.max_num_batched_tokens)
         self.local_prefills = self.remote_prefills = self.lent_turns = 0
 
     # ---- arrival: bind, place ----------------------------------------------------------------
@@ -100,6 +107,8 @@ class AMPD(Deployment):
         if self._keeper is not None:
             self._keeper.on_arrival(request, now)
         decode = self._bind(request, now)
+        if self._turn_mover is not None:
+            decode = self._turn_mover.place(request, decode, now)
         on_decode = self._history_on_decode(request, decode)
         placement: PlacementDecision | None = None
         policy = self._alt_placement if decode.instance_id in self._alt_ids else self._placement
@@ -296,7 +305,7 @@ class AMPD(Deployment):
             queue.in_flight_tokens -= todo
             queue.pump(self.ctx.loop.now)
             del self._turns[req.request_id]
-            self.ctx.done(req, self._unfinished_record(turn))
+            self.ctx.done(req, unfinished_record(turn))
 
         def send() -> None:
             fabric.send(turn.decode_id, prefill.instance_id, from_decode * self._kv_bytes,
@@ -328,6 +337,8 @@ class AMPD(Deployment):
             else:
                 self._after_prefill(turn, instance, fin)
         else:
+            if self._banked is not None and self._banked.lengths is not None:
+                self._banked.lengths.observe(fin.output_tokens)
             self._after_decode(turn, instance, fin)
             if self._full is not None:
                 self._full.finished(instance, fin.request_id)
@@ -348,7 +359,7 @@ class AMPD(Deployment):
 
         def cut() -> None:
             del self._turns[req.request_id]
-            self.ctx.done(req, self._unfinished_record(turn))
+            self.ctx.done(req, unfinished_record(turn))
 
         self.fabric.send(instance.instance_id, turn.decode_id, send * self._kv_bytes, fin.finish_s,
                          lambda: self._arrive_on_decode(turn), kind="prompt_kv", on_timeout=cut)
@@ -356,18 +367,7 @@ class AMPD(Deployment):
     def _cut_turn(self, turn: _Turn) -> None:
         """A borrowed turn's move back timed out: recorded incomplete."""
         del self._turns[turn.request.request_id]
-        self.ctx.done(turn.request, self._unfinished_record(turn))
-
-    def _unfinished_record(self, turn: _Turn) -> RequestRecord:
-        """A turn whose KV transfer was cut by its timeout: incomplete, counted, its work kept."""
-        if turn.prefill is None:  # cut before its prefill ran (a history pull): nothing computed
-            return RequestRecord(
-                request_id=turn.request.request_id, arrival_s=turn.request.arrival_s, first_token_s=None,
-                finish_s=None, prompt_tokens=turn.request.prompt_tokens, output_tokens=0,
-                session_id=turn.request.session_id, turn=turn.request.turn, tenant=turn.request.tenant,
-                finished=False, prefill_instance=turn.prefill_id, decode_instance=turn.decode_id,
-            )
-        return incomplete_record(turn.request, turn.prefill, turn.prefill_id)
+        self.ctx.done(turn.request, unfinished_record(turn))
 
     def _arrive_on_decode(self, turn: _Turn) -> None:
         now = self.ctx.loop.now

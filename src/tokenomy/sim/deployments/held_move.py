@@ -6,10 +6,12 @@ it reloads from host memory as blocks it needs (the engine allocates GPU blocks 
 prefix as for a computed one), where the default counts it as cached. **Moving a turn that would
 wait**: when a local turn reaches its decode instance's admission queue and the instance's free
 blocks do not cover it (with the turns queued or waiting in the engine ahead of it), so that it
-would wait for memory there, the session moves to the decode instance with room for its whole
-context (the binder's first-binding headroom) and nothing queued or waiting, fewest running
-first, and its history follows over the KV link (``KVKeeper.move_history``); the turn then runs
-locally there, once its history is in that instance's host tier. The move is traced as a
+would wait for memory there (the twelfth round's fix: the session's history cached in free
+blocks is not counted free, since reusing it takes it off the free pool, as the engine's
+admission counts), the session moves to the decode instance with room for its whole context (the
+binder's first-binding headroom) and nothing queued or waiting, fewest running first, and its
+history follows over the KV link (``KVKeeper.move_history``); the turn then runs locally there,
+once its history is in that instance's host tier. The move is traced as a
 ``binding`` decision (``rebound``, ``move_history``).
 """
 
@@ -43,7 +45,9 @@ class HeldTurnMover:
         it now, move it to another decode instance with room; True if moved (not to be queued)."""
         req = turn.request
         engine = queue.instance.engine
-        if engine.free_blocks >= task.blocks + queue.pending_blocks():
+        # The session's history cached in the free pool is counted free, but admitting it takes it off the pool.
+        if engine.free_blocks - engine.cached_prefix_free_blocks(req.content, req.prompt_tokens) \
+                >= task.blocks + queue.pending_blocks():
             return False
         headroom = self._binder.config.kv_headroom_fraction
         room = [d for d in self._decodes

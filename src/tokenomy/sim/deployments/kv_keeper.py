@@ -146,6 +146,19 @@ class KVKeeper:
         self._home[request.session_id] = target.instance_id
         return self.move_history(request, self._by_id[home], target, now)
 
+    def move_estimate_s(self, request: Request, old: SimInstance, new: SimInstance, now: float) -> float:
+        """Seconds until the session's history held on ``old`` would be on ``new``'s GPU if
+        :meth:`move_history` ran now: over the KV link (its queue included), then reloaded from
+        ``new``'s host tier over PCIe (its queue included); nothing changes."""
+        copy = self._host.get(request.session_id)
+        on_host = min(copy.kv_tokens, request.history_tokens) if copy is not None and copy.instance_id == old.instance_id else 0
+        on_gpu = old.engine.cached_prefix_tokens(request.content, request.history_tokens) if request.history_tokens else 0
+        nbytes = max(on_host, on_gpu) * self._kv_bytes
+        if nbytes <= 0:
+            return 0.0
+        there = now + self.fabric.eta_s(old.instance_id, new.instance_id, nbytes, now)
+        return self._from_host[new.instance_id].done_s(there, nbytes) - now
+
     def history_ready_s(self, session_id: str) -> float:
         """When the session's host copy can be read (0 without one; later while a moved copy travels)."""
         copy = self._host.get(session_id)
