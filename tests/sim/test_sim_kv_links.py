@@ -37,6 +37,40 @@ def test_shared_link_shares_bandwidth_with_a_late_arrival() -> None:
     assert moved == pytest.approx(2e9 - 0.25e9)
 
 
+def test_shared_link_lets_a_transfer_through_when_its_remainder_is_below_the_clock_resolution() -> None:
+    """Late in a run (t = 136.6 s, the clock's resolution ~3e-14 s) a fast port (NVLink, 1.8 TB/s)
+    can be left with a remainder whose time rounds to ``now``: ``next_through_s`` is ``now``, and
+    ``pop_through(now)`` must let it through (a hang of `sim compare`, point (c), seed 1, before)."""
+    link = SharedLink(bytes_per_s=1.8e12)
+    link.start(136.0, 17039360, "t")
+    link._t, link._v = 136.61989206586472, 17039359.977388814  # the state the hang was stuck in
+    now = link.next_through_s()
+    assert now == 136.61989206586472
+    assert link.pop_through(now) == ["t"]
+    assert link.next_through_s() is None
+
+
+@pytest.mark.parametrize("t0", [1.0, 1e3, 1e5])
+def test_shared_link_driven_as_the_fabric_drives_it_always_makes_progress(t0: float) -> None:
+    """Transfers of awkward sizes on a fast port, far into a run: each wake-up at ``next_through_s``
+    lets at least one transfer through (bounded: no wake-up may come back empty-handed twice)."""
+    link = SharedLink(bytes_per_s=1.8e12)
+    sizes = [17039360 + 7919 * k for k in range(40)]
+    for k, n in enumerate(sizes):
+        link.start(t0 + k * 1e-6, n, k)
+    through: list[object] = []
+    idle = 0
+    for _ in range(4 * len(sizes)):
+        nxt = link.next_through_s()
+        if nxt is None:
+            break
+        got = link.pop_through(nxt)
+        idle = 0 if got else idle + 1
+        assert idle < 2, f"woke at {nxt!r} twice with nothing through"
+        through += got
+    assert sorted(through) == list(range(len(sizes)))  # type: ignore[type-var]
+
+
 def fabric_run(n: int, timeout_s: float | None = None) -> tuple[list[float], int]:
     loop = EventLoop()
     fabric = KVFabric(loop, {"d": (1e12, 1e9)}, {"d": 1}, latency_s=0.01, timeout_s=timeout_s)

@@ -80,12 +80,21 @@ class SharedLink:
         return self._t + (self._heap[0][0] - self._v) * len(self._tags) / self.bytes_per_s
 
     def pop_through(self, now: float, eps: float = 1e-9) -> list[Hashable]:
-        """Advance to ``now``; remove and return the transfers whose bytes are through by then."""
+        """Advance to ``now``; remove and return the transfers whose bytes are through by then.
+
+        A transfer is through when its remainder is within ``eps`` of the virtual clock, or when
+        the time it still needs is below the clock's resolution at ``now`` (``now`` plus it rounds
+        to ``now``): late in a long run a fast port can be left a fraction of a byte short, and
+        :meth:`next_through_s` then answers ``now`` itself, so a caller waking up then must get it.
+        """
         self._advance(now)
         out: list[Hashable] = []
         while True:
             self._prune()
-            if not self._heap or self._heap[0][0] > self._v + eps * max(1.0, self._v):
+            if not self._heap:
+                return out
+            left = self._heap[0][0] - self._v
+            if left > eps * max(1.0, self._v) and now + left * len(self._tags) / self.bytes_per_s > now:
                 return out
             _, _, key = heapq.heappop(self._heap)
             self.bytes_sent += self._tags.pop(key)[1]
