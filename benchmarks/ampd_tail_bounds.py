@@ -51,6 +51,11 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
+def _fmt(x: float | None, scale: float, spec: str) -> str:
+    """A figure of a table cell; "n/a" when the run finished no request (no percentile)."""
+    return format(x * scale, spec) if x is not None else format("n/a", f">{spec.split('.')[0]}")
+
+
 def bigger_kv_gpu(cfg: SimConfig, factor: float, folder: Path) -> str:
     """A GPU file: ``cfg``'s GPU with HBM raised so an instance of it holds ``factor`` x its KV tokens."""
     gpu = get_gpu(cfg.gpu)
@@ -137,15 +142,16 @@ def main() -> int:
     ref = cells[REFERENCE]
     for label, row in cells.items():
         for key, cell in row.items():
+            mine, theirs = cell["ttft_p99_s"], ref[key]["ttft_p99_s"]
             cell["p99_ttft_no_worse"] = (None if label == REFERENCE or cell["attainment"] < 0.9
-                                         else cell["ttft_p99_s"] <= ref[key]["ttft_p99_s"])
+                                         or mine is None or theirs is None else mine <= theirs)
     keys = [f"{r:g}/s seed {s}" for r in rates for s in seeds]
     print(f"point {args.point}: attainment / P99 TTFT (s) / P99 TPOT (ms); ok: P99 TTFT <= {REFERENCE}'s")
     print(f"{'':52s}" + "".join(f"{k:>26s}" for k in keys))
     for label, row in cells.items():
         marks = {None: " -", True: " ok", False: ""}
         print(f"{label:52s}" + "".join(
-            f"{row[k]['attainment']:>9.1%} /{row[k]['ttft_p99_s']:6.2f} /{row[k]['tpot_p99_s'] * 1e3:4.0f}"
+            f"{row[k]['attainment']:>9.1%} /{_fmt(row[k]['ttft_p99_s'], 1, '6.2f')} /{_fmt(row[k]['tpot_p99_s'], 1e3, '4.0f')}"
             f"{marks[row[k]['p99_ttft_no_worse']] if label != REFERENCE else '':3s}" for k in keys))
     wall = time.perf_counter() - t0
     args.json.parent.mkdir(parents=True, exist_ok=True)
