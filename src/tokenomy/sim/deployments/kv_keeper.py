@@ -150,10 +150,7 @@ class KVKeeper:
         """Seconds until the session's history held on ``old`` would be on ``new``'s GPU if
         :meth:`move_history` ran now: over the KV link (its queue included), then reloaded from
         ``new``'s host tier over PCIe (its queue included); nothing changes."""
-        copy = self._host.get(request.session_id)
-        on_host = min(copy.kv_tokens, request.history_tokens) if copy is not None and copy.instance_id == old.instance_id else 0
-        on_gpu = old.engine.cached_prefix_tokens(request.content, request.history_tokens) if request.history_tokens else 0
-        nbytes = max(on_host, on_gpu) * self._kv_bytes
+        nbytes = self._movable_tokens(request, old) * self._kv_bytes
         if nbytes <= 0:
             return 0.0
         there = now + self.fabric.eta_s(old.instance_id, new.instance_id, nbytes, now)
@@ -164,6 +161,14 @@ class KVKeeper:
         copy = self._host.get(session_id)
         return 0.0 if copy is None else copy.ready_s
 
+    def _movable_tokens(self, request: Request, old: SimInstance) -> int:
+        """History tokens of the session that ``old`` holds: its host copy there or its GPU prefix cache."""
+        history = request.history_tokens
+        copy = self._host.get(request.session_id)
+        on_host = min(copy.kv_tokens, history) if copy is not None and copy.instance_id == old.instance_id else 0
+        on_gpu = old.engine.cached_prefix_tokens(request.content, history) if history > 0 else 0
+        return max(on_host, on_gpu)
+
     def move_history(self, request: Request, old: SimInstance, new: SimInstance, now: float) -> int:
         """Send the session's history that ``old`` holds (GPU prefix cache or host copy) to ``new``'s
         host tier over the KV fabric (``new``'s inbound port); returns the tokens sent. The copy
@@ -173,11 +178,8 @@ class KVKeeper:
         Applies a binding decision with ``move_history``; the old instance's pin and copy are released.
         """
         sid = request.session_id
-        history = request.history_tokens
         copy = self._host.get(sid)
-        on_host = min(copy.kv_tokens, history) if copy is not None and copy.instance_id == old.instance_id else 0
-        on_gpu = old.engine.cached_prefix_tokens(request.content, history) if history > 0 else 0
-        tokens = max(on_host, on_gpu)
+        tokens = self._movable_tokens(request, old)
         self._unpin(sid)
         if tokens <= 0:
             return 0
