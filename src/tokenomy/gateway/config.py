@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tokenomy.gateway.ops.config import OpsConfig
+from tokenomy.gateway.routing.aliases import ModelAlias
 from tokenomy.gateway.routing.config import RoutingConfig
 
 DEFAULT_MODEL = "llama-3.1-8b"  # what `tokenomy up` serves by default
@@ -55,6 +56,10 @@ class BackendConfig(_Strict):
     role: Literal["mixed", "prefill", "decode"] = "mixed"  # P/D pools of routing.mode disagg/ampd
     tls: TlsConfig | None = None  # https:// backends only
     max_connections: int | None = Field(default=None, ge=1)  # default: server.max_connections_per_backend
+    # The protocols it serves natively; the others reach it translated to chat (docs/agents.md).
+    # vLLM (>= 0.11) and our emulator serve all four.
+    protocols: tuple[Literal["chat", "completions", "messages", "responses"], ...] = (
+        "chat", "completions", "messages", "responses")
 
     @field_validator("url")
     @classmethod
@@ -98,6 +103,7 @@ class Price(_Strict):
     input_per_mtok: float = Field(ge=0)
     cached_input_per_mtok: float = Field(ge=0)
     output_per_mtok: float = Field(ge=0)
+    reasoning_per_mtok: float | None = Field(default=None, ge=0)  # None: reasoning is output, at its price
 
 
 # Labelled default: a hosted-API-like price shape for an 8B model, not a published figure.
@@ -162,6 +168,7 @@ class GatewayConfig(_Strict):
     prices: dict[str, Price] = Field(default_factory=dict)
     context_windows: dict[str, int] = Field(default_factory=dict)  # model -> tokens (vLLM's max_model_len)
     default_price: Price = DEFAULT_PRICE
+    aliases: tuple[ModelAlias, ...] = ()  # requested model names -> served models (docs/agents.md)
     ops: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -177,7 +184,15 @@ class GatewayConfig(_Strict):
             raise ValueError(f"routing.mode {self.routing.mode}: needs backends with role: decode")
         if self.routing.mode == "disagg" and "prefill" not in roles:
             raise ValueError("routing.mode disagg: needs backends with role: prefill")
+        served = set(self.models())
+        for a in self.aliases:
+            if a.model not in served:
+                raise ValueError(f"aliases: {a.match!r} maps to {a.model!r}, which no backend serves")
         return self
+
+    def native(self, model: str, protocol: str) -> bool:
+        """Whether every backend serving ``model`` serves ``protocol`` itself (else it is translated)."""
+        return all(protocol in b.protocols for b in self.backends if model in b.models)
 
     def price(self, model: str) -> Price:
         return self.prices.get(model, self.default_price)

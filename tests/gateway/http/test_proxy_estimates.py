@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.http.chat_adapter import CHAT
 from tokenomy.gateway.http.parse import MEDIA_PART_TOKENS_ESTIMATE, parse_request
+from tokenomy.gateway.routing.aliases import Aliases
 
-MODELS = frozenset({"m"})
+MODELS = Aliases([], ["m"]).resolve
 
 
 class _Req:
@@ -19,7 +21,7 @@ class _Req:
 
 
 def _parse(**body: Any) -> Any:
-    return parse_request(_Req(), {"model": "m", **body}, "chat", MODELS)
+    return parse_request(_Req(), {"model": "m", **body}, CHAT, MODELS)
 
 
 def test_tool_schemas_and_media_parts_are_in_the_prompt_estimate() -> None:

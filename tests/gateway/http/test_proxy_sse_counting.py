@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tokenomy.gateway.http.streaming import SseFramer, _count
+from tokenomy.gateway.http.chat_adapter import ChatReader
+from tokenomy.gateway.http.streaming import SseFramer
 
 
 def _event(obj: dict[str, Any]) -> bytes:
@@ -43,22 +44,22 @@ def _chunk(**choice: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     ({"delta": {}}, 0),
 ])
 def test_tokens_per_chunk_are_counted_not_assumed_one(choice: dict[str, Any], tokens: int) -> None:
-    obj, choices = _chunk(**choice)
-    assert _count(obj, choices, 0) == (tokens, tokens)
+    obj, _ = _chunk(**choice)
+    reader = ChatReader(client_wants_usage=False)
+    assert reader.feed(None, obj, b"e")[0] == tokens and reader.seen == tokens
 
 
 def test_cumulative_usage_in_chunks_is_exact() -> None:
     """vLLM's continuous_usage_stats puts the running completion_tokens in every chunk: the new
     tokens of a chunk are its growth, whatever the text looks like."""
-    seen = 0
+    reader = ChatReader(client_wants_usage=True)
     counted = []
     for total in (3, 3, 10, 11):
         obj = {"choices": [{"index": 0, "delta": {"content": "x"}}], "usage": {"completion_tokens": total}}
-        n, seen = _count(obj, obj["choices"], seen)
-        counted.append(n)
-    assert counted == [3, 0, 7, 1] and seen == 11
+        counted.append(reader.feed(None, obj, b"e")[0])
+    assert counted == [3, 0, 7, 1] and reader.seen == 11
 
 
 def test_n_choices_in_one_chunk_each_count() -> None:
     obj = {"choices": [{"index": i, "delta": {"content": "word"}} for i in range(4)]}
-    assert _count(obj, obj["choices"], 0) == (4, 4)
+    assert ChatReader(client_wants_usage=False).feed(None, obj, b"e")[0] == 4

@@ -23,12 +23,13 @@ _T = sa.table(
         "request_id", "ts_s", "tenant_path", "key_id", "model", "backend", "status", "outcome", "session_id",
         "turn", "prompt_tokens", "input_tokens", "incremental_prefill_tokens", "history_tokens",
         "output_tokens", "cached_tokens", "recomputed_tokens", "cost_recomputed_usd", "cost_cached_usd",
-        "cost_output_usd", "cost_usd", "cache_savings_usd", "ttft_s", "e2e_s")),
+        "cost_output_usd", "cost_usd", "cache_savings_usd", "ttft_s", "e2e_s", "reasoning_tokens",
+        "requested_model", "endpoint")),
 )
 c = _T.c
 
 TOKEN_CLASSES = ("input_tokens", "incremental_prefill_tokens", "history_tokens", "output_tokens", "cached_tokens",
-                 "recomputed_tokens")
+                 "recomputed_tokens", "reasoning_tokens")
 COST_CLASSES = ("cost_recomputed_usd", "cost_cached_usd", "cost_output_usd")
 
 

@@ -25,8 +25,14 @@ from starlette.types import Receive, Scope, Send
 
 from tokenomy.gateway.config import GatewayConfig
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.http.adapter import Adapter
+from tokenomy.gateway.http.chat_adapter import CHAT, COMPLETIONS
+from tokenomy.gateway.http.flight import JsonBytes
+from tokenomy.gateway.http.messages_adapter import MESSAGES
 from tokenomy.gateway.http.openapi import spec
 from tokenomy.gateway.http.proxy import Proxy
+from tokenomy.gateway.http.response_chain import ANSWER_TTL_S, ResponseChain
+from tokenomy.gateway.http.responses_adapter import RESPONSES
 from tokenomy.gateway.metering.ledger import Ledger
 from tokenomy.gateway.metering.prom import CONTENT_TYPE, GatewayMetrics
 from tokenomy.gateway.metering.usage_api import usage_endpoint
@@ -42,6 +48,7 @@ from tokenomy.gateway.routing.build import build_routing
 from tokenomy.gateway.routing.fleet_load import FleetLoad
 from tokenomy.gateway.routing.tls import host_port, tls_contexts
 from tokenomy.gateway.routing.upstream import Upstream, UpstreamPool, UpstreamTimeouts
+from tokenomy.gateway.stores.answers_sql import SqlAnswers
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
 from tokenomy.gateway.stores.redis_routing import RedisInFlight, RedisSessionBindings
 from tokenomy.policy.router import make_router
@@ -108,6 +115,13 @@ def _console(guard: Any, ledger: Ledger, pool: BackendPool, routing: Any) -> Any
     return build_console(ConsoleDeps(guard, ConsoleQueries(engine), pool, ampd))
 
 
+def _answer_rows(ledger: Ledger) -> SqlAnswers | None:
+    """Stored Responses answers in the ledger's database (None: in the process, for a ledger
+    without a synchronous SQL engine)."""
+    engine = getattr(ledger, "sync_engine", None) or getattr(ledger, "engine", None)
+    return SqlAnswers(engine, ANSWER_TTL_S) if isinstance(engine, sa.Engine) else None
+
+
 class _Incoming:
     """The request as the proxy reads it: headers (lower-case names; the first of repeated ones)
     decoded once into a dict, and the ASGI ``receive``. Cheaper than a Starlette ``Request``."""
@@ -119,12 +133,21 @@ class _Incoming:
         self.receive = receive
 
 
-class GatewayApp:
-    """The ASGI app: the two completion routes go straight to the proxy (no routing table, no
-    middleware stack, no Starlette ``Request``: ~15% of a request's CPU); everything else,
-    lifespan included, to Starlette."""
+FRONT_DOOR: dict[str, Adapter] = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS,
+                                  "/v1/messages": MESSAGES, "/v1/responses": RESPONSES}
+"""The generation routes and their protocols' adapters (one chain for all: http.proxy)."""
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 
-    _FAST = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+def _protocol_error(adapter: Adapter, err: GatewayError) -> Response:
+    body, status, headers = adapter.error(err)
+    return JsonBytes(body, status, headers)
+
+
+class GatewayApp:
+    """The ASGI app: the generation routes go straight to the proxy (no routing table, no
+    middleware stack, no Starlette ``Request``: ~15% of a request's CPU); everything else,
+    lifespan included, to Starlette. Errors on a protocol's routes answer in its shape."""
 
     def __init__(self, app: Starlette, proxy: Proxy) -> None:
         self.app = app
@@ -132,18 +155,31 @@ class GatewayApp:
         self.state = app.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self._FAST.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if endpoint is None or scope["method"] != "POST":
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        adapter = FRONT_DOOR.get(path)
+        if path == COUNT_TOKENS_PATH:
+            adapter = MESSAGES
+        if adapter is None or scope["method"] != "POST":
+            if path == "/v1/messages" or path == "/v1/responses" or path == COUNT_TOKENS_PATH:
+                await _protocol_error(FRONT_DOOR.get(path, MESSAGES), GatewayError(
+                    405, f"{scope.get('method')} {path}: Method Not Allowed", "invalid_request_error",
+                    "method_not_allowed"))(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
+        incoming = _Incoming(scope, receive)
         try:
-            response = await self.proxy.handle(_Incoming(scope, receive), endpoint)
+            if path == COUNT_TOKENS_PATH:
+                response = await self.proxy.count_tokens(incoming)
+            else:
+                response = await self.proxy.handle(incoming, adapter)
         except GatewayError as err:
             self.proxy.metrics.errors.labels(err.code or err.type).inc()
-            response = _error_response(err)
+            response = _protocol_error(adapter, err)
         except Exception:
             log.exception("unexpected error on %s", scope["path"])
-            response = _error_response(GatewayError(500, "internal gateway error", "server_error", "internal_error"))
+            response = _protocol_error(adapter, GatewayError(500, "internal gateway error", "server_error",
+                                                             "internal_error"))
         await response(scope, receive, send)
 
 
@@ -183,19 +219,24 @@ def build_app(
     if fleet is not None and shared is not None:
         fleet_load = FleetLoad(pool, RedisInFlight(fleet.guard.redis, fleet.guard.owner, shared.in_flight_lease_s),
                                shared.in_flight_period_s)
-    proxy = Proxy(config, pool, routing, the_ledger, guard, metrics, upstream)
+    proxy = Proxy(config, pool, routing, the_ledger, guard, metrics, upstream, ResponseChain(_answer_rows(the_ledger)))
     openapi = spec(config.models())
 
     async def chat(request: Request) -> Response:
-        return await proxy.handle(request, "chat")
+        return await proxy.handle(request, CHAT)
 
     async def completions(request: Request) -> Response:
-        return await proxy.handle(request, "completions")
+        return await proxy.handle(request, COMPLETIONS)
 
     async def models(request: Request) -> Response:
         created = int(time.time())
-        data = [{"id": m, "object": "model", "created": created, "owned_by": "tokenomy"} for m in config.models()]
-        return JSONResponse({"object": "list", "data": data})
+        data: list[dict[str, Any]] = [{"id": m, "object": "model", "created": created, "owned_by": "tokenomy"}
+                                      for m in config.models()]
+        data += [{"id": alias, "object": "model", "created": created, "owned_by": "tokenomy", "root": served}
+                 for alias, served in proxy.aliases.listed()]
+        aliases = [{"match": a.match, "model": a.model, **({"tenants": list(a.tenants)} if a.tenants else {})}
+                   for a in config.aliases]
+        return JSONResponse({"object": "list", "data": data, "aliases": aliases})
 
     async def health(request: Request) -> Response:
         status = {b.instance_id: b.healthy for b in pool.backends}

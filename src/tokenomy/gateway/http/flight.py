@@ -14,13 +14,14 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from tokenomy.gateway.config import GatewayConfig
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.http.adapter import Usage
 from tokenomy.gateway.http.parse import ParsedRequest
 from tokenomy.gateway.metering.ledger import Ledger, UsageEvent
 from tokenomy.gateway.metering.meter import (
@@ -101,6 +102,7 @@ class Completion:
         self.metrics = metrics
         self.sessions = SessionTracker()
         self.background: set[asyncio.Task[None]] = set()
+        self.answers: AnswerStore | None = None  # stored Responses answers (previous_response_id)
 
     async def release(self, ticket: Ticket, reason: str) -> None:
         """Return the admission's reservations unless it was already settled or released."""
@@ -108,31 +110,33 @@ class Completion:
             ticket.done = True
             await self.guard.release(ticket.admission, reason)
 
-    async def finish(
-        self, flight: Flight, prompt: int, out: int, cached: int, status: int, outcome: str, end_s: float
-    ) -> UsageEvent:
+    async def finish(self, flight: Flight, usage: Usage, status: int, outcome: str, end_s: float,
+                     answer: dict[str, Any] | None = None) -> UsageEvent:
         """Meter, make the event durable, then settle. Called exactly once per admitted flight."""
-        ev, settled = await self.meter_and_record(flight, prompt, out, cached, status, outcome, end_s)
+        ev, settled = await self.meter_and_record(flight, usage, status, outcome, end_s, answer)
         await self.settle(flight, ev, settled)
         return ev
 
-    async def meter_and_record(
-        self, flight: Flight, prompt: int, out: int, cached: int, status: int, outcome: str, end_s: float
-    ) -> tuple[UsageEvent, SettledUsage]:
-        """Meter and make the event durable; :meth:`settle` must follow (``finish`` does both).
-        When the ledger write fails the request is settled here and a 500 GatewayError raised."""
+    async def meter_and_record(self, flight: Flight, usage: Usage, status: int, outcome: str, end_s: float,
+                               answer: dict[str, Any] | None = None) -> tuple[UsageEvent, SettledUsage]:
+        """Meter and make the event durable (and, for a stored Responses answer, the answer:
+        ``answer``); :meth:`settle` must follow (``finish`` does both). When the ledger write fails
+        the request is settled here and a 500 GatewayError raised."""
         if flight.ticket.done:
             raise RuntimeError(f"request {flight.req.request_id} finished twice")
         flight.ticket.done = True
-        ev, settled = await self.meter(flight, prompt, out, cached, status, outcome, end_s)
+        ev, settled = await self.meter(flight, usage, status, outcome, end_s)
         await self.record(flight, ev, settled)
+        if answer is not None and outcome == "ok" and self.answers is not None:
+            await self.answers.save(flight.req, answer)
         return ev, settled
 
     async def meter(
-        self, flight: Flight, prompt: int, out: int, cached: int, status: int, outcome: str, end_s: float
+        self, flight: Flight, usage: Usage, status: int, outcome: str, end_s: float
     ) -> tuple[UsageEvent, SettledUsage]:
         """The usage event (token classes against the session's previous turn, cost, timings)."""
         req, adm = flight.req, flight.admission
+        prompt, out, cached = usage.prompt or 0, usage.output or 0, usage.cached
         key = (adm.key_id, req.session_id)
         prev = None
         if req.session_id:
@@ -143,7 +147,7 @@ class Completion:
         remote_cached = prefill_cached_tokens(flight.route.kv_transfer_params)
         if remote_cached is not None:  # prefilled remotely: the prefill side's cached/recomputed split
             cached = remote_cached
-        classes = classify(prev, prompt, out, cached)
+        classes = classify(prev, prompt, out, cached, usage.reasoning)
         if req.session_id and outcome == "ok":
             self.sessions.put(key, _state(classes))
         if outcome == "ok":
@@ -155,7 +159,7 @@ class Completion:
             tpot = (flight.last_token_s - flight.first_token_s) / (out - 1)
         ev = UsageEvent(
             request_id=req.request_id, ts_s=time.time(), tenant_path="/".join(adm.tenant_path), key_id=adm.key_id,
-            model=req.model, backend=flight.backend.instance_id, endpoint=req.endpoint, stream=req.stream,
+            model=req.model, backend=flight.backend.instance_id, endpoint=req.protocol.name, stream=req.stream,
             status=status, outcome=outcome, session_id=req.session_id, turn=classes.turn,
             prompt_tokens=classes.prompt_tokens, input_tokens=classes.input_tokens,
             incremental_prefill_tokens=classes.incremental_prefill_tokens, history_tokens=classes.history_tokens,
@@ -163,6 +167,8 @@ class Completion:
             recomputed_tokens=classes.recomputed_tokens, cost_recomputed_usd=c.recomputed_usd,
             cost_cached_usd=c.cached_usd, cost_output_usd=c.output_usd, cost_usd=c.total_usd,
             cache_savings_usd=c.cache_savings_usd, ttft_s=ttft, tpot_s=tpot, e2e_s=end_s - flight.t0,
+            reasoning_tokens=classes.reasoning_tokens,
+            requested_model=req.requested_model if req.requested_model != req.model else "",
         )
         return ev, SettledUsage(prompt, out, classes.cached_tokens, c.total_usd, status)
 
@@ -191,6 +197,20 @@ class Completion:
         task = asyncio.get_running_loop().create_task(coro)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
+
+
+class AnswerStore(Protocol):
+    async def save(self, req: ParsedRequest, answer: dict[str, Any]) -> None:
+        """Keep what a later ``previous_response_id`` needs of a finished answer."""
+        ...
+
+
+def resolve_usage(usage: Usage | None, prompt_estimate: int, delivered: int) -> Usage:
+    """The backend's usage with what it left out filled in: the prompt estimate, the output
+    tokens delivered."""
+    u = usage or Usage()
+    return Usage(prompt=u.prompt if u.prompt is not None else prompt_estimate,
+                 output=u.output if u.output is not None else delivered, cached=u.cached, reasoning=u.reasoning)
 
 
 _NO_TURN = SessionState(-1, 0, 0)

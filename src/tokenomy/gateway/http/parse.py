@@ -1,35 +1,38 @@
-"""Reading an OpenAI request: size limit, JSON, the fields the gateway relies on, session identity.
+"""Reading a request: size limit, JSON, the fields the gateway relies on (through the protocol's
+adapter, :mod:`tokenomy.gateway.http.adapter`), request id, session identity.
 
-Everything here raises :class:`GatewayError` (400/404/413) with OpenAI's error JSON shape; the
-fields the gateway does not interpret are passed to the backend untouched, which judges them.
+Everything here raises :class:`GatewayError` (400/404/408/413), rendered in the client's protocol's
+error shape; the fields the gateway does not interpret are passed to the backend untouched, which
+judges them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
 from starlette.types import Receive
 
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.http.adapter import Adapter
+from tokenomy.gateway.http.chat_adapter import CHAT
 from tokenomy.gateway.metering.meter import estimate_tokens
 from tokenomy.policy.closedloop.retry import RETRY_COUNT_HEADER
 
 SESSION_HEADER = "x-session-id"
+AGENT_SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "thread-id")
+"""Session headers agents send on their own (Claude Code; Codex and other Responses clients)."""
 REQUEST_ID_HEADER = "x-request-id"
 _MAX_ID_CHARS = 128
-_MAX_CHOICES = 128  # OpenAI's bound on n
 # Labelled default: prompt tokens assumed per image/audio/video/file content part before the
 # backend counts (a 1024x1024 image is ~1.1k tokens at GPT-4o's high detail, up to ~2.9k for
 # LLaVA-1.6): enough that a budget hold covers a typical part; the backend's usage settles it.
 MEDIA_PART_TOKENS_ESTIMATE = 2048
-_SCHEMA_FIELDS = ("tools", "functions", "response_format")  # JSON the backend renders into the prompt
 _KEY_MASK = (1 << 62) - 1
 
 
@@ -43,9 +46,12 @@ class Incoming(Protocol):
     def receive(self) -> Receive: ...
 
 
+ModelResolver = Callable[[str], str]
+
+
 @dataclass(slots=True)
 class ParsedRequest:
-    endpoint: str  # "chat" | "completions"
+    endpoint: str  # the protocol sent to the backend: "chat" | "completions" | "messages" | "responses"
     body: dict[str, Any]
     model: str
     stream: bool
@@ -60,6 +66,12 @@ class ParsedRequest:
     stream_key: int  # which conversation prefix this is, for prefix-aware routing
     tier: str = ""  # the tenant's tier once admitted (ops.admission.closed_loop); routers may read it
     retries: int = 0  # the client's retries of this request so far (RETRY_COUNT_HEADER; 0 when absent)
+    protocol: Adapter = CHAT  # the client's protocol (its answers and errors are in this one's shape)
+    requested_model: str = ""  # the model name the client sent (an alias of ``model``, or ``model``)
+    translator: Any = None  # turns a chat backend's answer back into ``protocol``'s (translated path)
+    upstream_headers: dict[str, str] = field(default_factory=dict)  # client headers passed to the backend
+    stored_input: list[Any] | None = None  # Responses with store: the whole input, kept with the answer
+    tenant: tuple[str, ...] = ()  # the key's tenant path, when read at parse (stored answers, aliases)
 
 
 def _bad(message: str, param: str | None = None, code: str = "invalid_value", status: int = 400) -> GatewayError:
@@ -106,84 +118,19 @@ async def _read_body(request: Incoming, max_body_bytes: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _content_size(content: Any) -> tuple[int, int]:
-    """(text characters, media parts) of a message's content."""
-    if isinstance(content, str):
-        return len(content), 0
-    chars = media = 0
-    if isinstance(content, list):  # content parts: text, image_url, input_audio, video_url, file
-        for p in content:
-            if not isinstance(p, dict):
-                continue
-            text = p.get("text")
-            if isinstance(text, str):
-                chars += len(text)
-            elif p.get("type") not in (None, "text"):
-                media += 1
-    return chars, media
-
-
-def _check_messages(messages: Any) -> tuple[int, int]:
-    """(text characters, media parts) of valid ``messages``; 400 otherwise."""
-    if not isinstance(messages, list) or not messages:
-        raise _bad("'messages' must be a non-empty array", "messages", "missing_field" if messages is None else "invalid_type")
-    chars = media = 0
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise _bad(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]", "invalid_type")
-        content = m.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise _bad(f"messages[{i}].content must be a string or an array", f"messages[{i}].content", "invalid_type")
-        text, parts = _content_size(content)
-        chars += text
-        media += parts
-        if m.get("tool_calls") is not None:
-            chars += len(json.dumps(m["tool_calls"]))
-    return chars, media
-
-
-def _choices(body: dict[str, Any]) -> int:
-    """Sequences the backend generates (and bills): ``n``, or ``best_of`` when larger."""
-    n = _int_field(body, "n") or 1
-    best_of = _int_field(body, "best_of")
-    if n > _MAX_CHOICES:
-        raise _bad(f"'n' must be at most {_MAX_CHOICES}", "n")
-    if best_of is not None and not n <= best_of <= _MAX_CHOICES:
-        raise _bad(f"'best_of' must be between n ({n}) and {_MAX_CHOICES}", "best_of")
-    return max(n, best_of or 1)
-
-
-def _check_prompt(prompt: Any) -> tuple[int, str]:
-    if isinstance(prompt, str):
-        return len(prompt), prompt[-256:]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        return sum(len(p) for p in prompt), prompt[-1][-256:]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-        return 4 * len(prompt), str(prompt[-64:])
-    raise _bad(
-        "'prompt' must be a non-empty string, array of strings or array of token ids",
-        "prompt",
-        "missing_field" if prompt is None else "invalid_type",
-    )
-
-
-def _int_field(body: dict[str, Any], name: str) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise _bad(f"'{name}' must be an integer >= 1", name, "invalid_type")
-    return v
-
-
-def _session_id(request: Incoming, body: dict[str, Any]) -> str:
+def session_id(request: Incoming, body_ids: tuple[str, ...]) -> str:
+    """The request's session, from the first source that names one (docs/agents.md): our
+    ``x-session-id``; an agent's own session header (:data:`AGENT_SESSION_HEADERS`); then what the
+    body names, in the adapter's order (a ``session_id`` inside ``metadata.user_id``,
+    ``prompt_cache_key``, ``metadata.session_id``, ``user``). "" when none does."""
     sid = request.headers.get(SESSION_HEADER)
     if not sid:
-        meta = body.get("metadata")
-        if isinstance(meta, dict) and isinstance(meta.get("session_id"), str):
-            sid = meta["session_id"]
-    if not sid and isinstance(body.get("user"), str):
-        sid = body["user"]
+        for name in AGENT_SESSION_HEADERS:
+            sid = request.headers.get(name)
+            if sid:
+                break
+    if not sid:
+        sid = next((s for s in body_ids if s.strip()), "")
     sid = (sid or "").strip()
     if len(sid) > _MAX_ID_CHARS:
         raise _bad(f"session id is longer than {_MAX_ID_CHARS} characters", SESSION_HEADER)
@@ -194,60 +141,37 @@ def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
-def parse_request(request: Incoming, body: dict[str, Any], endpoint: str, known_models: frozenset[str]) -> ParsedRequest:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("'model' must be a non-empty string", "model", "missing_field" if model is None else "invalid_type")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad("'stream' must be a boolean", "stream", "invalid_type")
-    opts = body.get("stream_options")
-    if opts is not None and not isinstance(opts, dict):
-        raise _bad("'stream_options' must be an object", "stream_options", "invalid_type")
-    wants_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
-    max_tokens = _int_field(body, "max_tokens")
-    if endpoint == "chat":
-        mct = _int_field(body, "max_completion_tokens")
-        max_tokens = mct if mct is not None else max_tokens
-        chars, media = _check_messages(body.get("messages"))
-        msgs = body["messages"]
-        tail = repr([(m.get("role"), m.get("content"), m.get("name"), _calls(m)) for m in msgs[-2:]])
-        head = repr(msgs[0].get("content"))[:512]
-    else:
-        chars, tail = _check_prompt(body.get("prompt"))
-        media = 0
-        p = body["prompt"]
-        head = (p if isinstance(p, str) else str(p[0]))[:512]
-    for name in _SCHEMA_FIELDS:
-        if body.get(name) is not None:
-            chars += len(orjson.dumps(body[name]))
-    choices = _choices(body)
-    if model not in known_models:
-        raise GatewayError(404, f"the model {model!r} does not exist", "invalid_request_error", "model_not_found", "model")
+def parse_request(request: Incoming, body: dict[str, Any], adapter: Adapter, resolve: ModelResolver) -> ParsedRequest:
+    """The request as the chain reads it. ``resolve`` maps the requested model name to a served one
+    (the alias table; 404 ``model_not_found`` for an unknown name)."""
+    shape = adapter.shape(body)
+    model = resolve(shape.model)
     rid = request.headers.get(REQUEST_ID_HEADER) or ""
     if len(rid) > _MAX_ID_CHARS:
         raise _bad(f"{REQUEST_ID_HEADER} is longer than {_MAX_ID_CHARS} characters", REQUEST_ID_HEADER)
     named = bool(rid)
     if not named:
         rid = "req-" + os.urandom(16).hex()
-    sid = _session_id(request, body)
+    sid = session_id(request, shape.body_session_ids)
     retries = _retry_count(request)
-    key_text = f"s:{sid}" if sid else f"p:{head}"
+    key_text = f"s:{sid}" if sid else f"p:{shape.head}"
     return ParsedRequest(
-        endpoint=endpoint,
+        endpoint=adapter.name,
         body=body,
         model=model,
-        stream=stream,
-        client_wants_usage=wants_usage,
-        max_tokens=max_tokens,
-        choices=choices,
-        prompt_tokens_estimate=estimate_tokens(chars) + media * MEDIA_PART_TOKENS_ESTIMATE,
+        stream=shape.stream,
+        client_wants_usage=shape.client_wants_usage,
+        max_tokens=shape.max_tokens,
+        choices=shape.choices,
+        prompt_tokens_estimate=estimate_tokens(shape.chars) + shape.media * MEDIA_PART_TOKENS_ESTIMATE,
         session_id=sid,
         request_id=rid,
         client_named_id=named,
-        fingerprint=_digest(tail),
+        fingerprint=_digest(shape.tail),
         stream_key=hash(key_text) & _KEY_MASK,  # in-process only: Python's salted hash is fine
         retries=retries,
+        protocol=adapter,
+        requested_model=shape.model,
     )
 
 
@@ -264,9 +188,3 @@ def _retry_count(request: Incoming) -> int:
         raise _bad(f"{RETRY_COUNT_HEADER} must be an integer from 0 to 1000, got {raw[:32]!r}", RETRY_COUNT_HEADER)
     return n
 
-
-def _calls(m: dict[str, Any]) -> Any:
-    calls = m.get("tool_calls")
-    if not isinstance(calls, list):
-        return None
-    return [c.get("function") for c in calls if isinstance(c, dict)]  # ids differ each time; names/args do not

@@ -3,7 +3,11 @@
 :meth:`Proxy.handle` runs the steps in this order, each once, each in its own module::
 
     authenticate tokenomy.gateway.ops.guard     Guard.authenticate: 401 before the body is read
-    parse    tokenomy.gateway.http.parse        body and headers -> ParsedRequest (400 on bad input)
+    parse    tokenomy.gateway.http.parse        body and headers -> ParsedRequest (400 on bad input),
+                                                through the protocol's adapter (http.adapter);
+                                                model aliases (routing.aliases); a Responses chain
+                                                (http.response_chain); translation to chat for a
+                                                backend without the protocol (http.translate)
     admit    tokenomy.gateway.ops.guard         Guard.admit: key, limits, budget holds, breakers
     route    tokenomy.gateway.routing.route     Routing.route: backend (P/D: remote prefill, AMPD gates)
     forward  tokenomy.gateway.routing.upstream  the request to the backend (retry others on
@@ -20,8 +24,9 @@ plain response before it is written, so a budget read after a response shows the
 A failure before any usage, or a client that leaves before its first token, ends in
 ``guard.release``; a stream cut by ``guard.on_tokens`` or left by its client after tokens were
 delivered is recorded and settled for what was delivered. Settle/release happen exactly once.
-Streams: the backend is always asked for usage (``stream_options.include_usage``); the usage
-chunk is held until the ledger row is durable and passed on only if the client asked for it.
+Streams: the backend is always asked for usage; the events that tell the client the request is
+complete are held until the ledger row is durable (:mod:`tokenomy.gateway.http.streaming`).
+Errors are rendered in the client's protocol by its adapter (:mod:`tokenomy.gateway.http.app`).
 """
 
 from __future__ import annotations
@@ -35,13 +40,26 @@ from starlette.responses import Response
 
 from tokenomy.gateway.config import GatewayConfig
 from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.http.flight import Completion, Flight, JsonBytes, Ticket
-from tokenomy.gateway.http.parse import Incoming, ParsedRequest, parse_request, read_json
+from tokenomy.gateway.http.adapter import Adapter
+from tokenomy.gateway.http.chat_adapter import CHAT, COMPLETIONS
+from tokenomy.gateway.http.flight import Completion, Flight, JsonBytes, Ticket, resolve_usage
+from tokenomy.gateway.http.messages_adapter import MESSAGES
+from tokenomy.gateway.http.parse import (
+    MEDIA_PART_TOKENS_ESTIMATE,
+    Incoming,
+    ParsedRequest,
+    parse_request,
+    read_json,
+)
+from tokenomy.gateway.http.response_chain import ResponseChain
+from tokenomy.gateway.http.responses_adapter import RESPONSES
 from tokenomy.gateway.http.streaming import stream_response
+from tokenomy.gateway.http.translate import translate
 from tokenomy.gateway.metering.ledger import Ledger
-from tokenomy.gateway.metering.meter import usage_numbers
+from tokenomy.gateway.metering.meter import estimate_tokens
 from tokenomy.gateway.metering.prom import GatewayMetrics
 from tokenomy.gateway.ops.guard import AdmitRequest, Guard
+from tokenomy.gateway.routing.aliases import Aliases
 from tokenomy.gateway.routing.backends import BackendPool
 from tokenomy.gateway.routing.route import Route, Routing
 from tokenomy.gateway.routing.upstream import (
@@ -53,12 +71,19 @@ from tokenomy.gateway.routing.upstream import (
     UpstreamTLSError,
 )
 
-_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+UPSTREAM: dict[str, Adapter] = {a.name: a for a in (CHAT, COMPLETIONS, MESSAGES, RESPONSES)}
+"""The adapters by protocol name: what a request's ``endpoint`` (the backend's protocol) speaks."""
 
 
-def _bearer(request: Incoming) -> str | None:
+def api_key_of(request: Incoming) -> str | None:
+    """The caller's key: ``Authorization: Bearer`` (OpenAI clients) or ``x-api-key`` (Anthropic's)."""
     auth = request.headers.get("authorization", "")
-    return auth[7:].strip() or None if auth[:7].lower() == "bearer " else None
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return request.headers.get("x-api-key", "").strip() or None
+
+
+_PASSED_HEADERS = ("anthropic-version", "anthropic-beta")  # to a native Messages backend, untouched
 
 
 class Proxy:
@@ -71,6 +96,7 @@ class Proxy:
         guard: Guard,
         metrics: GatewayMetrics,
         upstream: Upstream,
+        chain: ResponseChain | None = None,
     ) -> None:
         self.config = config
         self.upstream = upstream
@@ -80,14 +106,16 @@ class Proxy:
         self.guard = guard
         self.metrics = metrics
         self.completion = Completion(config, pool, ledger, guard, metrics)
-        self.known_models = frozenset(config.models())
+        self.aliases = Aliases(config.aliases, config.models())
+        self.chain = chain or ResponseChain(None)
+        self.completion.answers = self.chain
 
     # -- the chain -------------------------------------------------------------------------
-    async def handle(self, request: Incoming, endpoint: str) -> Response:
+    async def handle(self, request: Incoming, adapter: Adapter) -> Response:
         t0 = time.perf_counter()
-        api_key = _bearer(request)
+        api_key = api_key_of(request)
         await self.guard.authenticate(api_key)  # first: nothing is read for an unknown caller
-        req = await self.parse(request, endpoint)
+        req = await self.parse(request, adapter, api_key)
         ticket = await self.admit(req, api_key)
         try:
             self._cap_body(req, ticket)
@@ -97,19 +125,41 @@ class Proxy:
             await self.completion.release(ticket, f"error: {type(exc).__name__}")
             raise
 
-    async def parse(self, request: Incoming, endpoint: str) -> ParsedRequest:
-        """The request, validated; a request id already in the ledger is refused (409)."""
+    async def parse(self, request: Incoming, adapter: Adapter, api_key: str | None = None) -> ParsedRequest:
+        """The request, validated, its model resolved through the alias table, a Responses chain
+        expanded, translated for a backend that does not serve the protocol; a request id already
+        in the ledger is refused (409)."""
         server = self.config.server
         body = await read_json(request, server.max_body_bytes, server.timeouts.body_read_s)
-        req = parse_request(request, body, endpoint, self.known_models)
+        tenant = await self._tenant(api_key, adapter)
+        req = parse_request(request, body, adapter, lambda name: self.aliases.resolve(name, tenant))
         window = self.config.context_window_tokens(req.model)
         if req.max_tokens is not None and req.max_tokens > window:
             raise GatewayError(400, f"max_tokens {req.max_tokens} exceeds the context window of {req.model!r} "
                                f"({window} tokens)", "invalid_request_error", "max_tokens_too_large", "max_tokens")
+        if adapter is RESPONSES:
+            await self.chain.expand(req, tenant)
+        body["model"] = req.model
+        if adapter.name in ("messages", "responses"):
+            if self.config.routing.mode == "colocated" and self.config.native(req.model, adapter.name):
+                req.upstream_headers = {h: v for h in _PASSED_HEADERS if (v := request.headers.get(h))}
+            else:  # a chat-only backend, or P/D (vLLM's hand-off is a chat-completions protocol)
+                translate(req)
         if req.client_named_id and await self.ledger.exists(req.request_id):
             raise GatewayError(409, f"request id {req.request_id!r} was already used; send a new one",
                                "invalid_request_error", "duplicate_request_id", "x-request-id")
         return req
+
+    async def _tenant(self, api_key: str | None, adapter: Adapter) -> tuple[str, ...]:
+        """The key's tenant path, when something per tenant needs it (tenant-scoped aliases,
+        stored Responses answers)."""
+        scope = getattr(self.guard, "usage_scope", None)
+        if scope is None or not (self.aliases.tenant_scoped or adapter is RESPONSES):
+            return ()
+        try:
+            return tuple(await scope(api_key))
+        except GatewayError:
+            return ()
 
     async def admit(self, req: ParsedRequest, api_key: str | None) -> Ticket:
         """The Guard's admission (API key, rate limits, budget holds, breakers, priority); the
@@ -133,16 +183,37 @@ class Proxy:
 
     def _cap_body(self, req: ParsedRequest, ticket: Ticket) -> None:
         """The body's output cap set to what the admission allows; streams always ask for usage."""
-        body = req.body
         max_tokens = req.max_tokens or self.config.server.default_max_tokens
         cap = ticket.admission.output_token_cap  # across all choices
         limit = min(max_tokens, cap // req.choices) if cap is not None else max_tokens
-        key = "max_completion_tokens" if req.endpoint == "chat" and "max_completion_tokens" in body else "max_tokens"
-        body[key] = limit
+        upstream = UPSTREAM[req.endpoint]
+        upstream.cap(req.body, limit)
         if req.stream:
-            opts = dict(body.get("stream_options") or {})
-            opts["include_usage"] = True
-            body["stream_options"] = opts
+            upstream.ask_usage(req.body)
+
+    async def count_tokens(self, request: Incoming) -> Response:
+        """``POST /v1/messages/count_tokens``: a backend's count (native), else the gateway's estimate.
+        Authenticated, not metered (nothing is generated)."""
+        api_key = api_key_of(request)
+        await self.guard.authenticate(api_key)
+        body = await read_json(request, self.config.server.max_body_bytes, self.config.server.timeouts.body_read_s)
+        shape = MESSAGES.shape({**body, "max_tokens": 1})
+        model = self.aliases.resolve(shape.model, await self._tenant(api_key, MESSAGES))
+        backends = self.pool.candidates(model, time.monotonic())
+        if backends and self.config.native(model, "messages"):
+            b = backends[0]
+            headers = {"content-type": "application/json"}
+            if b.config.api_key:
+                headers["authorization"] = f"Bearer {b.config.api_key}"
+            try:
+                resp = await self.upstream.request("POST", b.url + "/v1/messages/count_tokens",
+                                                   orjson.dumps({**body, "model": model}), headers)
+                await resp.read()
+            except UpstreamError:
+                resp = None
+            if resp is not None and resp.status_code == 200:
+                return JsonBytes(resp.content, 200, {})
+        return JsonBytes(orjson.dumps({"input_tokens": estimate_tokens(shape.chars) + shape.media * MEDIA_PART_TOKENS_ESTIMATE}), 200, {})
 
     async def forward(self, req: ParsedRequest, ticket: Ticket, route: Route, t0: float) -> Response:
         """Send the request to the route's backend (another one after a connection error); a
@@ -150,7 +221,8 @@ class Proxy:
         if route.kv_transfer_params is not None:
             req.body["kv_transfer_params"] = route.kv_transfer_params
         payload = orjson.dumps(req.body)
-        headers = {"content-type": "application/json", "x-request-id": req.request_id}
+        headers = {"content-type": "application/json", "x-request-id": req.request_id, **req.upstream_headers}
+        path = UPSTREAM[req.endpoint].upstream_path
         tried: set[str] = set()
         last: UpstreamConnectError | None = None
         for _attempt in range(self.config.server.retries + 1):
@@ -162,7 +234,7 @@ class Proxy:
             backend.dispatched(req.request_id, req.prompt_tokens_estimate)
             up0 = time.perf_counter()
             try:
-                resp = await self.upstream.request("POST", backend.url + _PATHS[req.endpoint], payload, headers)
+                resp = await self.upstream.request("POST", backend.url + path, payload, headers)
             except UpstreamConnectError as exc:
                 backend.finished(req.request_id, None, 0)
                 self.metrics.upstream_failures.labels(backend.instance_id).inc()
@@ -177,6 +249,8 @@ class Proxy:
                 return await self._pass_error(flight, resp)
             if req.stream:
                 flight.upstream_s = time.perf_counter() - up0
+                if req.translator is not None:
+                    resp = req.translator.stream(resp)
                 return stream_response(self.completion, flight, resp)
             try:
                 await resp.read()
@@ -209,7 +283,12 @@ class Proxy:
             ok = False
         if not ok:
             msg = f"backend {flight.backend.instance_id} answered {resp.status_code}"
-            content = json.dumps(GatewayError(status, msg, "server_error", "upstream_error").body()).encode()
+            content = flight.req.protocol.error(GatewayError(status, msg, "server_error", "upstream_error"))[0]
+        elif flight.req.translator is not None:  # a chat backend's refusal, in the client's protocol
+            e = parsed["error"]
+            err = GatewayError(status, str(e.get("message") or f"backend answered {resp.status_code}"),
+                               str(e.get("type") or "invalid_request_error"), None, e.get("param"))
+            content = flight.req.protocol.error(err)[0]
         await self.completion.release(flight.ticket, f"upstream {resp.status_code}")
         return JsonBytes(content, status, {"x-request-id": flight.req.request_id})
 
@@ -220,16 +299,19 @@ class Proxy:
         except ValueError:
             flight.backend.finished(req.request_id, None, 0)
             raise GatewayError(502, "backend answered with invalid JSON", "server_error", "upstream_error") from None
-        usage = data.get("usage") if isinstance(data, dict) else None
-        prompt, out, cached = usage_numbers(usage, req.prompt_tokens_estimate, 0)
-        flight.backend.finished(req.request_id, req.stream_key, prompt + out)
+        content = resp.content
+        if req.translator is not None:
+            data = req.translator.whole(data)
+            content = orjson.dumps(data)
+        usage = resolve_usage(req.protocol.usage(data), req.prompt_tokens_estimate, 0)
+        flight.backend.finished(req.request_id, req.stream_key, usage.total)
         up1 = time.perf_counter()
         done = self.completion
-        ev, settled = await done.meter_and_record(flight, prompt, out, cached, status=200, outcome="ok",
-                                                  end_s=up1)
+        answer = data if req.stored_input is not None and isinstance(data, dict) else None
+        ev, settled = await done.meter_and_record(flight, usage, status=200, outcome="ok", end_s=up1, answer=answer)
         # settled before the client sees the answer: a budget read after it shows the spend, not
         # the hold (docs/gateway.md, "When a request is settled"); the metrics can wait
         await self.guard.settle(flight.admission, settled)
         headers = {"x-request-id": req.request_id, **flight.admission.headers}
         self.metrics.added_latency.observe(max(0.0, time.perf_counter() - flight.t0 - flight.upstream_s))
-        return JsonBytes(resp.content, 200, headers, after=functools.partial(done.observe, ev))
+        return JsonBytes(content, 200, headers, after=functools.partial(done.observe, ev))

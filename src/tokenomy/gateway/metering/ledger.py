@@ -26,7 +26,7 @@ class UsageEvent:
     key_id: str
     model: str
     backend: str
-    endpoint: str  # "chat" | "completions"
+    endpoint: str  # the client's protocol: "chat" | "completions" | "messages" | "responses"
     stream: bool
     status: int  # HTTP status the client got (499: client went away; 200 also for a cut stream)
     outcome: str  # "ok" | "cut" | "disconnected" | "upstream_error"
@@ -47,6 +47,8 @@ class UsageEvent:
     ttft_s: float | None
     tpot_s: float | None
     e2e_s: float
+    reasoning_tokens: int = 0  # a part of output_tokens (where the backend reports it)
+    requested_model: str = ""  # the name the client asked for (an alias of ``model``); "" = ``model``
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,11 +6,18 @@ A request's prompt is split two ways:
   session), ``incremental_prefill_tokens`` (turn k > 0: prompt tokens beyond the previous turn's
   prompt + answer) and ``history_tokens`` (the re-sent previous prompt + answer);
   ``input + incremental + history == prompt_tokens`` always.
-* by **cache**: ``cached_tokens`` (the backend's ``prompt_tokens_details.cached_tokens``) and
-  ``recomputed_tokens = prompt_tokens - cached_tokens``.
+* by **cache**: ``cached_tokens`` (the backend's cache reads: chat's
+  ``prompt_tokens_details.cached_tokens``, Messages' ``cache_read_input_tokens``, Responses'
+  ``input_tokens_details.cached_tokens``) and ``recomputed_tokens = prompt_tokens - cached_tokens``
+  (Messages' cache writes are computed, so they count here).
+
+Output has one part of its own: ``reasoning_tokens``, the output spent on chain-of-thought where the
+backend reports it (chat's ``completion_tokens_details.reasoning_tokens``, Responses'
+``output_tokens_details.reasoning_tokens``); ``reasoning_tokens <= output_tokens``.
 
 Cost: recomputed prompt tokens at the input price, cached ones at the cached-input price, output
-at the output price; ``cache_savings_usd`` is what the cached tokens would have cost recomputed.
+at the output price (reasoning at ``reasoning_per_mtok`` when the price names one);
+``cache_savings_usd`` is what the cached tokens would have cost recomputed.
 
 A session is keyed by (charged key, session id) so two tenants' equal session ids never mix.
 Turns are numbered in the order their usage arrives; a request without a session id is a
@@ -46,6 +53,7 @@ class TokenClasses:
     output_tokens: int
     cached_tokens: int
     recomputed_tokens: int
+    reasoning_tokens: int = 0  # a part of output_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +69,7 @@ class Cost:
 
 
 def classify(
-    prev: SessionState | None, prompt_tokens: int, output_tokens: int, cached_tokens: int
+    prev: SessionState | None, prompt_tokens: int, output_tokens: int, cached_tokens: int, reasoning_tokens: int = 0
 ) -> TokenClasses:
     """The classes of a request whose session's last metered turn is ``prev`` (None: first turn)."""
     prompt = max(0, prompt_tokens)
@@ -81,6 +89,7 @@ def classify(
         output_tokens=max(0, output_tokens),
         cached_tokens=cached,
         recomputed_tokens=prompt - cached,
+        reasoning_tokens=min(max(0, reasoning_tokens), max(0, output_tokens)),
     )
 
 
@@ -89,9 +98,17 @@ def cost(classes: TokenClasses, price: Price) -> Cost:
     return Cost(
         recomputed_usd=classes.recomputed_tokens * price.input_per_mtok * per,
         cached_usd=classes.cached_tokens * price.cached_input_per_mtok * per,
-        output_usd=classes.output_tokens * price.output_per_mtok * per,
+        output_usd=_output_usd(classes, price) * per,
         cache_savings_usd=classes.cached_tokens * (price.input_per_mtok - price.cached_input_per_mtok) * per,
     )
+
+
+def _output_usd(classes: TokenClasses, price: Price) -> float:
+    """Output at the output price, its reasoning part at the reasoning price when one is set (USD x 1e6)."""
+    r = classes.reasoning_tokens
+    if price.reasoning_per_mtok is None or not r:
+        return classes.output_tokens * price.output_per_mtok
+    return (classes.output_tokens - r) * price.output_per_mtok + r * price.reasoning_per_mtok
 
 
 def worst_case_cost_usd(prompt_tokens: int, max_tokens: int, price: Price) -> float:
@@ -145,18 +162,3 @@ def prefill_cached_tokens(kv_transfer_params: Any) -> int | None:
         return None
     n = kv_transfer_params.get("remote_prefill_cached_tokens")
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
-
-
-def usage_numbers(usage: Any, prompt_estimate: int, delivered: int) -> tuple[int, int, int]:
-    """(prompt, output, cached) from an OpenAI ``usage`` object; estimates when it is missing."""
-    if not isinstance(usage, dict):
-        return prompt_estimate, delivered, 0
-    prompt = usage.get("prompt_tokens")
-    out = usage.get("completion_tokens")
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
-    return (
-        prompt if isinstance(prompt, int) else prompt_estimate,
-        out if isinstance(out, int) else delivered,
-        cached if isinstance(cached, int) else 0,
-    )

@@ -132,6 +132,7 @@ class GatewayMetrics:
             ("output", ev.output_tokens),
             ("cached", ev.cached_tokens),
             ("recomputed", ev.recomputed_tokens),
+            ("reasoning", ev.reasoning_tokens),  # a part of output
         ):
             if n:
                 tokens[(m, cls)] += n

@@ -24,7 +24,7 @@ from tokenomy.gateway.ops.guard import UsageScope
 _COLUMNS = [f.name for f in fields(UsageEvent)]
 _SUMMED = (
     "prompt_tokens", "input_tokens", "incremental_prefill_tokens", "history_tokens", "output_tokens",
-    "cached_tokens", "recomputed_tokens", "cost_usd", "cache_savings_usd",
+    "cached_tokens", "recomputed_tokens", "reasoning_tokens", "cost_usd", "cache_savings_usd",
 )
 
 

@@ -24,6 +24,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("input_tokens", "input"),
     ("incremental_prefill_tokens", "incr. prefill"),
     ("output_tokens", "output"),
+    ("reasoning_tokens", "reasoning"),
     ("cached_tokens", "cached"),
     ("recomputed_tokens", "recomputed"),
     ("cost_usd", "cost $"),
@@ -117,11 +118,13 @@ def usage_table(rows: Sequence[UsageRow], first: str, title: str | None = None) 
                   padding=(0, 1))
     widest = max([len(row.label) for row in rows] + [len(first)])
     table.add_column(first, overflow="fold", min_width=min(widest, 16))
-    for _field, head in COLUMNS:
+    # reasoning only when some backend reported it: a column of zeros would squeeze the names
+    columns = [(f, h) for f, h in COLUMNS if f != "reasoning_tokens" or any(r.totals.get(f) for r in rows)]
+    for _field, head in columns:
         table.add_column(head, justify="right", no_wrap=True, min_width=len(head))
     for row in rows:
         style = "bold" if row.depth == 0 and first == "tenant" else None
-        table.add_row(row.label, *(_cell(f, row.totals[f]) for f, _ in COLUMNS), style=style)
+        table.add_row(row.label, *(_cell(f, row.totals.get(f, 0)) for f, _ in columns), style=style)
     return table
 
 

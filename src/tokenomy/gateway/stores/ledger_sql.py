@@ -31,7 +31,7 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 from typing import Any
 
 import sqlalchemy as sa
@@ -61,6 +61,26 @@ usage_events = sa.Table(
     sa.Index("ix_usage_session", "key_id", "session_id", "turn"),
     sa.Index("ix_usage_tenant_ts", "tenant_path", "ts_s"),
 )
+
+
+def add_missing_columns(conn: sa.Connection) -> list[str]:
+    """Columns of ``usage_events`` that an older ledger's table lacks, added (nullable, with the
+    field's default for existing rows): a ledger file outlives gateway versions."""
+    have = {c["name"] for c in sa.inspect(conn).get_columns("usage_events")}
+    added: list[str] = []
+    for f in fields(UsageEvent):
+        if f.name in have:
+            continue
+        col = usage_events.c[f.name]
+        default = f.default if f.default is not MISSING else None
+        ddl = f"ALTER TABLE usage_events ADD COLUMN {f.name} {col.type.compile(conn.dialect)}"
+        if default is not None:
+            ddl += f" DEFAULT {default!r}" if isinstance(default, str) else f" DEFAULT {default}"
+        conn.execute(sa.text(ddl))
+        added.append(f.name)
+    if added:
+        log.info("ledger: added columns %s to usage_events", ", ".join(added))
+    return added
 
 
 def make_engine(url: str, synchronous: str = "NORMAL") -> sa.Engine:
@@ -143,6 +163,8 @@ class SqlLedger:
     def __init__(self, url: str, synchronous: str = "NORMAL", max_batch: int = 256, writer: str = "auto") -> None:
         self.engine = make_engine(url, synchronous)
         _metadata.create_all(self.engine)
+        with self.engine.begin() as conn:
+            add_missing_columns(conn)
         self.max_batch = max_batch
         dialect = self.engine.dialect.name
         ins: Any = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(dialect)

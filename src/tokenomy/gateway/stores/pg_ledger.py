@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.metering.ledger import UsageEvent, UsageFilter
 from tokenomy.gateway.metering.meter import SessionState
-from tokenomy.gateway.stores.ledger_sql import usage_events, usage_select
+from tokenomy.gateway.stores.ledger_sql import add_missing_columns, usage_events, usage_select
 
 log = logging.getLogger(__name__)
 _DOWN = (OSError, sa.exc.DBAPIError, sa.exc.TimeoutError, asyncio.TimeoutError)  # PostgreSQL away or too slow
@@ -84,6 +84,7 @@ class PgLedger:
         async with self.engine.begin() as conn:  # replicas starting together: one creates, the others wait
             await conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('tokenomy ledger ddl'))"))
             await conn.run_sync(usage_events.metadata.create_all, tables=[usage_events])
+            await conn.run_sync(add_missing_columns)
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._writer = self._loop.create_task(self._run(), name="pg-ledger-writer")
