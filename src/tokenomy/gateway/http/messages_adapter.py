@@ -222,7 +222,10 @@ class MessagesAdapter:
 
 
 def anthropic_error(err: GatewayError, status: int) -> dict[str, Any]:
-    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    """Anthropic's error body; a budget refusal (OpenAI's ``insufficient_quota``) is a ``billing_error``
+    whatever its status (429: the SDKs raise their rate-limit error and honour ``retry-after``)."""
+    kind = "billing_error" if err.type == "insufficient_quota" else _ERROR_TYPES.get(
+        status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": err.message, "code": err.code}}
 
 
