@@ -1,0 +1,18 @@
+"""Wire shapes of the agent protocols and their translation to and from OpenAI chat completions.
+
+A backend that serves only ``/v1/chat/completions`` can answer Anthropic Messages
+(:mod:`tokenomy.protocols.messages`) and OpenAI Responses (:mod:`tokenomy.protocols.responses`)
+requests: the request is translated to a chat request, the chat answer (whole, or chunk by chunk
+with the ``*Stream`` classes) back to the protocol's answer; :mod:`tokenomy.protocols.sse` frames
+events and errors. The translations follow what vLLM 0.32 does internally for the same endpoints,
+so a request gives the same chat messages (and prompt, and prefix-cache hits) whether vLLM or a
+gateway in front of a chat backend translates it; where we chose otherwise, the function says so.
+
+Pure functions on plain ``dict`` bodies (the JSON as parsed): no I/O, no clock reads beyond a
+``created`` timestamp a caller may pass, nothing from the gateway or the emulator. Bad input raises
+:class:`ProtocolError` (a ``ValueError`` with the offending ``param``), never another exception.
+"""
+
+from tokenomy.protocols.common import ProtocolError
+
+__all__ = ["ProtocolError"]
