@@ -18,24 +18,30 @@ from typing import Any
 
 import orjson
 
+from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.http.adapter import split_event, sse
 from tokenomy.gateway.http.parse import ParsedRequest
 from tokenomy.gateway.http.streaming import SseFramer
 from tokenomy.gateway.routing.upstream import UpstreamResponseLike
+from tokenomy.protocols.common import ProtocolError
+from tokenomy.protocols.messages import chat_to_messages, messages_to_chat
+from tokenomy.protocols.messages_stream import ChatToMessagesStream
+from tokenomy.protocols.responses import chat_to_responses, responses_to_chat
+from tokenomy.protocols.responses_stream import ChatToResponsesStream
 
 
 def translate(req: ParsedRequest) -> None:
     """Turn ``req`` (Messages or Responses) into a chat request; its answer comes back translated."""
-    from tokenomy.protocols.messages import messages_to_chat
-    from tokenomy.protocols.responses import responses_to_chat
-
     client_body = req.body
-    if req.protocol.name == "messages":
-        chat = messages_to_chat(client_body)
-        translator: Translator = MessagesTranslator(client_body, req.model, req.prompt_tokens_estimate)
-    else:
-        chat = responses_to_chat(client_body)
-        translator = ResponsesTranslator(client_body, req.model, req.prompt_tokens_estimate)
+    try:
+        if req.protocol.name == "messages":
+            chat = messages_to_chat(client_body)
+            translator: Translator = MessagesTranslator(client_body, req.model, req.prompt_tokens_estimate)
+        else:
+            chat = responses_to_chat(client_body)
+            translator = ResponsesTranslator(client_body, req.model, req.prompt_tokens_estimate)
+    except ProtocolError as exc:
+        raise GatewayError(exc.status, exc.message, "invalid_request_error", "invalid_value", exc.param) from None
     chat["model"] = req.model
     chat.pop("stream_options", None)
     if req.stream:
@@ -68,25 +74,17 @@ class Translator:
 
 class MessagesTranslator(Translator):
     def whole(self, chat: Any) -> Any:
-        from tokenomy.protocols.messages import chat_to_messages
-
         return chat_to_messages(chat, self.model) if isinstance(chat, dict) else chat
 
     def converter(self) -> Any:
-        from tokenomy.protocols.messages_stream import ChatToMessagesStream
-
         return ChatToMessagesStream(self.model, input_tokens_estimate=self.prompt_estimate)
 
 
 class ResponsesTranslator(Translator):
     def whole(self, chat: Any) -> Any:
-        from tokenomy.protocols.responses import chat_to_responses
-
         return chat_to_responses(chat, self.client_body) if isinstance(chat, dict) else chat
 
     def converter(self) -> Any:
-        from tokenomy.protocols.responses_stream import ChatToResponsesStream
-
         return ChatToResponsesStream(self.client_body, input_tokens_estimate=self.prompt_estimate)
 
 
