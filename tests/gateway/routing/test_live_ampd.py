@@ -139,3 +139,50 @@ def test_disagg_prefills_every_turn_remotely(pd_cluster: dict[str, str], tmp_pat
         pulls = {i: d[TRANSFERS] for i, d in t.items() if i.startswith("decode")}
         assert sorted(pulls.values()) == [0, 1], per_turn  # one decode instance pulled the KV
         assert all(d[RETAINED] == 0 for d in t.values())  # no AMPD, no retention hints
+
+
+def test_ampd_binds_a_messages_agent_session_to_one_decode_instance(pd_cluster: dict[str, str], tmp_path: Path) -> None:
+    """A coding agent's turns over Anthropic Messages, its session named only inside
+    ``metadata.user_id`` (a JSON string, as the agent sends it): one AMPD binding, one ledger session."""
+    anthropic = pytest.importorskip("anthropic")
+    import sqlite3
+
+    key = new_api_key()
+    port = free_port()
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text(json.dumps({
+        "server": {"port": port},
+        "backends": [{"id": i, "url": u, "role": i.split("-")[0]} for i, u in sorted(pd_cluster.items())],
+        "routing": {"mode": "ampd", "slo": {"ttft_s": 2.0, "tpot_s": 0.03}},
+        "aliases": [{"match": "claude-*", "model": MODEL}],
+        "health": {"interval_s": 0.2},
+        "ledger": {"url": f"sqlite:///{tmp_path}/ledger.db"},
+        "ops": {"server_secret": "live-ampd-secret-0123", "reservations": "memory", "tenants": [
+            {"org": "o", "teams": [{"name": "t", "keys": [{"name": "k", "key": key}]}]}]},
+    }))
+    gw = subprocess.Popen([sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg), "--log-level", "warning"],
+                          stdin=subprocess.DEVNULL, cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    user_id = json.dumps({"device_id": "d" * 64, "account_uuid": "", "session_id": "cc-4f2a"})
+    decoded_on = []
+    try:
+        wait_until(healthy(url), gw, "tokenomy serve", 30)
+        client = anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
+        messages: list[dict[str, object]] = [{"role": "user", "content": "Fix the failing test in ledger_sql.py."}]
+        system = [{"type": "text", "text": "You are a coding agent. " * 80, "cache_control": {"type": "ephemeral"}}]
+        for turn in range(5):
+            before = {i: _metrics(u) for i, u in pd_cluster.items()}
+            with client.messages.stream(model="claude-sonnet-4-6", max_tokens=8, system=system, messages=messages,
+                                        metadata={"user_id": user_id}) as stream:
+                text = "".join(stream.text_stream)
+            after = {i: _metrics(u) for i, u in pd_cluster.items()}
+            decoded_on.append({i for i in pd_cluster if i.startswith("decode")
+                               and after[i].get(GENERATED, 0) > before[i].get(GENERATED, 0)})
+            messages += [{"role": "assistant", "content": text},
+                         {"role": "user", "content": f"Tool result {turn}: " + "test output line " * (3 + turn)}]
+    finally:
+        stop(gw)
+    assert len(decoded_on[0]) == 1 and all(d == decoded_on[0] for d in decoded_on), decoded_on
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        rows = db.execute("SELECT session_id, turn, endpoint, requested_model FROM usage_events ORDER BY turn").fetchall()
+    assert rows == [("cc-4f2a", t, "messages", "claude-sonnet-4-6") for t in range(5)]
