@@ -1,7 +1,7 @@
 """Schemathesis over the gateway's OpenAPI spec (a bounded run): no request it makes gets a 5xx.
 
 Generated bodies include invalid ones (wrong types, missing fields, out-of-range numbers): each
-must get a 2xx or an OpenAI error JSON with a 4xx status.
+must get a 2xx or an error JSON with a 4xx status (OpenAI's, or Anthropic's on ``/v1/messages``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from helpers.gateway_core_support import MODEL, FakeUpstream, serve
+from helpers.agent_upstream import AgentUpstream
+from helpers.gateway_core_support import MODEL, serve
 from tokenomy.gateway.config import config_from_dict
 from tokenomy.gateway.http.app import build_app
 from tokenomy.gateway.http.openapi import spec
@@ -30,7 +31,7 @@ schema.config.generation.update(modes=[schemathesis.GenerationMode.POSITIVE, sch
 @pytest.fixture(scope="module")
 def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp: Path = tmp_path_factory.mktemp("schema")
-    upstream = FakeUpstream()
+    upstream = AgentUpstream()  # chat, completions, Messages and Responses
     with serve(upstream.app()) as up_url:
         # generous health timeout: on a loaded CI machine a 1 s probe of the fake upstream can
         # time out, and a backend taken out answers 503 (correct, but not what this test checks)

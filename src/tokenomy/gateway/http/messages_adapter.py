@@ -188,6 +188,12 @@ class MessagesAdapter:
             chars += c
             media += p
         chars += json_chars(body.get("tools"))
+        thinking = body.get("thinking")
+        budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0
+                                   or (max_tokens is not None and budget >= max_tokens)):
+            raise bad("'thinking.budget_tokens' must be an integer >= 0 and below max_tokens",
+                      "thinking.budget_tokens")
         tail = repr([(m.get("role"), _without_ids(m.get("content"))) for m in messages[-2:]])
         head = repr(system if system is not None else messages[0].get("content"))[:512]
         meta = body.get("metadata")

@@ -1,7 +1,8 @@
 """The gateway's OpenAPI 3 description (served at ``/openapi.json``; schemathesis tests against it).
 
-Only the fields the gateway itself reads are described; everything else an OpenAI request may
-carry passes through to the backend.
+Only the fields the gateway itself reads are described; everything else an OpenAI or Anthropic
+request may carry passes through to the backend. Errors on ``/v1/messages`` are Anthropic's shape
+(``{"type": "error", "error": {...}}``), which also has an ``error`` object with ``message`` and ``type``.
 """
 
 from __future__ import annotations
@@ -76,12 +77,39 @@ def spec(models: tuple[str, ...]) -> dict[str, Any]:
         "properties": {**_COMMON, "model": {"type": "string", "enum": list(models)},
                        "prompt": {"type": "string", "minLength": 1, "maxLength": 2000}},
     }
+    names = {"type": "string", "enum": list(models)}
+    turn = {"type": "object", "required": ["role", "content"],
+            "properties": {"role": {"type": "string", "enum": ["user", "assistant"]}, "content": {"type": "string"}}}
+    turns = {"type": "array", "minItems": 1, "maxItems": 4, "items": turn}
+    messages = {
+        "type": "object",
+        "required": ["model", "messages", "max_tokens"],
+        "properties": {"model": names, "messages": turns, "max_tokens": _COMMON["max_tokens"],
+                       "system": {"type": "string", "maxLength": 2000}, "stream": {"type": "boolean"},
+                       "metadata": {"type": "object", "properties": {"user_id": {"type": "string", "maxLength": 200}}},
+                       "thinking": {"type": "object", "properties": {"type": {"type": "string"},
+                                                                     "budget_tokens": {"type": "integer"}}}},
+    }
+    count_tokens = {"type": "object", "required": ["model", "messages"],
+                    "properties": {"model": names, "messages": turns, "system": {"type": "string", "maxLength": 2000}}}
+    responses = {
+        "type": "object",
+        "required": ["model", "input"],
+        "properties": {"model": names, "input": {"type": "string", "minLength": 1, "maxLength": 2000},
+                       "max_output_tokens": _COMMON["max_tokens"], "stream": {"type": "boolean"},
+                       "store": {"type": "boolean"}, "instructions": {"type": "string", "maxLength": 2000},
+                       "previous_response_id": {"type": "string", "maxLength": 64},
+                       "prompt_cache_key": {"type": "string", "maxLength": 64}},
+    }
     return {
         "openapi": "3.0.3",
         "info": {"title": "tokenomy gateway", "version": "0.1.0"},
         "paths": {
             "/v1/chat/completions": _post("Chat completion, proxied and metered", chat),
             "/v1/completions": _post("Text completion, proxied and metered", completions),
+            "/v1/messages": _post("Anthropic Messages, proxied (or translated) and metered", messages),
+            "/v1/messages/count_tokens": _post("Anthropic token count (not metered)", count_tokens),
+            "/v1/responses": _post("OpenAI Responses, proxied (or translated) and metered", responses),
             "/v1/models": {"get": {"summary": "Models served", "responses": {"200": {"description": "model list"}}}},
             "/health": {"get": {"summary": "Gateway health", "responses": {"200": {"description": "ok"},
                                                                             "503": {"description": "no backend"}}}},
