@@ -125,3 +125,74 @@ def test_live_ampd_session_stays_on_its_decode_instance(vllm_urls: dict[str, str
             assert t["prefill-0"][GENERATED] == 1 and t[decode][EXTERNAL_HITS] > 0, per_turn
         else:  # computed on the decode instance, nothing received
             assert t[decode][EXTERNAL_HITS] == 0 and t[decode][COMPUTED_SUM] > 0, per_turn
+
+
+def _agent_turns(turn: int) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """An agent's tool call of ``turn`` and its result, as Messages blocks (call, result) and a result text."""
+    call = {"type": "tool_use", "id": f"toolu_{turn}", "name": "fares", "input": {"city": f"city {turn}"}}
+    result = {"type": "tool_result", "tool_use_id": f"toolu_{turn}", "content": f"fare {100 + turn} EUR"}
+    return call, result, f"fare {100 + turn} EUR"
+
+
+def test_agent_protocols_through_the_gateway_ledger_equals_vllm_counters(vllm_urls: dict[str, str],
+                                                                         tmp_path: Path) -> None:
+    """Anthropic Messages (create and stream, tools, ``tool_use`` -> ``tool_result``, ``cache_control``,
+    ``count_tokens``) and OpenAI Responses (create and stream, ``function_call`` items) passed through
+    to vLLM's own endpoints: each turn one ledger row of the client's session, the ledger's classes
+    equal to what vLLM's counters moved."""
+    anthropic = pytest.importorskip("anthropic")
+    openai = pytest.importorskip("openai")
+    backend = vllm_urls["decode-1"]
+    tools = [{"name": "fares", "description": "Fares to a city.",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    with gateway(tmp_path, [{"id": "decode-1", "url": backend, "role": "mixed"}]) as (url, key):
+        before = scrape(backend)
+        claude = anthropic.Anthropic(base_url=url, api_key=key, max_retries=0, timeout=120,
+                                     default_headers={"X-Claude-Code-Session-Id": "cc-vllm"})
+        system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Find the cheapest fare."}]
+        for turn in range(5):
+            kwargs: dict[str, Any] = {"model": MODEL, "system": system, "tools": tools, "messages": messages,
+                                      "max_tokens": 8, "temperature": 0}
+            if turn % 2:
+                with claude.messages.stream(**kwargs) as stream:
+                    "".join(stream.text_stream)
+                    msg = stream.get_final_message()
+            else:
+                msg = claude.messages.create(**kwargs)
+            assert msg.usage.output_tokens > 0
+            call, result, _ = _agent_turns(turn)
+            messages += [{"role": "assistant", "content": [call]}, {"role": "user", "content": [result]}]
+        counted = claude.messages.count_tokens(model=MODEL, system=system, messages=messages)
+        assert counted.input_tokens > 100
+        oa = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120,
+                           default_headers={"session-id": "codex-vllm"})
+        items: list[dict[str, Any]] = [{"role": "user", "content": "Find the cheapest fare."}]
+        functions = [{"type": "function", "name": "fares", "parameters": tools[0]["input_schema"]}]
+        for turn in range(5):
+            kw: dict[str, Any] = {"model": MODEL, "input": items, "tools": functions, "max_output_tokens": 8,
+                                  "store": False, "temperature": 0}
+            if turn % 2:
+                with oa.responses.stream(**kw) as rs:
+                    for _ in rs:
+                        pass
+                    resp = rs.get_final_response()
+            else:
+                resp = oa.responses.create(**kw)
+            assert resp.usage is not None and resp.usage.output_tokens > 0
+            _, _, text = _agent_turns(turn)
+            items += [{"type": "function_call", "call_id": f"call_{turn}", "name": "fares",
+                       "arguments": f'{{"city": "city {turn}"}}'},
+                      {"type": "function_call_output", "call_id": f"call_{turn}", "output": text}]
+        engine = moved(before, scrape(backend), *COUNTERS)
+        ledger = gateway_tokens(url)
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "ledger.db") as db:
+        rows = db.execute("SELECT session_id, endpoint, count(*) FROM usage_events GROUP BY 1, 2 ORDER BY 1").fetchall()
+    assert rows == [("cc-vllm", "messages", 5), ("codex-vllm", "responses", 5)]
+    prompt = ledger["input"] + ledger.get("incremental_prefill", 0) + ledger["history"]
+    assert prompt == engine[PROMPT]
+    assert ledger["output"] == engine[GENERATED]
+    assert ledger.get("cached", 0) == engine[CACHED] > 0
+    assert ledger["recomputed"] == prompt - ledger.get("cached", 0) == engine[COMPUTED_SUM]
