@@ -35,7 +35,7 @@ def test_completion_usage_and_text(client: TestClient) -> None:
     assert choice["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 25 == len(TOK.encode(choice["text"]))
     assert body["usage"]["prompt_tokens"] == len(TOK.encode("Hello there, emulator."))
-    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}  # completions: no created_cache_tokens
 
 
 def test_streamed_chat_equals_whole_answer(client: TestClient) -> None:

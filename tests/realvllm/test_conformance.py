@@ -205,3 +205,151 @@ def test_prefill_hand_off_fields(target: str) -> None:
     # what the decode side reports as cached_tokens: the prefill side's cache hits
     assert kv["remote_prefill_cached_tokens"] == d["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert kv["remote_num_tokens"] == d["usage"]["prompt_tokens"]
+
+
+# ---- the agent protocols: Anthropic Messages and OpenAI Responses -----------------------------
+def _named_events(resp: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
+    """(event name, data) of a stream whose every event is named, as both protocols name them."""
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream"), resp.text
+    out = []
+    for block in resp.text.strip().split("\n\n"):
+        (event, data) = block.split("\n")
+        assert event.startswith("event: ") and data.startswith("data: "), block
+        out.append((event[len("event: "):], json.loads(data[len("data: "):])))
+    assert all(d["type"] == name for name, d in out)
+    return out
+
+
+MSG = {"model": MODEL, "max_tokens": 5, "system": "Be brief.", "messages": [{"role": "user", "content": PROMPT}]}
+
+
+def test_messages_answer_shape_and_usage_adds_up_to_count_tokens(target: str) -> None:
+    r = _post(target, "/v1/messages", MSG)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json"), r.text
+    d = r.json()
+    assert d["type"] == "message" and d["role"] == "assistant" and d["model"] == MODEL and isinstance(d["id"], str)
+    assert [b["type"] for b in d["content"]] == ["text"] and isinstance(d["content"][0]["text"], str)
+    u = d["usage"]
+    assert 1 <= u["output_tokens"] <= 5 and (d["stop_reason"] == "max_tokens") == (u["output_tokens"] == 5)
+    assert d["stop_reason"] in ("max_tokens", "end_turn")
+    count = _post(target, "/v1/messages/count_tokens", {k: v for k, v in MSG.items() if k != "max_tokens"}).json()
+    prompt = u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+    assert count == {"input_tokens": prompt, "context_management": {"original_input_tokens": prompt}}
+
+
+def test_messages_stream_event_order(target: str) -> None:
+    events = _named_events(_post(target, "/v1/messages", {**MSG, "stream": True}))
+    names = [n for n, _ in events]
+    assert names[0] == "message_start" and names.count("message_start") == 1
+    assert names[-2:] == ["message_delta", "message_stop"]
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["role"] == "assistant" and start["usage"]["input_tokens"] > 0
+    middle = names[1:-2]  # one text block (vLLM sends none if every token decodes to "")
+    if middle:
+        assert middle[0] == "content_block_start" and middle[-1] == "content_block_stop"
+        assert set(middle[1:-1]) <= {"content_block_delta"} and all(d["index"] == 0 for _, d in events[1:-2])
+    delta = events[-2][1]
+    assert delta["delta"]["stop_reason"] in ("max_tokens", "end_turn") and 1 <= delta["usage"]["output_tokens"] <= 5
+    text = "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta")
+    assert isinstance(text, str)
+
+
+@pytest.mark.parametrize(("body", "status", "shape"), [
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, 400, "openai"),
+    ({**MSG, "messages": "hi"}, 400, "openai"),
+    ({**MSG, "model": "no-such-model"}, 404, "anthropic"),
+    ({**MSG, "messages": [{"role": "user", "content": " the" * 4100}]}, 400, "anthropic"),
+], ids=["no-max-tokens", "messages-not-a-list", "unknown-model", "prompt-over-context"])
+def test_bad_messages_get_vllms_error_shapes(target: str, body: dict[str, Any], status: int, shape: str) -> None:
+    """vLLM validates the body before its Anthropic handler runs: those errors are OpenAI-shaped;
+    what the handler finds is Anthropic-shaped."""
+    r = _post(target, "/v1/messages", body)
+    assert r.status_code == status, r.text
+    d = r.json()
+    if shape == "anthropic":
+        assert d["type"] == "error" and set(d["error"]) == {"type", "message"} and d["error"]["message"]
+    else:
+        assert set(d["error"]) >= {"message", "type", "param", "code"} and d["error"]["code"] == status
+
+
+def test_tools_on_messages(target: str, request: pytest.FixtureRequest) -> None:
+    """The shared vLLM instances run without ``--tool-call-parser``: vLLM refuses any request with
+    tools. The emulator serves tools as vLLM with a tool parser does (docs/emulator.md)."""
+    tool = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"enum": ["Oslo"]}},
+                                                    "required": ["city"]}}
+    r = _post(target, "/v1/messages", {**MSG, "max_tokens": 64, "tools": [tool],
+                                       "tool_choice": {"type": "tool", "name": "get_weather"}})
+    if request.node.callspec.params["target"] == "emulator":
+        assert r.status_code == 200, r.text
+        d = r.json()
+        assert d["content"][0]["type"] == "tool_use" and d["content"][0]["input"] == {"city": "Oslo"}
+        assert d["stop_reason"] == "tool_use"
+    else:
+        assert r.status_code == 400 and "tool-call-parser" in r.json()["error"]["message"]
+
+
+RESP = {"model": MODEL, "input": PROMPT, "instructions": "Be brief.", "max_output_tokens": 5}
+
+
+def _responses_usage_ok(u: dict[str, Any]) -> None:
+    assert u["total_tokens"] == u["input_tokens"] + u["output_tokens"] and 1 <= u["output_tokens"] <= 5
+    assert isinstance(u["input_tokens_details"]["cached_tokens"], int)
+    assert isinstance(u["input_tokens_details"]["cache_write_tokens"], int)
+    assert u["output_tokens_details"]["reasoning_tokens"] == 0
+
+
+def test_responses_answer_shape(target: str) -> None:
+    r = _post(target, "/v1/responses", RESP)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["object"] == "response" and d["id"].startswith("resp_") and d["model"] == MODEL
+    assert d["instructions"] == "Be brief." and d["max_output_tokens"] == 5 and d["tools"] == []
+    assert d["status"] in ("completed", "incomplete")
+    if d["status"] == "incomplete":
+        assert d["incomplete_details"] == {"reason": "max_output_tokens"}
+    (item,) = d["output"]
+    assert item["type"] == "message" and item["role"] == "assistant" and item["status"] == "completed"
+    assert all(c["type"] == "output_text" for c in item["content"])
+    _responses_usage_ok(d["usage"])
+
+
+def test_responses_stream_event_order(target: str) -> None:
+    events = _named_events(_post(target, "/v1/responses", {**RESP, "stream": True}))
+    names = [n for n, _ in events]
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    deltas = names.count("response.output_text.delta")
+    assert names == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", *["response.output_text.delta"] * deltas,
+                     "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                     "response.completed"]
+    created, done = events[0][1]["response"], events[-1][1]["response"]
+    assert created["status"] == "in_progress" and created["output"] == [] and created["usage"] is None
+    assert created["id"] == done["id"] and done["status"] in ("completed", "incomplete")
+    text = "".join(d["delta"] for n, d in events if n == "response.output_text.delta")
+    assert events[-4][1]["text"] == text and [c["text"] for c in done["output"][0]["content"]] in ([text], [])
+    _responses_usage_ok(done["usage"])
+
+
+@pytest.mark.parametrize(("body", "status"), [({"model": MODEL, "input": 3}, 400),
+                                              ({**RESP, "previous_response_id": "resp_nope"}, 404),
+                                              ({**RESP, "model": "no-such-model"}, 404),
+                                              ({**RESP, "input": " the" * 4100}, 400)],
+                         ids=["bad-input", "unknown-previous-response", "unknown-model", "prompt-over-context"])
+def test_bad_responses_get_error_json(target: str, body: dict[str, Any], status: int) -> None:
+    r = _post(target, "/v1/responses", body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"} and err["code"] == status and err["message"]
+
+
+def test_chat_stream_with_continuous_usage(target: str) -> None:
+    r = _post(target, "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 4, "ignore_eos": True, "stream": True, "messages": [{"role": "user", "content": PROMPT}],
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    chunks = _events(r)[:-1]
+    assert all(isinstance(c.get("usage"), dict) for c in chunks)
+    assert chunks[0]["usage"]["completion_tokens"] == 0 and chunks[-1]["choices"] == []
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 4
+    assert {c["usage"]["prompt_tokens"] for c in chunks} == {chunks[0]["usage"]["prompt_tokens"]}
+    _usage_ok(chunks[-1]["usage"], 4)

@@ -35,12 +35,16 @@ class OutputPlan:
 
     ``token_ids`` are the tokens the engine will emit (``len`` is the engine's output length);
     ``pieces[i]`` is the text token ``i`` contributes (concatenated: ``text``);
-    ``finish_reason`` is ``"length"`` or ``"stop"``.
+    ``finish_reason`` is ``"length"`` or ``"stop"``; ``matched_stop`` the stop string that ended it;
+    ``tool_call`` the function the answer calls (the pieces are then its JSON arguments, see
+    :mod:`tokenomy.emulator.tool_calls`).
     """
 
     token_ids: list[int]
     pieces: list[str]
     finish_reason: str
+    matched_stop: str | None = None
+    tool_call: str | None = None
 
     @property
     def text(self) -> str:
@@ -74,29 +78,31 @@ def plan_output(
     ids = rng.choices(tokenizer.palette, k=n)
     piece = tokenizer.piece
     pieces = [piece(i) for i in ids]
+    matched = None
     if stop:
-        pieces, ids, hit = _apply_stop(pieces, ids, stop, min_tokens, include_stop_str_in_output)
-        if hit:
+        pieces, ids, matched = _apply_stop(pieces, ids, stop, min_tokens, include_stop_str_in_output)
+        if matched is not None:
             reason = "stop"
-    return OutputPlan(ids, pieces, reason)
+    return OutputPlan(ids, pieces, reason, matched)
 
 
 def _apply_stop(
     pieces: list[str], ids: list[int], stop: tuple[str, ...], min_tokens: int, include: bool
-) -> tuple[list[str], list[int], bool]:
+) -> tuple[list[str], list[int], str | None]:
     text = "".join(pieces)
     # Stop strings are not checked in the first min_tokens tokens (as vLLM).
     start = sum(len(p) for p in pieces[:min_tokens])
-    best: tuple[int, int] | None = None
+    best: tuple[int, str] | None = None
     for s in stop:
         if not s:
             continue
         at = text.find(s, start)
         if at >= 0 and (best is None or at < best[0]):
-            best = (at, len(s))
+            best = (at, s)
     if best is None:
-        return pieces, ids, False
-    at, length = best
+        return pieces, ids, None
+    at, matched = best
+    length = len(matched)
     end_char = at + length  # the token containing this char completes the stop string
     keep_chars = end_char if include else at
     out_pieces: list[str] = []
@@ -106,7 +112,7 @@ def _apply_stop(
             break
         out_pieces.append(p[: max(0, keep_chars - pos)])
         pos += len(p)
-    return out_pieces, ids[: len(out_pieces)], True
+    return out_pieces, ids[: len(out_pieces)], matched
 
 
 def content_of(token_ids: list[int], block_size: int) -> tuple[Segment, ...]:

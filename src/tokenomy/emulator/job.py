@@ -13,6 +13,7 @@ from tokenomy.emulator.generation import OutputPlan, plan_output
 from tokenomy.emulator.pd import history_tokens, pd_params
 from tokenomy.emulator.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from tokenomy.emulator.tokenizer import Tokenizer
+from tokenomy.emulator.tool_calls import plan_tool_call
 
 
 @dataclass(slots=True)
@@ -25,6 +26,7 @@ class Job:
     remote_decode: bool = False
     remote_prefill: dict[str, Any] | None = None
     cached_tokens: int = 0
+    created_cache_tokens: int = 0  # prompt tokens this request wrote to the prefix cache (vLLM's created_cache_tokens)
     transfer_s: float = 0.0
     kv_transfer_params: dict[str, Any] | None = field(default=None)
     client_request_id: str = ""  # the x-request-id the client sent
@@ -67,14 +69,18 @@ def plan_job(body: CompletionRequest | ChatCompletionRequest, new_id: Callable[[
     history = history_tokens(body.kv_transfer_params) if remote_decode else 0
     if remote_decode:
         max_tokens = 1  # the prefill side samples one token (the proxy sends max_tokens=1 anyway)
-    plan = plan_output(
-        tokenizer, prompt_ids, max_tokens=max_tokens, min_tokens=min(body.min_tokens, max_tokens),
-        ignore_eos=body.ignore_eos, eos_mean_tokens=config.eos_mean_tokens, seed=body.seed,
-        stop=body.stop_strings(), include_stop_str_in_output=body.include_stop_str_in_output,
-    )
+    forced = body.forced_tools() if isinstance(body, ChatCompletionRequest) and not remote_decode else []
+    if forced:
+        plan = plan_tool_call(tokenizer, prompt_ids, forced, max_tokens=max_tokens, seed=body.seed)
+    else:
+        plan = plan_output(
+            tokenizer, prompt_ids, max_tokens=max_tokens, min_tokens=min(body.min_tokens, max_tokens),
+            ignore_eos=body.ignore_eos, eos_mean_tokens=config.eos_mean_tokens, seed=body.seed,
+            stop=body.stop_strings(), include_stop_str_in_output=body.include_stop_str_in_output,
+        )
     if not plan.token_ids:  # a stop string inside the first token: vLLM still computes one token
         plan = OutputPlan(plan_output(tokenizer, prompt_ids, max_tokens=1, ignore_eos=True,
-                                      seed=body.seed).token_ids, [""], "stop")
+                                      seed=body.seed).token_ids, [""], "stop", plan.matched_stop)
     job = Job(new_id(), prompt_ids, plan, remote_decode, remote_prefill)
     job.history_tokens = min(history, n_prompt - 1)
     return job

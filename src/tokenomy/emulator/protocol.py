@@ -15,11 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 class APIError(Exception):
     """An error answered as ``{"error": {...}}`` with ``status``."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, type_: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, type_: str | None = None,
+                 validation: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        # A body that failed validation before any handler ran: vLLM answers these in OpenAI's
+        # shape on every route, its Anthropic route included.
+        self.validation = validation
         self.type = type_ or {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
                               503: "ServiceUnavailableError"}.get(status, "BadRequestError")
 
@@ -32,7 +36,7 @@ def validation_error(exc: ValidationError) -> APIError:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
     msg = err.get("msg", "invalid request")
-    return APIError(400, f"{loc}: {msg}" if loc else msg, param=loc or None)
+    return APIError(400, f"{loc}: {msg}" if loc else msg, param=loc or None, validation=True)
 
 
 class StreamOptions(BaseModel):
@@ -123,6 +127,12 @@ class _Common(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk (vLLM: ``continuous_usage_stats`` together with ``include_usage``)."""
+        return bool(self.stream_options and self.stream_options.include_usage
+                    and self.stream_options.continuous_usage_stats)
+
 
 class CompletionRequest(_Common):
     """``POST /v1/completions``: ``prompt`` is a string, a list of token ids, or a list of one of those."""
@@ -151,23 +161,78 @@ class CompletionRequest(_Common):
         return v
 
 
-class TextPart(BaseModel):
+class ContentPart(BaseModel):
+    """A content part: text (``text`` / ``input_text``) or an image (``image_url``, rendered as a
+    placeholder: the emulator has no vision encoder)."""
+
     model_config = ConfigDict(extra="allow")
-    type: Literal["text", "input_text"]
-    text: str
+    type: Literal["text", "input_text", "image_url"]
+    text: str | None = None
+    image_url: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _fields(self) -> ContentPart:
+        if self.type == "image_url":
+            if not isinstance((self.image_url or {}).get("url"), str):
+                raise ValueError("an image_url part needs image_url.url")
+        elif self.text is None:
+            raise ValueError("a text part needs text")
+        return self
+
+
+IMAGE_PLACEHOLDER = "<|image|>"
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
+        """What the template renders: the content, then an assistant's tool-call arguments (the
+        text the emulator generated for them, so a tool call re-renders as it was generated)."""
         if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
+            text = ""
+        elif isinstance(self.content, str):
+            text = self.content
+        else:
+            text = "".join(IMAGE_PLACEHOLDER if p.type == "image_url" else p.text or "" for p in self.content)
+        return text + "".join(c.function.arguments for c in self.tool_calls or ())
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: dict[str, str]
 
 
 class ChatCompletionRequest(_Common):
@@ -176,6 +241,9 @@ class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     add_generation_prompt: bool = True
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
     def _completion_tokens(self) -> ChatCompletionRequest:
@@ -185,3 +253,29 @@ class ChatCompletionRequest(_Common):
             if self.max_tokens is None:
                 self.max_tokens = self.max_completion_tokens
         return self
+
+    @model_validator(mode="after")
+    def _tools(self) -> ChatCompletionRequest:
+        # vLLM's rules (vllm/entrypoints/openai/chat_completion/protocol.py, check_tool_usage)
+        if self.tool_choice is None and self.tools:
+            self.tool_choice = "auto"
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise ValueError("When using `tool_choice`, `tools` must be set.")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            name = self.tool_choice.function.get("name")
+            if name not in {t.function.name for t in self.tools or ()}:
+                raise ValueError("The tool specified in `tool_choice` does not match any of the specified `tools`")
+        return self
+
+    def forced_tools(self) -> list[FunctionDef]:
+        """The tools one of which the answer must call: all for ``required``, the named one, or none."""
+        tools = [t.function for t in self.tools or ()]
+        if self.tool_choice == "required":
+            return tools
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return [t for t in tools if t.name == self.tool_choice.function.get("name")][:1]
+        return []
+
+    @property
+    def named_tool_choice(self) -> bool:
+        return isinstance(self.tool_choice, NamedToolChoice)

@@ -1,6 +1,8 @@
 """The OpenAI-compatible HTTP server around one :class:`Emulator` (Starlette on uvicorn).
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/messages`` and
+``POST /v1/messages/count_tokens`` (Anthropic), ``POST /v1/responses`` (OpenAI Responses, see
+:mod:`tokenomy.emulator.agents`), ``GET /v1/models``,
 ``GET /health``, ``GET /metrics``, ``POST /tokenize`` and ``POST /detokenize`` (vLLM's shapes),
 ``GET /tokenomy/info`` and ``POST /tokenomy/kv_release``
 (PD: a decode instance says it pulled a request's KV), and ``POST /v1/tokenomy/retain`` (a
@@ -20,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tokenomy.emulator.agents import agent_handlers, count_tokens
 from tokenomy.emulator.config import EmulatorConfig
 from tokenomy.emulator.metrics import CONTENT_TYPE
 from tokenomy.emulator.pd import KV_RELEASE_PATH
@@ -100,6 +103,9 @@ def build_app(config: EmulatorConfig) -> ASGIApp:
         state["emu"].retain_hint(rid, ttl)
         return JSONResponse({"accepted": True})
 
+    async def messages_count_tokens(request: Request) -> Response:
+        return await count_tokens(state["emu"], request)
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return error_response(APIError(404, f"Not found: {request.url.path}"))
 
@@ -114,6 +120,7 @@ def build_app(config: EmulatorConfig) -> ASGIApp:
         Route("/tokenomy/info", info, methods=["GET"]),
         Route(KV_RELEASE_PATH, kv_release, methods=["POST"]),
         Route(RETAIN_PATH, retain, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages_count_tokens, methods=["POST"]),
     ]
 
     def emulator() -> Emulator:
@@ -123,7 +130,7 @@ def build_app(config: EmulatorConfig) -> ASGIApp:
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_allowed})
 
     fast = {"/v1/completions": generate_handler(emulator, chat=False),
-            "/v1/chat/completions": generate_handler(emulator, chat=True)}
+            "/v1/chat/completions": generate_handler(emulator, chat=True), **agent_handlers(emulator)}
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
         handler = fast.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None

@@ -193,6 +193,8 @@ class Emulator:
         if remote_cached is not None:
             # vLLM's NIXL decode side reports the prefill side's cache hits, not the KV it pulled
             job.cached_tokens = min(remote_cached, job.prompt_tokens)
+        block = self.engine_config.block_size_tokens
+        job.created_cache_tokens = max(0, job.prompt_tokens // block * block - job.cached_tokens)
         if job.retain_ttl_s is not None:
             self.pins.keep_hinted(job.request_id, job.client_request_id, job.retain_ttl_s, aborted=fin.aborted)
         if job.remote_decode and not fin.aborted:

@@ -1,4 +1,6 @@
-"""``POST /v1/completions`` and ``/v1/chat/completions`` as plain ASGI handlers.
+"""Running a generate request as a plain ASGI handler (:func:`serve`): ``POST /v1/completions`` and
+``/v1/chat/completions`` here, the agent protocols in :mod:`tokenomy.emulator.agents`; the bytes
+of each answer come from :mod:`tokenomy.emulator.answers`.
 
 They bypass Starlette's routing and middleware: a streamed token costs one ``send`` and a
 pre-formatted chunk, nothing more (every running stream writes once per modelled step). While a
@@ -11,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
+from tokenomy.emulator.answers import Answer, ChatAnswer, ChatChunks, TextAnswer
 from tokenomy.emulator.driver import EngineStopped, RequestHandle
 from tokenomy.emulator.job import Job
 from tokenomy.emulator.protocol import APIError, ChatCompletionRequest, CompletionRequest, validation_error
@@ -35,65 +37,6 @@ async def send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-
-
-def _usage(job: Job, completion_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": job.prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": job.prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": job.cached_tokens},
-    }
-
-
-class _Formatter:
-    """JSON bodies of one request. Generated text never needs JSON escaping (palette words are
-    ASCII letters after a space, see :mod:`tokenomy.emulator.tokenizer`), so chunks are built by
-    concatenation."""
-
-    def __init__(self, job: Job, model: str, chat: bool) -> None:
-        self.job = job
-        self.chat = chat
-        self.id = ("chatcmpl-" if chat else "cmpl-") + job.request_id
-        self.created = int(time.time())
-        self.model = model
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        head = f'data: {{"id":"{self.id}","object":"{obj}","created":{self.created},"model":{json.dumps(model)},'
-        self._head = head
-        if chat:
-            self._open = head + '"choices":[{"index":0,"delta":{"content":"'
-            self._mid = '"},"logprobs":null,"finish_reason":null}]}\n\n'
-            self._end = '"},"logprobs":null,"finish_reason":"%s"}]}\n\n'
-        else:
-            self._open = head + '"choices":[{"index":0,"text":"'
-            self._mid = '","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-            self._end = '","logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n'
-
-    def first_chunk(self) -> bytes:
-        return (self._head + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
-                '"logprobs":null,"finish_reason":null}]}\n\n').encode()
-
-    def chunk(self, text: str, finish_reason: str | None) -> bytes:
-        tail = self._mid if finish_reason is None else self._end % finish_reason
-        return (self._open + text + tail).encode()
-
-    def usage_chunk(self, completion_tokens: int) -> bytes:
-        usage = json.dumps(_usage(self.job, completion_tokens), separators=(",", ":"))
-        return (self._head + '"choices":[],"usage":' + usage + "}\n\n").encode()
-
-    def whole(self, text: str, finish_reason: str, completion_tokens: int) -> dict[str, Any]:
-        choice: dict[str, Any]
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                      "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-                      "stop_reason": None, "prompt_logprobs": None}
-        return {
-            "id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-            "created": self.created, "model": self.model, "choices": [choice],
-            "usage": _usage(self.job, completion_tokens), "kv_transfer_params": self.job.kv_transfer_params,
-        }
 
 
 async def read_body(receive: Receive, max_bytes: int) -> bytes:
@@ -117,9 +60,9 @@ def _parse(raw: bytes, chat: bool) -> CompletionRequest | ChatCompletionRequest:
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"Invalid JSON body: {exc}") from None
+        raise APIError(400, f"Invalid JSON body: {exc}", validation=True) from None
     if not isinstance(data, dict):
-        raise APIError(400, "The request body must be a JSON object.")
+        raise APIError(400, "The request body must be a JSON object.", validation=True)
     model = ChatCompletionRequest if chat else CompletionRequest
     try:
         return model.model_validate(data)
@@ -134,44 +77,65 @@ def _request_id(scope: Scope) -> str:
     return ""
 
 
+Build = Callable[[Emulator, bytes], tuple[Job, bool, Answer]]
+"""Parse a raw body into (the job, whether to stream, its answer); raises APIError (its shape is
+``on_error``'s)."""
+
+
+async def serve(scope: Scope, receive: Receive, send: Send, emu: Emulator, build: Build,
+                on_error: Callable[[APIError], dict[str, Any]]) -> None:
+    """Run one request: parse and plan it, answer it (streamed or whole), abort it if the client leaves."""
+    arrival = asyncio.get_running_loop().time()
+    try:
+        job, stream, answer = build(emu, await read_body(receive, emu.config.max_body_bytes))
+        job.client_request_id = _request_id(scope)
+    except APIError as err:
+        await send_json(send, err.status, on_error(err))
+        return
+    except ConnectionResetError:
+        return
+    run = _Run(emu, job, answer, arrival)
+    work = asyncio.ensure_future(run.stream(send) if stream else run.whole(send))
+    watch = asyncio.ensure_future(_disconnected(receive))
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        watch.cancel()
+        run.abort()
+        raise
+    if work in done:
+        watch.cancel()
+        exc = work.exception()
+        if exc is not None and not isinstance(exc, OSError):
+            log.error("request %s failed", job.request_id, exc_info=exc)
+            if not run.started:
+                await send_json(send, 500, on_error(APIError(500, f"internal error: {exc}")))
+    else:
+        work.cancel()
+        run.abort()
+        with suppress(asyncio.CancelledError, OSError):
+            await work
+
+
 def generate_handler(get_emulator: Callable[[], Emulator], chat: bool
                      ) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
-    """The ASGI handler of one generate route."""
+    """The ASGI handler of ``/v1/completions`` or ``/v1/chat/completions``."""
+
+    def build(emu: Emulator, raw: bytes) -> tuple[Job, bool, Answer]:
+        body = _parse(raw, chat)
+        job = emu.prepare(body)
+        answer: Answer
+        if isinstance(body, ChatCompletionRequest) and (job.plan.tool_call or body.continuous_usage):
+            chunks = ChatChunks(job, emu.model_name, named_tool=body.named_tool_choice,
+                                continuous_usage=body.continuous_usage)
+            answer = ChatAnswer(chunks, body.include_usage)
+        else:
+            answer = TextAnswer(job, emu.model_name, chat, body.include_usage)
+        return job, body.stream, answer
 
     async def handle(scope: Scope, receive: Receive, send: Send) -> None:
-        emu = get_emulator()
-        arrival = asyncio.get_running_loop().time()
-        try:
-            body = _parse(await read_body(receive, emu.config.max_body_bytes), chat)
-            job = emu.prepare(body)
-            job.client_request_id = _request_id(scope)
-        except APIError as err:
-            await send_json(send, err.status, err.body())
-            return
-        except ConnectionResetError:
-            return
-        run = _Run(emu, job, body, _Formatter(job, emu.model_name, chat), arrival)
-        work = asyncio.ensure_future(run.stream(send) if body.stream else run.whole(send))
-        watch = asyncio.ensure_future(_disconnected(receive))
-        try:
-            done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            work.cancel()
-            watch.cancel()
-            run.abort()
-            raise
-        if work in done:
-            watch.cancel()
-            exc = work.exception()
-            if exc is not None and not isinstance(exc, OSError):
-                log.error("request %s failed", job.request_id, exc_info=exc)
-                if not run.started:
-                    await send_json(send, 500, APIError(500, f"internal error: {exc}").body())
-        else:
-            work.cancel()
-            run.abort()
-            with suppress(asyncio.CancelledError, OSError):
-                await work
+        await serve(scope, receive, send, get_emulator(), build, APIError.body)
 
     return handle
 
@@ -184,12 +148,10 @@ async def _disconnected(receive: Receive) -> None:
 class _Run:
     """One request on the engine and its response."""
 
-    def __init__(self, emu: Emulator, job: Job, body: CompletionRequest | ChatCompletionRequest,
-                 fmt: _Formatter, arrival: float) -> None:
+    def __init__(self, emu: Emulator, job: Job, answer: Answer, arrival: float) -> None:
         self.emu = emu
         self.job = job
-        self.body = body
-        self.fmt = fmt
+        self.answer = answer
         self.arrival = arrival
         self.handle: RequestHandle | None = None
         self.started = False
@@ -203,7 +165,7 @@ class _Run:
             self.handle = await self.emu.start_job(self.job, self.arrival)
         except APIError as err:
             self.started = True
-            await send_json(send, err.status, err.body())
+            await send_json(send, err.status, self.answer.error_body(err))
             return None
         return self.handle
 
@@ -211,33 +173,30 @@ class _Run:
         handle = await self._start(send)
         if handle is None:
             return
-        fmt, pieces, reason = self.fmt, self.job.plan.pieces, self.job.plan.finish_reason
+        answer = self.answer
         self.started = True
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        if fmt.chat:
-            await send({"type": "http.response.body", "body": fmt.first_chunk(), "more_body": True})
+        head = answer.open()
+        if head:
+            await send({"type": "http.response.body", "body": head, "more_body": True})
         sent = 0
         while True:
             try:
                 await handle.wait()
             except EngineStopped as exc:  # as vLLM does: an error event, then the end of the stream
                 # Tokens delivered by the last step before the crash still go out first.
-                tokens = fmt.chunk("".join(pieces[sent:handle.emitted]), None) if handle.emitted > sent else b""
-                err = json.dumps(APIError(503, str(exc)).body()).encode()
-                await send({"type": "http.response.body",
-                            "body": tokens + b"data: " + err + b"\n\ndata: [DONE]\n\n", "more_body": False})
+                body = answer.crashed(sent, handle.emitted, str(exc))
+                await send({"type": "http.response.body", "body": body, "more_body": False})
                 return
             n = handle.emitted
             done = handle.finished is not None
             if n > sent or done:
-                body = fmt.chunk("".join(pieces[sent:n]), reason if done else None)
-                await send({"type": "http.response.body", "body": body, "more_body": True})
+                await send({"type": "http.response.body", "body": answer.step(sent, n, done), "more_body": True})
                 sent = n
             if done:
                 break
         self.emu.finish_job(self.job, handle)
-        tail = fmt.usage_chunk(sent) if self.body.include_usage else b""
-        await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n", "more_body": False})
+        await send({"type": "http.response.body", "body": answer.close(sent), "more_body": False})
 
     async def whole(self, send: Send) -> None:
         handle = await self._start(send)
@@ -248,9 +207,8 @@ class _Run:
                 await handle.wait()
         except EngineStopped as exc:
             self.started = True
-            await send_json(send, 503, APIError(503, str(exc)).body())
+            await send_json(send, 503, self.answer.error_body(APIError(503, str(exc))))
             return
         self.emu.finish_job(self.job, handle)
-        n = handle.emitted
         self.started = True
-        await send_json(send, 200, self.fmt.whole("".join(self.job.plan.pieces[:n]), self.job.plan.finish_reason, n))
+        await send_json(send, 200, self.answer.whole(handle.emitted))
