@@ -11,6 +11,7 @@ refusal arrives as the SDK's own typed exception.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from helpers.agent_upstream import AgentUpstream
 from helpers.gateway_core_support import MODEL, serve
 from helpers.ops_factory import SECRET
+from helpers.polling import wait_for
 from tokenomy.gateway.config import config_from_dict
 from tokenomy.gateway.http.app import build_app
 from tokenomy.gateway.metering.ledger import UsageFilter
@@ -42,8 +44,8 @@ ALIASES = [{"match": "claude-*-haiku-*", "model": MODEL}, {"match": "claude-*", 
 
 @contextmanager
 def rig(tmp_path: Path, upstreams: list[AgentUpstream], key_limits: dict[str, Any] | None = None,
-        breaker: dict[str, Any] | None = None, protocols: list[str] | None = None
-        ) -> Iterator[tuple[str, str, SqlLedger]]:
+        breaker: dict[str, Any] | None = None, protocols: list[str] | None = None,
+        admission: dict[str, Any] | None = None) -> Iterator[tuple[str, str, SqlLedger]]:
     """The gateway (token operations on, one key) in front of ``upstreams``; yields (url, key, ledger)."""
     key = new_api_key()
     with contextlib_servers([u.app() for u in upstreams]) as up_urls:
@@ -53,7 +55,7 @@ def rig(tmp_path: Path, upstreams: list[AgentUpstream], key_limits: dict[str, An
             "router": {"name": "round_robin"},
             "ledger": {"url": f"sqlite:///{tmp_path}/ledger.db"},
             "aliases": ALIASES,
-            "ops": {"server_secret": SECRET, "breaker": breaker or {},
+            "ops": {"server_secret": SECRET, "breaker": breaker or {}, **({"admission": admission} if admission else {}),
                     "tenants": [{"org": "o", "teams": [{"name": "t", "keys": [
                         {"name": "agent", "key": key, **({"limits": key_limits} if key_limits else {})}]}]}]},
         })
@@ -242,3 +244,25 @@ def test_a_looping_tool_use_agent_trips_the_breaker(tmp_path: Path) -> None:
                 break
         assert tripped == (3, "breaker_repetition")
         assert len(ledger.query(UsageFilter(session_id="looper"))) == 3
+
+
+def test_the_closed_loops_tiers_shed_agent_traffic_in_each_protocols_shape(tmp_path: Path) -> None:
+    """A free-tier key that may not wait, with the only slot taken: Messages gets 529 ``overloaded_error``,
+    Responses OpenAI's 503, both with ``retry-after`` (the SDKs would retry after it)."""
+    up = AgentUpstream(token_delay_s=0.05)
+    admission = {"max_in_flight": 1, "closed_loop": {"tiers": [{"name": "free", "min_priority": 0, "max_defer_s": 0.0}]}}
+    with rig(tmp_path, [up], admission=admission) as (url, key, _):
+        slow = threading.Thread(target=_raw_stream, args=(url, "/v1/messages", key, {
+            "model": MODEL, "stream": True, "max_tokens": 40, "messages": [{"role": "user", "content": "slow"}]}))
+        slow.start()
+        try:
+            wait_for(lambda: up.bodies, timeout_s=10, what="the slow request at the backend")
+            with pytest.raises(anthropic.OverloadedError) as shed:
+                _claude(url, key).messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}])
+            assert shed.value.body["error"]["type"] == "overloaded_error"
+            assert shed.value.response.headers["retry-after"] == "1"
+            with pytest.raises(openai.InternalServerError) as shed2:
+                openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0).responses.create(model=MODEL, input="x")
+            assert shed2.value.status_code == 503 and shed2.value.body["code"] == "overloaded"  # type: ignore[index]
+        finally:
+            slow.join(30)
