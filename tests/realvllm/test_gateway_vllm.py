@@ -153,7 +153,7 @@ def test_agent_protocols_through_the_gateway_ledger_equals_vllm_counters(vllm_ur
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Find the cheapest fare."}]
         for turn in range(5):
             kwargs: dict[str, Any] = {"model": MODEL, "system": system, "tools": tools, "messages": messages,
-                                      "max_tokens": 8, "temperature": 0}
+                                      "max_tokens": 8, "extra_body": {"temperature": 0}}
             if turn % 2:
                 with claude.messages.stream(**kwargs) as stream:
                     "".join(stream.text_stream)
@@ -171,7 +171,7 @@ def test_agent_protocols_through_the_gateway_ledger_equals_vllm_counters(vllm_ur
         functions = [{"type": "function", "name": "fares", "parameters": tools[0]["input_schema"]}]
         for turn in range(5):
             kw: dict[str, Any] = {"model": MODEL, "input": items, "tools": functions, "max_output_tokens": 8,
-                                  "store": False, "temperature": 0}
+                                  "store": False, "extra_body": {"temperature": 0}}
             if turn % 2:
                 with oa.responses.stream(**kw) as rs:
                     for _ in rs:
