@@ -139,7 +139,9 @@ def test_agent_protocols_through_the_gateway_ledger_equals_vllm_counters(vllm_ur
     """Anthropic Messages (create and stream, tools, ``tool_use`` -> ``tool_result``, ``cache_control``,
     ``count_tokens``) and OpenAI Responses (create and stream, ``function_call`` items) passed through
     to vLLM's own endpoints: each turn one ledger row of the client's session, the ledger's classes
-    equal to what vLLM's counters moved."""
+    equal to what vLLM's counters moved. The agent's tool calls are in the history it sends (vLLM
+    generates calls only when started with ``--tool-call-parser``, and a random model's calls would
+    not parse; the emulator tests generate them)."""
     anthropic = pytest.importorskip("anthropic")
     openai = pytest.importorskip("openai")
     backend = vllm_urls["decode-1"]
@@ -153,7 +155,8 @@ def test_agent_protocols_through_the_gateway_ledger_equals_vllm_counters(vllm_ur
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Find the cheapest fare."}]
         for turn in range(5):
             kwargs: dict[str, Any] = {"model": MODEL, "system": system, "tools": tools, "messages": messages,
-                                      "max_tokens": 8, "extra_body": {"temperature": 0}}
+                                      "max_tokens": 8, "extra_body": {"temperature": 0},
+                                      "tool_choice": {"type": "none"}}
             if turn % 2:
                 with claude.messages.stream(**kwargs) as stream:
                     "".join(stream.text_stream)
@@ -171,7 +174,7 @@ def test_agent_protocols_through_the_gateway_ledger_equals_vllm_counters(vllm_ur
         functions = [{"type": "function", "name": "fares", "parameters": tools[0]["input_schema"]}]
         for turn in range(5):
             kw: dict[str, Any] = {"model": MODEL, "input": items, "tools": functions, "max_output_tokens": 8,
-                                  "store": False, "extra_body": {"temperature": 0}}
+                                  "store": False, "tool_choice": "none", "extra_body": {"temperature": 0}}
             if turn % 2:
                 with oa.responses.stream(**kw) as rs:
                     for _ in rs:
