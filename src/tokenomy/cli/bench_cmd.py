@@ -1,5 +1,6 @@
-"""``tokenomy bench``: replay a workload's sessions against an OpenAI-compatible endpoint and
-report the same metrics as ``tokenomy sim`` (docs/bench.md)."""
+"""``tokenomy bench``: replay a workload's sessions against an OpenAI-compatible endpoint (chat,
+completions, Responses) or an Anthropic Messages one, and report the same metrics as ``tokenomy sim``
+(docs/bench.md)."""
 
 from __future__ import annotations
 
