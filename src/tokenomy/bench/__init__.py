@@ -1,4 +1,5 @@
-"""``tokenomy bench``: agentic load on any OpenAI-compatible endpoint, measured by ``metrics``.
+"""``tokenomy bench``: agentic load on any OpenAI-compatible (or Anthropic Messages) endpoint, measured
+by ``metrics``.
 
 Entry points: :class:`BenchConfig`, :func:`run_bench` (sessions in, :class:`BenchReport` out).
 See docs/bench.md.

@@ -1,4 +1,5 @@
-"""One streamed request to an OpenAI-compatible endpoint, timed on the bench's clock."""
+"""One streamed request (OpenAI chat or completions, Anthropic Messages, OpenAI Responses), timed on the
+bench's clock."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from tokenomy.bench.config import BenchConfig
-from tokenomy.bench.sse import StreamError, StreamState, parse_usage
-from tokenomy.bench.text import Prompt
+from tokenomy.bench.sse import StreamError, parse_usage, stream_state
 
 OK = "ok"
 
@@ -66,24 +66,9 @@ class Outcome:
         return self.status == OK
 
 
-def request_body(config: BenchConfig, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
-    """The JSON body: streamed, usage included, exactly ``max_tokens`` when ``ignore_eos``."""
-    body: dict[str, Any] = {
-        "model": config.model,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if config.api == "chat":
-        body["messages"] = [dict(m) for m in prompt.messages]
-    else:
-        body["prompt"] = prompt.text
-    if config.ignore_eos:
-        body["ignore_eos"] = True
-    return body
-
-
 def _error_message(raw: bytes) -> str:
+    """The message of an error answer: OpenAI's ``{"error": {"message"}}`` and Anthropic's
+    ``{"type": "error", "error": {"type", "message"}}`` alike."""
     try:
         err = json.loads(raw).get("error", {})
         return str(err.get("message", "")) if isinstance(err, dict) else str(err)
@@ -149,11 +134,12 @@ class AiohttpOpener:
         await self._session.close()
 
 
-async def send(opener: Opener, url: str, body: dict[str, Any], headers: dict[str, str], clock: Clock) -> Outcome:
-    """POST ``body`` to ``url`` and read its event stream to the end; never raises for a failed
-    request (the failure is the Outcome's status)."""
+async def send(opener: Opener, url: str, body: dict[str, Any], headers: dict[str, str], clock: Clock,
+               api: str = "chat") -> Outcome:
+    """POST ``body`` to ``url`` and read its event stream (``api``'s events) to the end; never raises
+    for a failed request (the failure is the Outcome's status)."""
     sent = clock.now()
-    state = StreamState()
+    state = stream_state(api)
     try:
         async with opener(url, body, headers) as resp:
             if resp.status != 200:

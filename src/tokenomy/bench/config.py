@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from tokenomy.core import SLO
 from tokenomy.policy.closedloop.retry import RetryPolicy
 
-APIS = ("chat", "completions")
+APIS = ("chat", "completions", "messages", "responses")
+"""What a run speaks: OpenAI chat or completions, Anthropic Messages, OpenAI Responses (bench/bodies.py)."""
 
 
 def normalize_target(url: str) -> str:
@@ -35,6 +36,8 @@ class BenchConfig:
     ``tenant_keys`` maps a session's tenant to the API key its requests carry (``--tenant-keys``);
     a tenant not in it sends ``api_key``. ``retry``: how a refused request (429, 503) is sent
     again (``--max-retries``; default the OpenAI SDK's: 2 retries after the ``retry-after`` given).
+    ``tool_calls`` (Messages and Responses): an earlier answer followed by new input is re-sent as a
+    tool call and that input as its result (agent workloads; :mod:`tokenomy.bench.bodies`).
     """
 
     targets: tuple[str, ...]
@@ -52,6 +55,7 @@ class BenchConfig:
     seed: int = 0
     tenant_keys: tuple[tuple[str, str], ...] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    tool_calls: bool = True
 
     def key_of(self, tenant: str) -> str | None:
         """The API key requests of ``tenant`` carry."""

@@ -39,7 +39,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tokenomy.bench.client import AiohttpOpener, Opener, Outcome, WallClock, request_body, send
+from tokenomy.bench.bodies import request_body
+from tokenomy.bench.client import AiohttpOpener, Opener, Outcome, WallClock, send
 from tokenomy.bench.config import BenchConfig
 from tokenomy.bench.engine_info import histogram_totals, read_engine_limits, time_scale_of
 from tokenomy.bench.sizing import measure_sizing, probe_remote

@@ -9,7 +9,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tokenomy.bench.client import AiohttpOpener, Clock, Opener, Outcome, WallClock, request_body, send
+from tokenomy.bench.bodies import API_PATHS, auth_headers, request_body
+from tokenomy.bench.client import AiohttpOpener, Clock, Opener, Outcome, WallClock, send
 from tokenomy.bench.config import BenchConfig
 from tokenomy.bench.sizing import AnswerCounter
 from tokenomy.bench.text import PromptBuilder, PromptSizing
@@ -17,6 +18,15 @@ from tokenomy.core import Segment, Session, Turn
 from tokenomy.policy.closedloop.retry import RETRY_COUNT_HEADER, RETRY_STATUSES
 
 ResultFn = Callable[["TurnResult"], None]
+
+RETRIED_AS = {"529": "503"}
+"""Refusals retried as another status: Anthropic's 529 ``overloaded_error`` is a 503 (the anthropic
+SDK retries both; :class:`~tokenomy.policy.closedloop.RetryPolicy` names 429 and 503)."""
+
+
+def refusal_status(status: str) -> str:
+    """``status`` as the retry rule reads it."""
+    return RETRIED_AS.get(status, status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,15 +53,15 @@ class TurnResult:
     @property
     def abandoned(self) -> bool:
         """Refused past its retries (or not retryable): the session ends here."""
-        return self.outcome.status in RETRY_STATUSES
+        return refusal_status(self.outcome.status) in RETRY_STATUSES
 
 
 class BenchRun:
     """One run of ``sessions`` against ``config.targets``.
 
     Session i is pinned to target ``i mod len(targets)`` (its history lives in that target's
-    prefix cache). A refused turn (429, 503) is sent again after the ``retry-after`` it got, up to
-    ``config.retry.max_retries`` times (:class:`~tokenomy.policy.closedloop.RetryPolicy`). A
+    prefix cache). A refused turn (429, 503; Messages' 529) is sent again after the ``retry-after``
+    it got, up to ``config.retry.max_retries`` times (:class:`~tokenomy.policy.closedloop.RetryPolicy`). A
     session ends early when one of its turns fails for good: without the answer the next turn's
     history cannot be sent. ``run`` returns the results in completion order and the clock
     time the run started at. ``sizing`` sizes prompts in the target's tokens
@@ -77,11 +87,11 @@ class BenchRun:
         self._on_result = on_result
         self.sizing = sizing or PromptSizing()
         self._counter = AnswerCounter(self.sizing, config.model)
-        self._builder = PromptBuilder(self.sessions, seed=config.seed, sizing=self.sizing, chat=config.api == "chat")
+        self._builder = PromptBuilder(self.sessions, seed=config.seed, sizing=self.sizing,
+                                      chat=config.api != "completions")
         self.results: list[TurnResult] = []
         self.t0 = 0.0
-        path = "/v1/chat/completions" if config.api == "chat" else "/v1/completions"
-        self._urls = [t + path for t in config.targets]
+        self._urls = [t + API_PATHS[config.api] for t in config.targets]
         missing = sorted({s.tenant for s in self.sessions if config.key_of(s.tenant) is None}) if config.tenant_keys else []
         if missing:
             raise ValueError(f"--tenant-keys gives no key for tenant(s) {', '.join(missing)} and no --api-key is set")
@@ -92,7 +102,7 @@ class BenchRun:
     async def _session(self, opener: Opener, index: int, session: Session) -> None:
         url = self._urls[index % len(self._urls)]
         key = self.config.key_of(session.tenant)
-        auth = {"Authorization": f"Bearer {key}"} if key else {}
+        auth = auth_headers(self.config.api, key)
         answer: tuple[Turn, tuple[Segment, ...], str, asyncio.Task[int | None] | None] | None = None
         try:
             for k, turn in enumerate(session.turns):
@@ -106,7 +116,7 @@ class BenchRun:
                 if self._expired():
                     return
                 prompt, content = self._builder.prompt(turn)
-                body = request_body(self.config, prompt, turn.output_tokens)
+                body = request_body(self.config, prompt, turn.output_tokens, session.session_id)
                 rid = f"{session.session_id}:{k}"
                 retried: list[str] = []
                 first_sent: float | None = None
@@ -114,10 +124,10 @@ class BenchRun:
                     headers = {**auth, "x-session-id": session.session_id,  # the SDKs' retry count too
                                "x-request-id": f"{rid}:retry{len(retried)}" if retried else rid,
                                RETRY_COUNT_HEADER: str(len(retried))}
-                    outcome = await send(opener, url, body, headers, self.clock)
+                    outcome = await send(opener, url, body, headers, self.clock, self.config.api)
                     first_sent = outcome.sent_s if first_sent is None else first_sent
-                    delay = None if outcome.ok else self.config.retry.delay_for(len(retried), outcome.status,
-                                                                                outcome.headers)
+                    delay = None if outcome.ok else self.config.retry.delay_for(
+                        len(retried), refusal_status(outcome.status), outcome.headers)
                     if delay is None:
                         break
                     retried.append(outcome.status)

@@ -1,5 +1,6 @@
-"""``tokenomy bench``: replay a workload's sessions against an OpenAI-compatible endpoint and
-report the same metrics as ``tokenomy sim`` (docs/bench.md)."""
+"""``tokenomy bench``: replay a workload's sessions against an OpenAI-compatible endpoint (chat,
+completions, Responses) or an Anthropic Messages one, and report the same metrics as ``tokenomy sim``
+(docs/bench.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokenomy.bench import BenchConfig, BenchReport, PromptSizing, TurnResult, run_bench
+from tokenomy.bench.config import APIS
 from tokenomy.bench.plot import plot_timeline
 from tokenomy.bench.sizing import FileTokenizer, measure_sizing, probe_remote
 from tokenomy.cli.common import CLIError
@@ -47,14 +49,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="give sessions without a tenant one drawn from a tier mix, e.g. gold:0.2,silver:0.3,free:0.5")
     r = p.add_argument_group("requests")
     r.add_argument("--model", default=None, help="model name to send (default: the target's first /v1/models entry)")
-    r.add_argument("--api-key", default=None, help="bearer token (default: $OPENAI_API_KEY if set)")
+    r.add_argument("--api-key", default=None, help="API key (default: $OPENAI_API_KEY if set; --api messages: $ANTHROPIC_API_KEY first)")
     r.add_argument("--tenant-keys", type=Path, default=None, metavar="FILE",
                    help="YAML/JSON mapping tenant -> API key: each session sends its tenant's key "
                         "(tenants not listed send --api-key)")
     api = r.add_mutually_exclusive_group()
-    api.add_argument("--chat", dest="api", action="store_const", const="chat", help="/v1/chat/completions (default)")
+    api.add_argument("--api", choices=APIS, default=None,
+                     help="chat: /v1/chat/completions (default); completions: /v1/completions with the conversation "
+                          "as one prompt; messages: Anthropic /v1/messages; responses: OpenAI /v1/responses")
+    api.add_argument("--chat", dest="api", action="store_const", const="chat", help="the same as --api chat")
     api.add_argument("--completions", dest="api", action="store_const", const="completions",
-                     help="/v1/completions with the conversation as one prompt")
+                     help="the same as --api completions")
+    r.add_argument("--no-tool-calls", action="store_true",
+                   help="messages/responses: re-send earlier answers as plain text and new input as user messages, "
+                        "not as tool calls and their results (for conversations that are not agent loops)")
     r.add_argument("--no-ignore-eos", action="store_true",
                    help="do not send ignore_eos (answers may end before the workload's output length)")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for any one read of a response")
@@ -77,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--html", type=Path, default=None,
                    help="write a self-contained HTML report (table, latency, token-class and per-session cost plots)")
     o.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run_bench_cmd, api="chat")
+    p.set_defaults(func=run_bench_cmd)
 
 
 def load_sessions(args: argparse.Namespace) -> list[Session]:
@@ -137,17 +145,20 @@ def read_tenant_keys(path: Path | None) -> tuple[tuple[str, str], ...]:
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    api_key = args.api_key if args.api_key is not None else os.environ.get("OPENAI_API_KEY")
+    api = args.api or "chat"
+    env_keys = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY") if api == "messages" else ("OPENAI_API_KEY",)
+    api_key = args.api_key if args.api_key is not None else next(
+        (v for v in map(os.environ.get, env_keys) if v), None)
     targets = _targets(args.target)
     probe = BenchConfig(targets=targets, model=args.model or "-", concurrency=args.concurrency)
     tenant_keys = read_tenant_keys(args.tenant_keys)
     model = args.model or discover_model(probe.targets[0], api_key or (tenant_keys[0][1] if tenant_keys else None))
     return BenchConfig(
-        targets=targets, model=model, api=args.api, api_key=api_key, concurrency=args.concurrency,
+        targets=targets, model=model, api=api, api_key=api_key, concurrency=args.concurrency,
         duration_s=args.duration, request_timeout_s=args.timeout, ignore_eos=not args.no_ignore_eos,
         slo=SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot), gpus=args.gpus,
         usd_per_gpu_hour=args.usd_per_gpu_hour, seed=args.seed, tenant_keys=tenant_keys,
-        retry=RetryPolicy(max_retries=args.max_retries),
+        retry=RetryPolicy(max_retries=args.max_retries), tool_calls=not args.no_tool_calls,
     )
 
 
@@ -178,13 +189,18 @@ def run_bench_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sized_as(api: str) -> str:
+    """Messages and Responses reach the model through its chat template: they are sized as chat."""
+    return "completions" if api == "completions" else "chat"
+
+
 def prompt_sizing(choice: str, config: BenchConfig, console: Console) -> PromptSizing:
     """The sizing ``--tokenizer`` asks for, measured on the first target (docs/bench.md)."""
     if choice == "none":
         return PromptSizing()
     if choice != "auto":
         try:
-            return measure_sizing(FileTokenizer(choice), config.api, seed=config.seed)
+            return measure_sizing(FileTokenizer(choice), _sized_as(config.api), seed=config.seed)
         except ValueError as exc:
             raise CLIError(str(exc)) from None
     tok = probe_remote(config.targets[0], model=config.model, api_key=config.api_key)
@@ -193,7 +209,7 @@ def prompt_sizing(choice: str, config: BenchConfig, console: Console) -> PromptS
                       "filler word); give --tokenizer PATH to size prompts for this model")
         return PromptSizing()
     try:
-        sizing = measure_sizing(tok, config.api, seed=config.seed)
+        sizing = measure_sizing(tok, _sized_as(config.api), seed=config.seed)
     except ValueError as exc:
         console.print(f"prompt sizing: {exc}; built-in instead")
         return PromptSizing()
@@ -238,7 +254,7 @@ def _print_and_write(
         settings = {"targets": list(config.targets), "model": config.model, "api": config.api,
                     "workload": args.workload, "concurrency": config.concurrency, "rate": args.rate,
                     "duration_s": config.duration_s, "max_sessions": args.max_sessions, "seed": config.seed,
-                    "ignore_eos": config.ignore_eos, "tokenizer": args.tokenizer, "tenants": args.tenants,
+                    "ignore_eos": config.ignore_eos, "tool_calls": config.tool_calls, "tokenizer": args.tokenizer, "tenants": args.tenants,
                     "tenant_keys": sorted(t for t, _ in config.tenant_keys)}  # names only: keys are secrets
         payload: dict[str, Any] = {
             "schema": BENCH_SCHEMA,
