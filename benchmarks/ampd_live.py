@@ -191,14 +191,15 @@ def _gate_counts(gateway_url: str) -> dict[str, float]:
     return out
 
 
-def live_mode(mode: str, spec: LiveSpec, sessions: list[Session]) -> tuple[float, dict[str, Any], dict[str, Any]]:
+def live_mode(mode: str, spec: LiveSpec, sessions: list[Session],
+              api: str = "completions") -> tuple[float, dict[str, Any], dict[str, Any]]:
     """Attainment of ``mode`` live, the bench's errors, and the run's health (load, emulator lag,
     why requests missed)."""
     key = new_api_key()
     with run_health() as health, live_cluster(
             spec.cluster_file(mode), lambda urls, blocks, port, tmp: spec.gateway_file(mode, urls, blocks, port, key, tmp)
     ) as live:
-        rep = run_bench(sessions, BenchConfig(targets=(live.url,), model=spec.model, api="completions",
+        rep = run_bench(sessions, BenchConfig(targets=(live.url,), model=spec.model, api=api,
                                               api_key=key, slo=spec.slo, gpus=spec.instances * spec.tp,
                                               seed=spec.seed))
         health["gates"] = _gate_counts(live.url)
@@ -218,6 +219,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--sim-only", action="store_true", help="only the simulation (seconds, no processes)")
+    ap.add_argument("--api", default="completions", choices=["completions", "chat", "messages", "responses"],
+                    help="the protocol the agent load speaks (messages/responses: agent-native traffic)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
@@ -241,7 +244,7 @@ def main() -> int:
     errors: dict[str, Any] = {}
     health: dict[str, Any] = {}
     for m in [] if args.sim_only else modes:
-        live[m], errors[m], health[m] = live_mode(m, spec, sessions)
+        live[m], errors[m], health[m] = live_mode(m, spec, sessions, args.api)
         print(f"live {m}: {live[m]:.3f} (sim {sim[m]:.3f}); {health[m]}", flush=True)
     out = {"sim": sim, "live": live, "diff": {m: live[m] - sim[m] for m in live},
            "sim_misses": sim_misses, "live_errors": errors, "live_health": health,

@@ -279,6 +279,8 @@ def main() -> int:
                     help="hold this flock around each live mode only (a quiet machine for the measurement)")
     ap.add_argument("--sim-seeds", default="",
                     help="also simulate these seeds, one cell each (the spread over workloads; '' for none)")
+    ap.add_argument("--api", default="completions", choices=["completions", "chat", "messages", "responses"],
+                    help="the protocol the live agent load speaks (messages/responses: agent-native traffic)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -320,7 +322,7 @@ def main() -> int:
         for i, m in enumerate(MODES):
             if i and args.lock is not None:
                 time.sleep(LOCK_GAP_S)  # let a waiter take the lock between the modes
-            out["live"][m], out["live_health"][m] = live_fleet(m, cells, args.lock)
+            out["live"][m], out["live_health"][m] = live_fleet(m, cells, args.lock, args.api)
             print(f"live {m}: {json.dumps(brief(out['live'][m]))}; load {out['live_health'][m]['loadavg']}", flush=True)
         for i in range(spec.cells):
             common_goodput({m: out["live"][m]["cells"][i] for m in MODES}, list(MODES))

@@ -64,7 +64,7 @@ def ttft_split(records: list[RequestRecord], gateway_ttft: dict[str, float]) -> 
                 for k, v in d.items()} for t, d in sorted(by.items())}
 
 
-def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, Any], dict[str, Any]]:
+def live_mode(mode: str, spec: Any, sessions: list[Session], api: str = "completions") -> tuple[dict[str, Any], dict[str, Any]]:
     """``mode``'s figures live (``closed_loop.figures``) and the run's health (load average before
     and after, wall time, each emulator's busy and lag-dropped seconds, the gateway's counts, TTFT
     at the client and at the gateway, every request as ``[id, tier, arrival, TTFT, finish]``)."""
@@ -72,7 +72,7 @@ def live_mode(mode: str, spec: Any, sessions: list[Session]) -> tuple[dict[str, 
     with run_health() as health, live_cluster(
             spec.cluster_file(), lambda urls, blocks, port, tmp: spec.gateway_file(mode, urls, blocks, port, keys, tmp)
     ) as live:
-        rep = run_bench(sessions, BenchConfig(targets=(live.url,), model=spec.model, api="completions",
+        rep = run_bench(sessions, BenchConfig(targets=(live.url,), model=spec.model, api=api,
                                               slo=spec.slo, gpus=spec.instances, seed=spec.seed,
                                               tenant_keys=tuple(sorted(keys.items())), retry=spec.retry))
         health["gateway"] = _gateway_counts(live.url)
@@ -122,14 +122,16 @@ def held(lock: Path | None, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[float
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def live_fleet(mode: str, cells: list[tuple[Any, list[Session]]], lock: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def live_fleet(mode: str, cells: list[tuple[Any, list[Session]]], lock: Path | None,
+               api: str = "completions") -> tuple[dict[str, Any], dict[str, Any]]:
     """``mode`` live on every cell at once (each cell's chain in its own process, so no client
     shares an interpreter), under ``lock``; the cells' figures pooled (``closed_loop_stats.pool``),
     the health of each cell and the load average before and after, inside the lock."""
     with held(lock) as waited:
         before, t0 = os.getloadavg(), time.monotonic()
         with ProcessPoolExecutor(len(cells), mp_context=multiprocessing.get_context("spawn")) as ex:
-            done = list(ex.map(live_mode, [mode] * len(cells), [c for c, _ in cells], [s for _, s in cells]))
+            done = list(ex.map(live_mode, [mode] * len(cells), [c for c, _ in cells], [s for _, s in cells],
+                               [api] * len(cells)))
         after = os.getloadavg()
     health = {"lock_wait_s": round(waited, 1), "wall_s": round(time.monotonic() - t0, 1),
               "loadavg": [round(before[0], 2), round(after[0], 2)], "loadavg_before": before,
