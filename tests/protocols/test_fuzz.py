@@ -16,6 +16,7 @@ from tokenomy.protocols.messages import (
 )
 from tokenomy.protocols.responses import chat_to_responses, responses_to_chat
 from tokenomy.protocols.responses_stream import ChatToResponsesStream
+from tokenomy.protocols.sse import format_events
 
 KEYS = ["model", "max_tokens", "messages", "system", "role", "content", "type", "text", "tools", "tool_choice",
         "name", "input", "input_schema", "id", "tool_use_id", "source", "stop_sequences", "stream", "call_id",
@@ -25,7 +26,7 @@ VALUES = ["user", "assistant", "system", "text", "image", "tool_use", "tool_resu
           "function_call", "function_call_output", "reasoning", "function", "any", "tool", "auto", "required",
           "input_text", "stop", "length", "tool_calls", "base64", "url"]
 
-leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.floats(allow_nan=False), st.sampled_from(VALUES),
+leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.just(10**30), st.floats(allow_nan=False), st.sampled_from(VALUES),
                  st.text(max_size=8))
 json_values = st.recursive(leaf, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(KEYS), inner, max_size=6)), max_leaves=30)
@@ -54,3 +55,4 @@ def test_answers_and_streams_take_any_chat_json(resp: dict[str, Any], chunks: li
     for stream in (ChatToMessagesStream("m"), ChatToResponsesStream({})):
         events = [e for c in chunks for e in stream.feed(c)] + stream.finish()  # type: ignore[attr-defined]
         assert events and all(isinstance(name, str) and data["type"] == name for name, data in events)
+        assert format_events(events).count(b"\n\n") == len(events)
