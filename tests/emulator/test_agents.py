@@ -211,3 +211,50 @@ def test_bad_json_is_a_400_on_both_routes(client: TestClient) -> None:
     for path in ("/v1/messages", "/v1/responses", "/v1/messages/count_tokens"):
         r = client.post(path, content=b"{nope", headers={"content-type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["code"] == 400
+
+
+def _crashing_app(monkeypatch: pytest.MonkeyPatch) -> TestClient:
+    """An emulator whose engine raises on its fifth step (mid-stream for a 40-token answer)."""
+    from tokenomy.emulator import EmulatorConfig, build_app
+    from tokenomy.engine import Engine
+
+    real_step, calls = Engine.step, [0]
+
+    def step(self: Engine, now: float):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == 5:
+            raise RuntimeError("engine bug")
+        return real_step(self, now)
+
+    monkeypatch.setattr(Engine, "step", step)
+    return TestClient(build_app(EmulatorConfig(time_scale=0.001, instance_id="unit-0", port=9)))
+
+
+def test_an_engine_crash_mid_stream_raises_in_the_anthropic_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    with _crashing_app(monkeypatch) as client:
+        sdk = anthropic_sdk(client)
+        texts: list[str] = []
+        with pytest.raises(anthropic.APIStatusError) as err, sdk.messages.stream(
+                model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "hello"}]) as s:
+            texts.extend(s.text_stream)
+        assert err.value.body["error"]["type"] == "internal_error"  # type: ignore[index]
+        assert "".join(texts)  # tokens before the crash arrived first
+
+
+def test_an_engine_crash_mid_stream_raises_in_the_openai_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    with _crashing_app(monkeypatch) as client:
+        sdk = openai_sdk(client)
+        with pytest.raises(openai.APIError) as err, sdk.responses.stream(
+                model=MODEL, input="hello", max_output_tokens=40) as s:
+            s.get_final_response()
+        assert "engine" in err.value.message.lower()
+
+
+def test_count_tokens_refuses_a_body_over_the_limit() -> None:
+    from tokenomy.emulator import EmulatorConfig, build_app
+
+    config = EmulatorConfig(time_scale=0.001, instance_id="unit-0", port=9, max_body_bytes=1024)
+    with TestClient(build_app(config)) as client:
+        r = client.post("/v1/messages/count_tokens", json={"model": MODEL, "messages": [
+            {"role": "user", "content": "x" * 2000}]})
+        assert r.status_code == 413 and r.json()["type"] == "error"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from anthropic.types import Message
 from sdk_replay import CHAT_ID, anthropic_final, chunk, tool_delta, usage
 
 from tokenomy.protocols.messages import ChatToMessagesStream, chat_to_messages
@@ -39,6 +40,7 @@ ANSWERS: list[tuple[str, dict[str, Any], list[dict[str, Any]], str, str | None]]
 def test_whole_answer(resp: dict[str, Any], content: list[dict[str, Any]], reason: str, sequence: str | None) -> None:
     out = chat_to_messages(resp, "claude-x")
     assert out["content"] == content and out["stop_reason"] == reason and out["stop_sequence"] == sequence
+    Message.model_validate(out)  # the anthropic SDK's own model, strictly validated
     assert out["id"] == "msg_t1" and out["type"] == "message" and out["role"] == "assistant"
     assert out["model"] == "claude-x"
     assert out["usage"] == {"input_tokens": 4, "cache_read_input_tokens": 6, "cache_creation_input_tokens": 0,

@@ -124,7 +124,13 @@ def _build_messages(emu: Emulator, raw: bytes) -> tuple[Job, bool, MessagesAnswe
 async def count_tokens(emu: Emulator, request: Request) -> Response:
     """``/v1/messages/count_tokens``: the prompt the same ``/v1/messages`` request would have."""
     try:
-        data = _object(await request.body())
+        raw = bytearray()
+        async for part in request.stream():
+            raw += part
+            if len(raw) > emu.config.max_body_bytes:
+                raise APIError(413, f"The request body is larger than {emu.config.max_body_bytes} bytes.",
+                               type_="RequestTooLargeError")
+        data = _object(bytes(raw))
         _need_model(data)
         chat = _translate(count_tokens_chat, data)
         if chat.get("model") != emu.model_name:

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from tokenomy.protocols.common import JSON, Usage, id_tail, reasoning_of, sub
-from tokenomy.protocols.responses import (
+from tokenomy.protocols.response_objects import (
     function_call_item,
     item_id,
     message_item,

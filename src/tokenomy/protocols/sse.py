@@ -15,6 +15,7 @@ event that each SDK turns into its typed exception:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,7 +38,11 @@ OPENAI_ERROR_TYPES = {
 
 def format_event(name: str, data: JSON) -> bytes:
     """One named event: ``event: NAME\\ndata: JSON\\n\\n``."""
-    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+    try:
+        payload = orjson.dumps(data)
+    except orjson.JSONEncodeError:  # what orjson refuses (an integer past 64 bits) the json module writes
+        payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    return b"event: " + name.encode() + b"\ndata: " + payload + b"\n\n"
 
 
 def format_events(events: Iterable[tuple[str, JSON]]) -> bytes:
