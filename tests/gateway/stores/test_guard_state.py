@@ -31,7 +31,9 @@ OPEN = BreakerConfig(max_turns_per_session=None, repeat_limit=None)  # no breake
 
 
 class NoLedger:
-    """A ledger that recorded nothing (what ``RedisState`` reads to seed and reclaim)."""
+    """A ledger that recorded nothing (what ``RedisState`` reads to seed and reclaim) and never failed."""
+
+    failed_at_s = None
 
     async def cost(self, request_id: str) -> float | None:
         return None

@@ -13,7 +13,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from redis.asyncio import Redis
@@ -21,16 +21,17 @@ from redis.asyncio import Redis
 from tokenomy.gateway.ops.config import GatewayConfigLike, ops_config
 from tokenomy.gateway.ops.metrics import OpsMetrics
 from tokenomy.gateway.ops.ops_guard import OpsGuard
-from tokenomy.gateway.ops.outage import OutagePolicy
+from tokenomy.gateway.ops.outage import LedgerHealth, OutagePolicy
 from tokenomy.gateway.ops.tenancy_seed import apply_seeds
 from tokenomy.gateway.stores.ledger_sql import usage_events
 from tokenomy.gateway.stores.local_state import LocalState
 from tokenomy.gateway.stores.pg_ledger import PgLedger
 from tokenomy.gateway.stores.pg_tenancy import PgTenantStore, pg_engine, seeding_lock
-from tokenomy.gateway.stores.redis_state import RedisState
+from tokenomy.gateway.stores.redis_state import RedisState, SpendLedger
 from tokenomy.gateway.stores.redis_store import redis_client
 from tokenomy.gateway.stores.reservations import InProcessReservations
 from tokenomy.gateway.stores.shared_config import SharedStoresConfig
+from tokenomy.gateway.stores.tenancy_sql import TenantStore
 
 
 @dataclass
@@ -56,10 +57,14 @@ def shared_config(config: GatewayConfigLike) -> SharedStoresConfig | None:
     return ops.shared
 
 
-def replica_guard(config: GatewayConfigLike, store: Any, redis: Redis, ledger: Any, shared: SharedStoresConfig, *,
-                clock: Callable[[], float] = time.time, metrics: OpsMetrics | None = None,
-                prefix: str = "tk:") -> OpsGuard:
-    """A replica's ``OpsGuard`` over ``RedisState`` (``ledger``: a ``PgLedger`` or alike)."""
+class FleetLedger(SpendLedger, LedgerHealth, Protocol):
+    """What a replica's guard reads of the ledger (``PgLedger``): spend, costs, its health."""
+
+
+def replica_guard(config: GatewayConfigLike, store: TenantStore, redis: Redis, ledger: FleetLedger,
+                  shared: SharedStoresConfig, *, clock: Callable[[], float] = time.time,
+                  metrics: OpsMetrics | None = None, prefix: str = "tk:") -> OpsGuard:
+    """A replica's ``OpsGuard`` over ``RedisState``; ``prefix`` starts every Redis key (tests)."""
     ops = ops_config(config)
     state = RedisState(redis, shared, ops.breaker, ledger, lambda: store.tree, prefix=prefix)
     outage = OutagePolicy(shared.on_outage, LocalState(InProcessReservations(), ops.breaker), ledger)
