@@ -18,7 +18,6 @@ the state's finish changes nothing the second time.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import math
 import time
@@ -26,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tokenomy.gateway.errors import GatewayError
+from tokenomy.gateway.ops.access import KeyAccess
 from tokenomy.gateway.ops.admission import AdmissionSignals, PriorityAdmission
 from tokenomy.gateway.ops.alerts import Alerter
 from tokenomy.gateway.ops.breaker import Breakers
@@ -80,6 +80,7 @@ class OpsGuard:
         self.state = state
         self.price_of = price_of
         self.clock = clock
+        self.access = KeyAccess(store, config.admin_key)
         self.outage = outage
         self.heartbeat_s = heartbeat_s
         self.metrics = metrics or OpsMetrics()
@@ -105,7 +106,7 @@ class OpsGuard:
     # --- the Guard contract --------------------------------------------------------------------
 
     async def authenticate(self, api_key: str | None) -> None:
-        self._key_node(api_key)
+        self.access.key_node(api_key)
 
     async def admit(self, request: AdmitRequest) -> Admission:
         await self._sweep()
@@ -173,7 +174,7 @@ class OpsGuard:
 
     async def _take(self, request: AdmitRequest) -> tuple[Admission, _Flight]:
         """Check and charge breakers, limits and budget in one step of the state."""
-        node = self._key_node(request.api_key)
+        node = self.access.key_node(request.api_key)
         rid = request.request_id
         if rid in self._flights:
             raise GatewayError(409, f"request id {rid!r} is already in flight", code="duplicate_request_id")
@@ -319,28 +320,11 @@ class OpsGuard:
     # --- who may read what ---------------------------------------------------------------------
 
     async def usage_scope(self, api_key: str | None) -> tuple[str, ...]:
-        """The tenant path whose subtree ``api_key`` may read: a key reads only its own usage;
-        the admin key reads everything (``()``). 401 for a missing, unknown or revoked key."""
-        if api_key and self.is_admin(api_key):
-            return ()
-        return self.store.tree.path(self._key_node(api_key).id)
+        """The tenant path whose subtree ``api_key`` may read (``()``: the admin key, everything)."""
+        return self.access.usage_scope(api_key)
 
     def is_admin(self, api_key: str | None) -> bool:
-        admin = self.config.admin_key
-        if not admin or not api_key:
-            return False
-        return hmac.compare_digest(api_key.encode(), admin.encode())
-
-    def _key_node(self, api_key: str | None) -> Node:
-        """The live key node of ``api_key``; 401 for a missing, unknown or revoked key."""
-        if not api_key:
-            raise GatewayError(401, "missing API key: send 'Authorization: Bearer tk-...'",
-                               type="authentication_error", code="missing_api_key")
-        node = self.store.authenticate(api_key)
-        if node is None:
-            raise GatewayError(401, "invalid or revoked API key", type="authentication_error",
-                               code="invalid_api_key")
-        return node
+        return self.access.is_admin(api_key)
 
     async def budget_usage(self, charges: Sequence[Charge]) -> dict[Charge, tuple[float, float]]:
         """(spent, held) of each (node, period) in the state admission enforces against."""
@@ -352,6 +336,5 @@ class OpsGuard:
 
     def visible_key_ids(self, admission_or_key: Admission | str) -> set[str]:
         """Key ids whose usage this key may read: its own subtree (a key: itself)."""
-        key_id = admission_or_key if isinstance(admission_or_key, str) else admission_or_key.key_id
-        tree = self.store.tree
-        return {i for i in tree.subtree(key_id) if tree.get(i).kind.value == "key"}
+        return self.access.visible_key_ids(
+            admission_or_key if isinstance(admission_or_key, str) else admission_or_key.key_id)
