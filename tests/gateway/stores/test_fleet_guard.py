@@ -113,11 +113,9 @@ def test_an_admission_is_one_step_that_a_refusal_leaves_no_trace_of(tmp_path: Pa
             await b.admit(request(keys["budgeted"], "two", max_tokens=10_000))
         assert over.value.code == "budget_exceeded"
         charge = a.budgets.plan(a.store.tree.path_nodes(key_id), clock())[0][-1]
-        assert await a.state.in_flight(key_id, clock()) == 1
         assert await b.state.usage([charge]) == [(0.0, adm.reserved_cost_usd)]  # one hold: the first
         await ledger.record(event("one", key_id, 0.0002))
         await a.settle(adm, SettledUsage(100, 50, 0, 0.0002))
-        assert await a.state.in_flight(key_id, clock()) == 0
         assert await b.state.usage([charge]) == [(0.0002, 0.0)]
 
     fleet(tmp_path, redis_srv, pg_srv, body, replicas=2)

@@ -110,7 +110,6 @@ def test_a_limit_refusal_at_the_team_charges_no_node(kind: str, request: pytest.
         assert e.headers["x-ratelimit-remaining-tokens"] == "900"  # r2's 100 tokens were not charged
         got = await admitted(state, step("r3", (("key", NodeLimits(rpm=10, tpm=1000)),)))
         assert got.headers["x-ratelimit-remaining-requests"] == "8"  # two charges on the key, not three
-        assert await state.in_flight("team", T0) == 1 and await state.in_flight("key", T0) == 2
 
     run(kind, request, tmp_path, body)
 
@@ -119,15 +118,14 @@ def test_a_limit_refusal_at_the_team_charges_no_node(kind: str, request: pytest.
 def test_a_budget_refusal_takes_no_slot_token_or_turn(kind: str, request: pytest.FixtureRequest,
                                                       tmp_path: Path) -> None:
     async def body(state: GuardState) -> None:
-        p = path(rpm=2, max_concurrent=5)
+        p = path(rpm=2, max_concurrent=1)
         budgets = {("team", "2027-01"): 1.0}
         refusal = await state.admit(step("big", p, usd=1.5, budgets=budgets, session="s"))
         assert isinstance(refusal, Refusal) and refusal.charge == ("team", "2027-01")
         assert (refusal.budget_usd, refusal.spent_usd, refusal.reserved_usd) == (1.0, 0.0, 0.0)
-        assert await state.in_flight("key", T0) == 0
         assert await state.usage(charges(p)) == [(0.0, 0.0)] * 3
         assert await state.session_spend_usd("key", "s") == 0.0
-        got = await admitted(state, step("ok", p, usd=0.6, budgets=budgets, session="s"))
+        got = await admitted(state, step("ok", p, usd=0.6, budgets=budgets, session="s"))  # the one slot was free
         assert got.headers["x-ratelimit-remaining-requests"] == "1"  # the refused request took no RPM
         assert got.spent_usd == (0.0, 0.0, 0.0)
         assert await state.usage(charges(p)) == [(0.0, 0.6)] * 3  # counted on every node, budgeted or not
@@ -152,9 +150,10 @@ def test_settle_and_release_count_once(kind: str, request: pytest.FixtureRequest
         assert (await state.finish(end(b, None))).hold is not None  # released: no cost, TPM refunded
         assert await state.finish(end(b, None)) == Finished(None)
         assert await state.usage([("key", "2027-01")]) == [(pytest.approx(0.2), pytest.approx(0.0))]
-        assert await state.in_flight("key", T0) == 0
         got = await admitted(state, step("d", p, tokens=100))
         assert got.headers["x-ratelimit-remaining-tokens"] == "750"  # 1000 - 150 actual - 100: corrected once
+        await admitted(state, step("e", p, tokens=100))  # both slots came back, once each
+        assert (await refused(state, step("f", p))).code == "concurrency_limit"
 
     run(kind, request, tmp_path, body)
 
@@ -163,11 +162,11 @@ def test_settle_and_release_count_once(kind: str, request: pytest.FixtureRequest
 def test_a_request_id_holding_already_is_refused_and_charged_once(kind: str, request: pytest.FixtureRequest,
                                                                   tmp_path: Path) -> None:
     async def body(state: GuardState) -> None:
-        p = path(rpm=10)
+        p = path(rpm=10, max_concurrent=2)
         await admitted(state, step("r1", p, usd=0.1))
         e = await refused(state, step("r1", p, usd=0.1))
         assert (e.status, e.code) == (409, "duplicate_request_id")
-        assert await state.in_flight("key", T0) == 1
+        await admitted(state, step("r2", p))  # the refused duplicate took no slot
         assert await state.usage([("key", "2027-01")]) == [(0.0, 0.1)]
 
     run(kind, request, tmp_path, body)
@@ -194,11 +193,13 @@ def test_200_racing_admissions_fit_a_50_request_budget_exactly(kind: str, reques
 def test_turn_cap_and_repetition_refuse_and_count_nothing(kind: str, request: pytest.FixtureRequest,
                                                           tmp_path: Path) -> None:
     async def body(state: GuardState) -> None:
+        p = path(max_concurrent=5)
         for i in range(3):
-            await admitted(state, step(f"t{i}", session="s1", fingerprint=f"fp{i}"))
-        e = await refused(state, step("t3", session="s1"))
+            await admitted(state, step(f"t{i}", p, session="s1", fingerprint=f"fp{i}"))
+        e = await refused(state, step("t3", p, session="s1"))
         assert (e.code, e.headers["retry-after"]) == ("breaker_turn_cap", "60")
-        assert await state.in_flight("key", T0) == 3  # the refused turn took no slot
+        await admitted(state, step("x", p))  # the refused turn took no slot: 4 of 5
+        await admitted(state, step("y", p))
         await admitted(state, step("u0", session="s2", fingerprint="same"))
         e = await refused(state, step("u1", session="s2", fingerprint="same"))  # the 2nd in a row
         assert e.code == "breaker_repetition" and "repeated 2 times" in e.message
@@ -258,8 +259,9 @@ def test_streamed_tokens_past_the_velocity_cap_cut_the_stream_and_open_the_key(
 def test_a_request_over_a_whole_minute_of_tpm_never_fits(kind: str, request: pytest.FixtureRequest,
                                                          tmp_path: Path) -> None:
     async def body(state: GuardState) -> None:
-        e = await refused(state, step("big", path(tpm=100), tokens=160))
+        p = path(tpm=100, max_concurrent=1)
+        e = await refused(state, step("big", p, tokens=160))
         assert e.code == "tokens_over_limit" and "retry-after" not in e.headers
-        assert await state.in_flight("key", T0) == 0
+        await admitted(state, step("small", p, tokens=60))  # no slot, no token was taken
 
     run(kind, request, tmp_path, body)

@@ -102,9 +102,7 @@ def test_a_request_shed_from_the_queue_gets_every_charge_back(kind: str, request
             await guard.admit(admit_request(raw, "b", session="s"))
         assert err.value.code == "overloaded"
         assert (await guard.budget_usage([charge]))[charge] == (0.0, pytest.approx(first.reserved_cost_usd))
-        assert await guard.state.in_flight(key_id, guard.clock()) == 1
         await guard.settle(first, SettledUsage(100, 1, 0, 1e-4))
-        assert await guard.state.in_flight(key_id, guard.clock()) == 0
         again = await guard.admit(admit_request(raw, "b", session="s"))  # the shed turn did not count
         assert again.headers["x-ratelimit-remaining-requests"] == "97"  # a shed request was still a request
 

@@ -277,7 +277,7 @@ class OpsGuard:
     def _drain(self) -> None:
         trips = self.state.drain_trips()
         if self.outage is not None:
-            trips += self.outage.local.drain_trips()
+            trips = trips + self.outage.local.drain_trips()
         self.reports.drain(trips, self.clock())
 
     # --- lifecycle: a fleet's seeding and heartbeat ----------------------------------------------

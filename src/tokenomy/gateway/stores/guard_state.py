@@ -122,10 +122,6 @@ class GuardState(Protocol):
 
     async def key_tokens_per_s(self, key_id: str, now_s: float) -> float: ...
 
-    async def in_flight(self, node_id: str, now_s: float) -> int:
-        """Concurrency slots held on ``node_id``."""
-        ...
-
     def drain_trips(self) -> list[Trip]:
         """Breaker trips since the last call (for alerts and metrics)."""
         ...

@@ -164,6 +164,3 @@ class InProcessRateLimits:
     def finish(self, node_ids: Sequence[str]) -> None:
         for node_id in node_ids:
             self._in_flight[node_id] = max(0, self._in_flight.get(node_id, 0) - 1)
-
-    def in_flight(self, node_id: str) -> int:
-        return self._in_flight.get(node_id, 0)

@@ -82,11 +82,11 @@ class LocalState:
         with self._lock:
             return self.breakers.key_tokens_per_s(key_id, now_s)
 
-    async def in_flight(self, node_id: str, now_s: float) -> int:
-        return self.limits.in_flight(node_id)
-
     def drain_trips(self) -> list[Trip]:
-        trips, self.breakers.trips = self.breakers.trips, []
+        if not self.breakers.trips:  # the common case, once per streamed chunk: allocate nothing
+            return []
+        with self._lock:
+            trips, self.breakers.trips = self.breakers.trips, []
         return trips
 
     async def start(self, now_s: float) -> None:

@@ -201,7 +201,3 @@ class RedisRateLimits(RedisStore):
                 for n in node_ids:
                     pipe.zadd(self._cc_key(n), {rid: until}, xx=True)
             await pipe.execute()
-
-    async def in_flight(self, node_id: str, now_s: float) -> int:
-        """Concurrency slots held on ``node_id`` whose lease has not passed."""
-        return int(await self.redis.zcount(self._cc_key(node_id), f"({now_s!r}", "+inf"))

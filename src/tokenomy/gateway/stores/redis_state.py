@@ -166,10 +166,9 @@ class RedisState:
     async def key_tokens_per_s(self, key_id: str, now_s: float) -> float:
         return float(await self._call(self.breakers.key_tokens_per_s(key_id, now_s)))
 
-    async def in_flight(self, node_id: str, now_s: float) -> int:
-        return int(await self._call(self.limits.in_flight(node_id, now_s)))
-
     def drain_trips(self) -> list[Trip]:
+        if not self.breakers.trips:
+            return []
         trips, self.breakers.trips = self.breakers.trips, []
         return trips
 
