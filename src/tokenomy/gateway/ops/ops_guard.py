@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.access import KeyAccess
@@ -44,7 +44,7 @@ from tokenomy.gateway.ops.outage import OutagePolicy
 from tokenomy.gateway.ops.pools import AdmissionPools, PoolTicket
 from tokenomy.gateway.ops.reporting import OpsReports
 from tokenomy.gateway.ops.tenancy import Node
-from tokenomy.gateway.stores.guard_state import AdmitStep, Admitted, FinishStep, GuardState, StoreUnavailable
+from tokenomy.gateway.stores.guard_state import AdmitStep, FinishStep, GuardState, StoreUnavailable
 from tokenomy.gateway.stores.local_state import LocalState
 from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal
 from tokenomy.gateway.stores.tenancy_sql import TenantStore
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 class _Flight:
     started_s: float
     path: tuple[Node, ...]
+    node_ids: tuple[str, ...]
     session_id: str | None
     worst_usd: float
     tokens: int  # the TPM estimate charged
@@ -109,7 +110,8 @@ class OpsGuard:
         self.access.key_node(api_key)
 
     async def admit(self, request: AdmitRequest) -> Admission:
-        await self._sweep()
+        if self.clock() >= self._next_sweep_s:
+            await self._sweep()
         try:
             admission, flight = await self._take(request)
         except GatewayError as err:
@@ -120,7 +122,7 @@ class OpsGuard:
         if not self.pools.on:
             return admission  # no overload control configured: nothing to queue for
         try:
-            sig = await self._signals(flight.state, admission.key_id, flight.path)
+            sig = await self._signals(flight.state, admission.key_id, flight.path, flight.charges, flight.started_s)
             flight.ticket = await self.pools.enter(request, admission, sig)
         except BaseException as err:
             self._flights.pop(admission.request_id, None)
@@ -196,44 +198,48 @@ class OpsGuard:
                          budgets, now)
         state = self.state
         try:
-            got, cap = await self._admit_in(state, step, price, prompt_bound)
+            cap = await self._session_cap(state, step, price, prompt_bound)
+            got = await state.admit(step)
         except StoreUnavailable as err:
             if self.outage is None:
                 raise GatewayError(503, "token-operations state store unavailable", type="server_error",
                                    code="store_unavailable") from err
             state = self.outage.fallback(path, err, rid, self.metrics)
-            got, cap = await self._admit_in(state, step, price, prompt_bound)
+            cap = await self._session_cap(state, step, price, prompt_bound)
+            got = await state.admit(step)
         if isinstance(got, Refusal):
             raise self.budgets.refused(path, got, worst, now)
         self.metrics.reserved_usd.inc(worst)
         tier = self.budgets.tier_priority(path, got.spent_usd)
-        admission = Admission(rid, node.id, tuple(n.id for n in path), request.model,
+        ids = tuple(n for n, _ in step.path)
+        admission = Admission(rid, node.id, ids, request.model,
                               priority=eff.priority if tier is None else min(eff.priority, tier),
                               reserved_cost_usd=worst, reserved_tokens=tokens, output_token_cap=cap,
                               headers=dict(got.headers))
-        flight = self._flights[rid] = _Flight(now, path, request.session_id, worst, tokens, charges, state)
+        flight = self._flights[rid] = _Flight(now, path, ids, request.session_id, worst, tokens, charges, state)
         return admission, flight
 
-    async def _admit_in(self, state: GuardState, step: AdmitStep, price: PriceLike,
-                        prompt_tokens: int) -> tuple[Admitted | Refusal, int | None]:
-        """``step`` in ``state``, with the output cap its session's budget sets (None: none). A
-        session that cannot pay for its prompt and one output token trips its breaker in the step."""
+    async def _session_cap(self, state: GuardState, step: AdmitStep, price: PriceLike, prompt_tokens: int) -> int | None:
+        """The output tokens the session's budget still pays for after the prompt (None: no session
+        budget). What the request needs of it (the prompt and one output token) goes into ``step``:
+        a session that cannot pay for that trips its breaker inside the atomic step."""
         budget = self.config.breaker.session_budget_usd
         if step.session_id is None or budget is None:
-            return await state.admit(step), None
+            return None
         left = max(0.0, budget - await state.session_spend_usd(step.key_id, step.session_id))
         cap = output_cap(left, price, prompt_tokens)
         if cap is None:
-            return await state.admit(step), None
-        need = (prompt_tokens * price.input_per_mtok + price.output_per_mtok) / 1e6
-        return await state.admit(replace(step, session_need_usd=need)), max(0, cap)
+            return None
+        step.session_need_usd = (prompt_tokens * price.input_per_mtok + price.output_per_mtok) / 1e6
+        return max(0, cap)
 
-    async def _signals(self, state: GuardState, key_id: str, path: tuple[Node, ...]) -> AdmissionSignals:
+    async def _signals(self, state: GuardState, key_id: str, path: tuple[Node, ...], charges: tuple[Charge, ...],
+                       now: float) -> AdmissionSignals:
         """Priority (lowered by budget tiers), budget left and consumption rate of a key."""
         prio = self.store.tree.effective(key_id).priority
         try:
-            usage = await state.usage(self.budgets.plan(path, self.clock())[0])
-            rate = await state.key_tokens_per_s(key_id, self.clock())
+            usage = await state.usage(charges)
+            rate = await state.key_tokens_per_s(key_id, now)
         except StoreUnavailable:
             return AdmissionSignals(prio, 1.0, 0.0)
         tier = self.budgets.tier_priority(path, [spent for spent, _ in usage])
@@ -241,13 +247,14 @@ class OpsGuard:
 
     async def admission_signals(self, key_id: str, path: tuple[Node, ...]) -> AdmissionSignals:
         """What priority admission weighs for a key (routing policies may read the same)."""
-        return await self._signals(self.state, key_id, path)
+        now = self.clock()
+        return await self._signals(self.state, key_id, path, self.budgets.plan(path, now)[0], now)
 
     # --- the end of a request ------------------------------------------------------------------
 
     async def _finish(self, rid: str, key_id: str, flight: _Flight, actual_usd: float | None, actual_tokens: int,
                       undo_turn: bool = False) -> None:
-        step = FinishStep(rid, key_id, flight.session_id, tuple(n.id for n in flight.path), flight.charges,
+        step = FinishStep(rid, key_id, flight.session_id, flight.node_ids, flight.charges,
                           flight.tokens, flight.worst_usd, actual_usd, actual_tokens, self.clock(), undo_turn)
         try:
             done = await flight.state.finish(step)
@@ -263,8 +270,6 @@ class OpsGuard:
         (a bug there must not hold budget, concurrency and queue slots forever). At most once a
         minute; a normal request never gets near the TTL."""
         now = self.clock()
-        if now < self._next_sweep_s:
-            return
         self._next_sweep_s = now + 60.0
         stale = [(rid, f) for rid, f in self._flights.items() if f.started_s + self.config.hold_ttl_s <= now]
         for rid, flight in stale:

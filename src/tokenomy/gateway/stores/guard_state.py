@@ -17,6 +17,9 @@ its store, never a sequence the caller must keep uninterrupted:
   per request id: a second call finds no hold and changes nothing.
 * ``stream_tokens``: streamed output tokens in the velocity windows; False once a cap is crossed.
 
+The steps and results are plain slots dataclasses, not frozen ones (whose constructor costs
+microseconds on the request path); nothing changes one once the store has it.
+
 Implementations: ``local_state.LocalState`` (one process; budgets in memory or SQLite) and
 ``redis_state.RedisState`` (a fleet; each step one Lua script). Both pass the same contract tests
 (``tests/gateway/stores/test_guard_state.py``).
@@ -38,7 +41,7 @@ class StoreUnavailable(Exception):
     happened. The policy decides what to serve meanwhile (``ops.shared.on_outage``)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AdmitStep:
     """One request's admission, as the store checks and charges it."""
 
@@ -55,13 +58,13 @@ class AdmitStep:
     session_need_usd: float = 0.0  # a session with less budget left than this trips its breaker
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Admitted:
     headers: dict[str, str]  # OpenAI's x-ratelimit-* for the tightest bucket of each kind
     spent_usd: tuple[float, ...]  # each charge's settled spend as the hold was taken (budget tiers)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FinishStep:
     """The end of an admitted request: settled at ``actual_usd``, or released (None)."""
 
@@ -78,7 +81,7 @@ class FinishStep:
     undo_turn: bool = False  # refused after admission (shed from the queue): no turn counted
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Finished:
     hold: Hold | None  # the hold this call finished; None when nothing was held (a second call)
     spent_usd: Mapping[Charge, float] = field(default_factory=dict)  # each charge's spend right after

@@ -80,16 +80,19 @@ def rate_limited(node_id: str, kind: str, cap: int, wait_s: float, headers: dict
 
 
 def headers_of(buckets: Sequence[tuple[float, int, str]]) -> dict[str, str]:
-    """OpenAI's ``x-ratelimit-*`` for the tightest bucket (lowest level) of each kind, from
-    (level, capacity, kind) triples."""
+    """OpenAI's ``x-ratelimit-*`` for the tightest bucket of each kind (the lowest level, then the
+    smallest capacity), from (level, capacity, kind) triples."""
     out: dict[str, str] = {}
     for kind, names in _HEADER_NAMES:
-        tight = [(level, cap) for level, cap, k in buckets if k == kind]
-        if tight:
-            level, cap = min(tight)
+        best: tuple[float, int] | None = None
+        for level, cap, k in buckets:
+            if k == kind and (best is None or (level, cap) < best):
+                best = (level, cap)
+        if best is not None:
+            level, cap = best
             out[names[0]] = str(cap)
             out[names[1]] = str(max(0, math.floor(level)))
-            out[names[2]] = openai_duration(TokenBucket(float(cap), level, 0.0).reset_s())
+            out[names[2]] = openai_duration(0.0 if cap <= 0 else max(0.0, cap - level) * 60.0 / cap)
     return out
 
 

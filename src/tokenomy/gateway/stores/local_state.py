@@ -43,7 +43,8 @@ class LocalState:
             self.breakers.admit_count(step.key_id, step.session_id, step.fingerprint, step.prompt_tokens,
                                       step.hold.amount_usd, step.now_s)
             self._open.add(rid)
-            return Admitted(headers, tuple(self.reservations.usage(c)[0] for c in step.hold.charges))
+            usage = self.reservations.usage
+            return Admitted(headers, tuple([usage(c)[0] for c in step.hold.charges]))
 
     async def finish(self, step: FinishStep) -> Finished:
         with self._lock:
