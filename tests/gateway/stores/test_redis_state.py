@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from test_guard_state import T0, admitted, end, path, refused, step
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.breaker import BreakerConfig
 from tokenomy.gateway.ops.tenancy import Node, NodeKind, NodeLimits, TenantTree
-from tokenomy.gateway.stores.guard_state import Admitted, Finished
+from tokenomy.gateway.stores.guard_state import Admitted, Finished, StoreUnavailable
 from tokenomy.gateway.stores.redis_state import RedisState
 from tokenomy.gateway.stores.reservations import Refusal
 from tokenomy.gateway.stores.servers import RedisServer
@@ -208,3 +209,24 @@ def test_after_redis_lost_its_data_a_settle_counts_exactly_what_the_rebuilt_spen
         assert [round(s, 9) for s, _ in await a.usage([KEY, ("team", "2027-01")])] == [1.6, 0.6]
 
     replicas(redis_srv, body, n=1, start=False)
+
+
+def test_a_settle_whose_call_failed_is_retried_by_the_heartbeat_once(redis_srv: RedisServer) -> None:
+    async def body(a: RedisState) -> None:
+        s = step("r1", usd=0.4, budgets={KEY: 1.0})
+        await admitted(a, s)
+        finish = a.scripts.finish
+
+        async def down(*args: Any) -> Any:
+            raise RedisConnectionError("Redis went away")
+
+        a.scripts.finish = down  # type: ignore[method-assign]
+        with pytest.raises(StoreUnavailable):
+            await a.finish(end(s, 0.25))
+        a.scripts.finish = finish  # type: ignore[method-assign]
+        upkeep = await a.heartbeat(T0 + 1)
+        assert [(done.hold.request_id if done.hold else None, cost) for done, cost in upkeep.settled] == [("r1", 0.25)]
+        assert (await a.heartbeat(T0 + 1)).settled == ()
+        assert [(round(x, 9), round(y, 9)) for x, y in await a.usage([KEY])] == [(0.25, 0.0)]
+
+    replicas(redis_srv, body, n=1)

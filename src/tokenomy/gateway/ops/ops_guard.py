@@ -307,10 +307,11 @@ class OpsGuard:
         """Renew this process's leases, reclaim dead owners' holds, retry failed settles; the
         holds reclaimed (``settled``/``released``)."""
         upkeep = await self.state.heartbeat(self.clock())
-        tree = self.store.tree
-        for done, cost in upkeep.settled:
+        nodes = {n.id: n for n in self.store.tree.nodes()}
+        for done, cost in upkeep.settled:  # settles retried: their threshold alerts, late
             if done.hold is not None:
-                self.budgets.settled(done.hold, done.spent_usd, cost, [tree.get(n) for n, _ in done.hold.charges])
+                path = [nodes[n] for n, _ in done.hold.charges if n in nodes]
+                self.budgets.settled(done.hold, done.spent_usd, cost, path)
         self._drain()
         return dict(upkeep.reclaimed)
 
