@@ -103,16 +103,16 @@ class RedisState:
             raise StoreUnavailable(str(e) or type(e).__name__) from e
 
     async def admit(self, step: AdmitStep) -> Admitted | Refusal:
-        async def steps() -> Admitted | Refusal:
+        try:
             try:
-                return await self.scripts.admit(step)
+                got = await self.scripts.admit(step)
             except Unseeded:  # Redis came back empty: rebuild spend from the ledger, then once more
                 await self.seed(step.now_s)
-                return await self.scripts.admit(step)
-
-        got = await self._call(steps())
+                got = await self.scripts.admit(step)
+        except STORE_ERRORS as e:
+            raise StoreUnavailable(str(e) or type(e).__name__) from e
         if isinstance(got, Admitted):
-            self.mine[step.request_id] = tuple(n for n, _ in step.path)
+            self.mine[step.request_id] = tuple([n for n, _ in step.path])
         return got
 
     async def finish(self, step: FinishStep) -> Finished:
