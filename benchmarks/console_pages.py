@@ -30,7 +30,7 @@ from starlette.testclient import TestClient
 
 from tokenomy.gateway.console import ConsoleDeps, ConsoleQueries, build_console
 from tokenomy.gateway.metering.ledger import UsageEvent
-from tokenomy.gateway.ops.ops_guard import build_guard
+from tokenomy.gateway.ops.build import build_guard
 from tokenomy.gateway.ops.tenancy import NodeKind, NodeLimits
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenomy.gateway.ops.build import build_guard
 from tokenomy.gateway.ops.guard import AdmitRequest, SettledUsage
 from tokenomy.gateway.ops.keys import new_api_key
-from tokenomy.gateway.ops.ops_guard import build_guard
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenomy.gateway.ops.build import build_guard
 from tokenomy.gateway.ops.guard import AdmitRequest
-from tokenomy.gateway.ops.ops_guard import OpsGuard, build_guard
+from tokenomy.gateway.ops.ops_guard import OpsGuard
 from tokenomy.gateway.ops.tenancy import NodeKind, NodeLimits
 
 SECRET = "s" * 32

@@ -9,6 +9,7 @@ import pytest
 from helpers.ops_factory import add_key, make_guard, request
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.admission import AdmissionConfig, AdmissionSignals, PriorityAdmission
+from tokenomy.gateway.ops.budget import period_key
 from tokenomy.gateway.ops.guard import SettledUsage
 from tokenomy.gateway.ops.tenancy import NodeLimits
 
@@ -95,11 +96,9 @@ def test_guard_undoes_every_charge_of_a_shed_request(tmp_path):
         with pytest.raises(GatewayError) as err:
             await guard.admit(request(raw_hi, "b", session="s"))
         assert err.value.code == "overloaded"
-        period = guard.budgets.charges(guard.store.tree.nodes()[:1], guard.clock())[0][1]
-        assert guard.budgets.store.usage((key_hi, period))[1] == pytest.approx(first.reserved_cost_usd)
-        assert guard.limits.in_flight(key_hi) == 1
+        charge = (key_hi, period_key("month", guard.clock()))
+        assert (await guard.budget_usage([charge]))[charge][1] == pytest.approx(first.reserved_cost_usd)
         await guard.settle(first, SettledUsage(100, 1, 0, 1e-4))
-        assert guard.limits.in_flight(key_hi) == 0
         await guard.admit(request(raw_hi, "b", session="s"))
 
     asyncio.run(main())

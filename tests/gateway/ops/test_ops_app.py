@@ -90,7 +90,7 @@ def test_budget_race_through_the_app(rig: Rig) -> None:
     assert ledger_usd == pytest.approx(backend_usd, abs=1e-12)
     guard = rig.app.state.guard
     key_id = events[0].key_id
-    spent, held = guard.budgets.store.usage((key_id, period_key("month", guard.clock())))
+    spent, held = guard.state.reservations.usage((key_id, period_key("month", guard.clock())))  # the embedded state
     assert spent == pytest.approx(ledger_usd, abs=1e-12) and held == pytest.approx(0.0, abs=1e-12)
 
 
@@ -126,7 +126,7 @@ def test_a_reused_request_id_is_refused_and_charges_nothing(rig: Rig) -> None:
 
     def budget() -> tuple[float, float]:
         key_id = guard.store.authenticate(rig.keys["a"]).id
-        return guard.budgets.store.usage((key_id, period_key("month", guard.clock())))
+        return guard.state.reservations.usage((key_id, period_key("month", guard.clock())))  # the embedded state
 
     async def main() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=rig.url, timeout=30) as client:
@@ -192,5 +192,5 @@ def test_the_hold_covers_every_choice_and_an_absurd_max_tokens_is_refused(rig: R
         bad_n = http.post("/v1/chat/completions", json={**chat_body(), "n": 1000}, headers=headers)
         assert (bad_n.status_code, bad_n.json()["error"]["param"]) == (400, "n")
     key_id = guard.store.authenticate(rig.keys["a"]).id
-    spent, held = guard.budgets.store.usage((key_id, period_key("month", guard.clock())))
+    spent, held = guard.state.reservations.usage((key_id, period_key("month", guard.clock())))  # the embedded state
     assert held == pytest.approx(0.0, abs=1e-12) and len(rig.upstream.usages) == 2

@@ -26,7 +26,8 @@ def usage(output_tokens: int, prompt: int = 100) -> SettledUsage:
 
 
 def spent(guard, node_id: str) -> tuple[float, float]:
-    return guard.budgets.store.usage((node_id, period_key("month", guard.clock())))
+    charge = (node_id, period_key("month", guard.clock()))
+    return asyncio.run(guard.budget_usage([charge]))[charge]
 
 
 @pytest.mark.parametrize("reservations", ["memory", "sql"])
@@ -157,7 +158,7 @@ def test_build_guard_reconciles_at_start_up(tmp_path):
     asyncio.run(guard.admit(request(raw, "held")))
     assert spent(guard, key_id)[1] > 0
     restarted = make_guard(tmp_path)  # same database, a new owner: the old hold is orphaned
-    assert restarted.budgets.store.holds() == []
+    assert restarted.state.reservations.holds() == []
     assert spent(restarted, key_id) == (0.0, 0.0)
 
 
@@ -244,7 +245,7 @@ def test_memory_store_rebuilds_spend_from_the_ledger_at_start_up(tmp_path):
         ledger.close()
     restarted = make_guard(tmp_path, clock, reservations="memory")
     team_id = restarted.store.tree.get(key_id).parent_id
-    store = restarted.budgets.store
+    store = restarted.state.reservations
     assert store.usage((key_id, period_key("day", clock.t))) == pytest.approx((2e-4, 0.0))
     assert store.usage((team_id, period_key("month", clock.t))) == pytest.approx((3e-4, 0.0))
     asyncio.run(restarted.admit(request(raw, "a")))  # today 2e-4, + 3e-4 held

@@ -10,7 +10,7 @@ import yaml
 from helpers.ops_factory import SECRET, FakeClock, FakeConfig, request
 from tokenomy.cli.main import main
 from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.ops.ops_guard import build_guard
+from tokenomy.gateway.ops.build import build_guard
 
 
 @pytest.fixture()

@@ -1,7 +1,7 @@
 """The gateway's ASGI app: routes, error handling, startup and shutdown.
 
 :func:`build_app` wires one :class:`Proxy` from a config. The Guard is token operations'
-(:func:`tokenomy.gateway.ops.ops_guard.build_guard`); tests pass their own guard and ledger
+(:func:`tokenomy.gateway.ops.build.build_guard`); tests pass their own guard and ledger
 (:class:`tokenomy.gateway.ops.allow_all.AllowAllGuard` admits everything).
 """
 
@@ -36,7 +36,7 @@ from tokenomy.gateway.http.responses_adapter import RESPONSES
 from tokenomy.gateway.metering.ledger import Ledger
 from tokenomy.gateway.metering.prom import CONTENT_TYPE, GatewayMetrics
 from tokenomy.gateway.metering.usage_api import usage_endpoint
-from tokenomy.gateway.ops import ops_guard
+from tokenomy.gateway.ops import build as ops_build
 from tokenomy.gateway.ops.admin import build_admin_router
 from tokenomy.gateway.ops.budget_metrics import BudgetGauges
 from tokenomy.gateway.ops.config import ops_config
@@ -83,7 +83,7 @@ def build_guard(config: GatewayConfig, metrics: GatewayMetrics, ledger: Ledger) 
 
     Holds a previous process left (a crash) are reconciled against the ledger at startup.
     """
-    guard = ops_guard.build_guard(config, db_url=config.ledger.url, registry=metrics.registry,
+    guard = ops_build.build_guard(config, db_url=config.ledger.url, registry=metrics.registry,
                                   ledger_cost_usd=ledger.cost_usd)
     return guard, build_admin_router(guard)
 
@@ -214,10 +214,10 @@ def build_app(
     if isinstance(routing, AmpdRouting):
         metrics.watch_ampd(routing.live)
         if fleet is not None and shared is not None:  # one session, one decode instance, fleet-wide
-            routing.live.bindings = RedisSessionBindings(fleet.guard.redis, ttl_s=shared.binding_ttl_s)
+            routing.live.bindings = RedisSessionBindings(fleet.redis, ttl_s=shared.binding_ttl_s)
     fleet_load = None  # a fleet: routers read every replica's in-flight counts, refreshed off the request path
     if fleet is not None and shared is not None:
-        fleet_load = FleetLoad(pool, RedisInFlight(fleet.guard.redis, fleet.guard.owner, shared.in_flight_lease_s),
+        fleet_load = FleetLoad(pool, RedisInFlight(fleet.redis, fleet.owner, shared.in_flight_lease_s),
                                shared.in_flight_period_s)
     proxy = Proxy(config, pool, routing, the_ledger, guard, metrics, upstream, ResponseChain(_answer_rows(the_ledger)))
     openapi = spec(config.models())

@@ -68,6 +68,18 @@ class _State:
     open_reason: str = ""
 
 
+def breaker_open(subject: str, code: str, reason: str, wait_s: float) -> GatewayError:
+    """The 429 of an open breaker (``subject``: ``key k1`` or ``session 's1'``)."""
+    secs = max(1, math.ceil(wait_s))
+    return GatewayError(429, f"circuit breaker open for {subject}: {reason}; retry after {secs} s",
+                        type="rate_limit_error", code=code, headers={"retry-after": str(secs)})
+
+
+def over_budget(spent_usd: float, need_usd: float, budget_usd: float) -> bool:
+    """A session's budget is spent, or cannot pay for what the next request needs."""
+    return spent_usd >= budget_usd or (need_usd > 0 and spent_usd + need_usd > budget_usd)
+
+
 @dataclass(frozen=True, slots=True)
 class Trip:
     """A breaker that opened: who, why, until when (for alerts and metrics)."""
@@ -118,13 +130,13 @@ class Breakers:
 
     def _refuse_if_open(self, state: _State, subject: str, now_s: float) -> None:
         if now_s < state.open_until_s:
-            wait = state.open_until_s - now_s
-            raise GatewayError(429, f"circuit breaker open for {subject}: {state.open_reason}; "
-                               f"retry after {math.ceil(wait)} s", type="rate_limit_error",
-                               code=state.open_code, headers={"retry-after": str(max(1, math.ceil(wait)))})
+            raise breaker_open(subject, state.open_code, state.open_reason, state.open_until_s - now_s)
 
-    def admit_check(self, key_id: str, session_id: str | None, fingerprint: str | None, now_s: float) -> None:
-        """Refuse (GatewayError) a request an open or newly tripped breaker stops; counts nothing."""
+    def admit_check(self, key_id: str, session_id: str | None, fingerprint: str | None, now_s: float,
+                    need_usd: float = 0.0) -> None:
+        """Refuse (GatewayError) a request an open or newly tripped breaker stops; counts nothing.
+        ``need_usd``: what the request needs of its session's budget (its prompt and one output
+        token); a session with less left trips."""
         cfg = self.config
         self._refuse_if_open(self._keys.setdefault(key_id, _State()), f"key {key_id}", now_s)
         if session_id is None:
@@ -140,7 +152,8 @@ class Breakers:
             self._trip(s, "session", session_id, "breaker_repetition",
                        f"the same call repeated {s.repeats + 1} times in a row", now_s)
             s.last_fingerprint, s.repeats = None, 0
-        elif cfg.session_budget_usd is not None and s.spent_usd + s.in_flight_usd >= cfg.session_budget_usd:
+        elif cfg.session_budget_usd is not None and over_budget(s.spent_usd + s.in_flight_usd, need_usd,
+                                                                cfg.session_budget_usd):
             self._trip(s, "session", session_id, "breaker_session_budget",
                        f"session spent ${s.spent_usd:.4f} of ${cfg.session_budget_usd:.4f}", now_s)
         self._refuse_if_open(s, subject, now_s)
@@ -171,12 +184,10 @@ class Breakers:
             w.total -= w.events.popleft()[1]
         return w.total / self.config.velocity_window_s
 
-    def session_budget_left_usd(self, key_id: str, session_id: str | None) -> float | None:
-        """USD a new request of this session may still spend (None: no session budget)."""
-        if session_id is None or self.config.session_budget_usd is None:
-            return None
+    def session_spend_usd(self, key_id: str, session_id: str) -> float:
+        """The session's settled spend plus its requests' worst cases in flight."""
         s = self._session(key_id, session_id)
-        return max(0.0, self.config.session_budget_usd - s.spent_usd - s.in_flight_usd)
+        return s.spent_usd + s.in_flight_usd
 
     def session_status(self, key_id: str, session_id: str, now_s: float) -> SessionStatus | None:
         """A session's breaker as the console shows it (None: not tracked); reads, never refreshes

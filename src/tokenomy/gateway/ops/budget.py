@@ -1,11 +1,11 @@
 """Budgets per tenant node and period: worst-case reservation before dispatch, actual cost after.
 
 A request is charged to every node on its path (org, team, key), each in the node's own period
-(``day``: ``2026-12-01``, ``month``: ``2026-12``, UTC). Before dispatch, ``reserve`` holds the
+(``day``: ``2026-12-01``, ``month``: ``2026-12``, UTC). Before dispatch the guard state holds the
 worst case — prompt estimate at the input price + ``max_tokens`` at the output price — against
-all of them at once through a ``Reservations`` store; a node without a budget is charged too
-(its spend is reported) but never refuses. ``settle`` replaces the hold by the actual cost,
-``release`` drops it. Spend never exceeds a budget as long as the actual cost of each request is
+all of them at once (``stores.guard_state.GuardState.admit``); a node without a budget is charged
+too (its spend is reported) but never refuses. Settling replaces the hold by the actual cost,
+releasing drops it. Spend never exceeds a budget as long as the actual cost of each request is
 at most its worst case (the request path's prompt estimate must not undercount).
 
 Alerts: ``settle`` reports each configured fraction (50/80/100%) a node's *settled* spend crossed
@@ -20,13 +20,13 @@ from __future__ import annotations
 import calendar
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.tenancy import Node
-from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal, Reservations
+from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal
 
 
 class PriceLike(Protocol):
@@ -151,14 +151,13 @@ def refusal_error(node: Node, refusal: Refusal, amount_usd: float, now_s: float)
         type="insufficient_quota", code="budget_exceeded", headers=headers)
 
 
-class Budgets:
-    """Budget policy over a ``Reservations`` store (which keeps the atomicity)."""
+class BudgetPolicy:
+    """What budgets mean: the charges of a path, the refusal a client reads, the threshold alerts
+    and the priority tiers. The holds themselves are the guard state's (``stores.guard_state``),
+    which checks and charges them atomically."""
 
-    def __init__(self, store: Reservations, thresholds: Sequence[float] = (0.5, 0.8, 1.0),
-                 hold_ttl_s: float = 3600.0) -> None:
-        self.store = store
+    def __init__(self, thresholds: Sequence[float] = (0.5, 0.8, 1.0)) -> None:
         self.thresholds = tuple(sorted(thresholds))
-        self.hold_ttl_s = hold_ttl_s
         self._exhausted: set[Charge] = set()
         self.crossings: list[Crossing] = []  # drained by the owner (alerts)
         self.refusals: list[RefusalEvent] = []  # likewise
@@ -168,7 +167,8 @@ class Budgets:
         # its charges and budgets for the current day
         self._by_path: dict[int, tuple[Sequence[Node], tuple[Charge, ...], dict[Charge, float]]] = {}
 
-    def _plan(self, path: Sequence[Node], now_s: float) -> tuple[tuple[Charge, ...], dict[Charge, float]]:
+    def plan(self, path: Sequence[Node], now_s: float) -> tuple[tuple[Charge, ...], dict[Charge, float]]:
+        """The (node, period) charges of ``path`` at ``now_s`` and the budget of each budgeted one."""
         day = int(now_s // 86400)
         if day != self._day:  # period keys change only at UTC midnight
             self._day = day
@@ -185,56 +185,37 @@ class Budgets:
             self._by_path[id(path)] = (path, charges, budgets)  # holding ``path`` keeps its id unique
         return charges, budgets
 
-    def charges(self, path: Sequence[Node], now_s: float) -> tuple[Charge, ...]:
-        return self._plan(path, now_s)[0]
-
-    def reserve(self, request_id: str, path: Sequence[Node], amount_usd: float, now_s: float) -> Hold:
-        """Hold ``amount_usd`` on every node of ``path`` or raise 429 ``budget_exceeded``
-        (``refusal_error``)."""
-        charges, budgets = self._plan(path, now_s)
-        hold = Hold(request_id, charges, amount_usd, now_s + self.hold_ttl_s)
-        refusal = self.store.reserve(hold, budgets)
-        if refusal is None:
-            return hold
-        node = next(n for c, n in zip(charges, path, strict=True) if c == refusal.charge)
+    def refused(self, path: Sequence[Node], refusal: Refusal, amount_usd: float, now_s: float) -> GatewayError:
+        """The 429 ``budget_exceeded`` of ``refusal``; the first per node and period becomes an alert."""
+        node = next(n for n in path if n.id == refusal.charge[0])
         if refusal.charge not in self._exhausted:
             self._exhausted.add(refusal.charge)
             self.refusals.append(RefusalEvent(node.id, node_label(node), refusal.charge[1], node.limits.budget_period,
                                               refusal.spent_usd, refusal.reserved_usd, refusal.budget_usd, amount_usd))
-        raise refusal_error(node, refusal, amount_usd, now_s)
+        return refusal_error(node, refusal, amount_usd, now_s)
 
-    def settle(self, request_id: str, actual_usd: float, path: Sequence[Node]) -> bool:
-        """Charge the actual cost (idempotent: False when nothing was held); thresholds crossed
-        by this request go to ``crossings``."""
-        hold = self.store.settle(request_id, actual_usd)
-        if hold is None:
-            return False
-        crossings = self.crossings
-        for charge, node in zip(hold.charges, path, strict=False):
+    def settled(self, hold: Hold, spent_after: Mapping[Charge, float], actual_usd: float,
+                nodes: Sequence[Node]) -> None:
+        """Thresholds that charging ``actual_usd`` for ``hold`` crossed go to ``crossings``
+        (``spent_after``: each charge's spend right after; ``nodes``: the hold's path)."""
+        for charge, node in zip(hold.charges, nodes, strict=False):
             budget = node.limits.budget_usd
-            if budget is None or budget <= 0 or charge[0] != node.id:
+            spent = spent_after.get(charge)
+            if budget is None or budget <= 0 or charge[0] != node.id or spent is None:
                 continue
-            spent, _ = self.store.usage(charge)
             for t in crossed(self.thresholds, spent, actual_usd, budget):
-                crossings.append(Crossing(node.id, charge[1], t, spent, budget, node_label(node),
-                                          node.limits.budget_period))
-        return True
+                self.crossings.append(Crossing(node.id, charge[1], t, spent, budget, node_label(node),
+                                               node.limits.budget_period))
 
-    def release(self, request_id: str) -> bool:
-        return self.store.release(request_id) is not None
-
-    def remaining_fraction(self, path: Sequence[Node], now_s: float) -> float:
-        """The smallest share of a period budget left along the path (1.0: no budget applies)."""
-        return remaining_fraction(path, [self.store.usage(c) for c in self.charges(path, now_s)])
-
-    def tier_priority(self, path: Sequence[Node], now_s: float) -> int | None:
-        """The lowest priority a budget tier imposes along the path, or None."""
+    @staticmethod
+    def tier_priority(path: Sequence[Node], spent_usd: Sequence[float]) -> int | None:
+        """The lowest priority a budget tier imposes along the path, or None (``spent_usd``: each
+        node's settled spend this period)."""
         out: int | None = None
-        for charge, node in zip(self.charges(path, now_s), path, strict=True):
+        for node, spent in zip(path, spent_usd, strict=True):
             budget = node.limits.budget_usd
             if budget is None or not node.limits.budget_tiers:
                 continue
-            spent, _ = self.store.usage(charge)
             used = 1.0 if budget <= 0 else spent / budget
             for tier in node.limits.budget_tiers:
                 if used + 1e-9 >= tier.at_fraction:

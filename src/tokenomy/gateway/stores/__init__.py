@@ -3,13 +3,13 @@
 =====================  =================================  ==========================================
 state                  interface                          implementations (chosen in gateway.yaml)
 =====================  =================================  ==========================================
-budget holds/spend     ``reservations.Reservations``      ``InProcessReservations`` (``ops.reservations:
-                                                          memory``), ``reservations_sql.SqlReservations``
-                                                          (``sql``, the default); a fleet (``ops.shared``):
-                                                          ``redis_reservations.RedisReservations``
-RPM/TPM, concurrency   ``limits.RateLimits``              ``InProcessRateLimits``; a fleet:
-                                                          ``redis_limits.RedisRateLimits``
-breaker state          ``ops.breaker.Breakers``           in process; a fleet: ``redis_breakers.RedisBreakers``
+breakers, RPM/TPM,     ``guard_state.GuardState`` (async) ``local_state.LocalState`` (embedded: memory,
+concurrency, budget                                       holds in memory or SQLite, ``ops.reservations``);
+holds and spend                                           a fleet (``ops.shared``):
+                                                          ``redis_state.RedisState``
+budget holds, in       ``reservations.Reservations``      ``InProcessReservations`` (``memory``, the
+one process                                               default), ``reservations_sql.SqlReservations``
+                                                          (``sql``)
 session bindings       (routing)                          a fleet: ``redis_routing.RedisSessionBindings``
 in-flight counts       ``in_flight.InFlightExchange``     none embedded (one process's own counts); a
                                                           fleet: ``redis_routing.RedisInFlight``
@@ -19,11 +19,12 @@ tenants and keys       ``tenancy_sql.TenantStore``        SQL (``ops.db_url``, e
                                                           ``pg_tenancy.PgTenantStore``
 =====================  =================================  ==========================================
 
-The embedded interfaces are synchronous except the ledger's ``record``/``session_state``/``exists``:
-each atomic step (reserve = check every charge and add; settle/release idempotent per request id;
-acquire = check every bucket and charge) runs inside one call with nothing awaited between check
-and charge. The fleet's stores are async and keep the same atomicity inside the server: one Lua
-script per step (Redis), one transaction per group commit (PostgreSQL); ``ops.fleet_guard`` uses
-them. ``budget_seed`` rebuilds spend from the ledger at start-up. ``servers`` starts a local
-``redis-server`` and PostgreSQL (tests, ``tokenomy up`` with a fleet).
+``GuardState`` is what ``ops.ops_guard.OpsGuard`` (the one Guard) reads and charges: each of its
+steps is atomic inside the store — ``LocalState`` runs a step under its lock with no await inside
+(checks first, then charges; the SQLite hold is one ``BEGIN IMMEDIATE`` transaction), ``RedisState``
+runs it as one Lua script (``redis_admission``: the bucket, hold and breaker steps of
+``redis_limits``, ``redis_reservations`` and ``redis_breakers``). Both are held to one contract
+(``tests/gateway/stores/test_guard_state.py``). ``budget_seed`` rebuilds spend from the ledger at
+start-up. ``servers`` starts a local ``redis-server`` and PostgreSQL (tests, ``tokenomy up`` with a
+fleet).
 """

@@ -4,8 +4,8 @@ The ledger (``tokenomy.gateway.stores.ledger_sql.usage_events``) is durable befo
 complete, so after a crash or restart the in-process store starts from exactly what the ledger
 holds: each key's cost since the start of the current day and month (UTC, by the event's finish
 time), added to every node on its path in that node's budget period. Holds die with the process,
-so none is left. One process per database: several gateways sharing budgets need the SQL (or a
-later Redis) store.
+so none is left. One process per database: several gateways sharing budgets need the SQL store
+(one file) or a fleet's Redis (``redis_state.RedisState``, seeded from the ledger the same way).
 """
 
 from __future__ import annotations

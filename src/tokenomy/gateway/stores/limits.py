@@ -9,8 +9,8 @@ TPM is charged by the estimate (prompt estimate + max_tokens) at admission and c
 actual prompt + output tokens at the end (``correct_tokens``); a correction may drive a bucket
 below zero, which then delays the next requests instead of being forgotten.
 
-``RateLimits`` is the state interface; a Redis implementation keeps the same semantics with one
-Lua script per ``acquire`` (check all, then charge all) and ``INCRBYFLOAT`` for corrections.
+The same rules run in Lua for a fleet (``redis_limits.LIMITS_LUA``); both are held to one
+contract through ``guard_state.GuardState`` (``tests/gateway/stores/test_guard_state.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.tenancy import NodeLimits
@@ -63,47 +62,49 @@ class TokenBucket:
         return 0.0 if self.capacity <= 0 else max(0.0, self.capacity - self.level) * 60.0 / self.capacity
 
 
-@dataclass(frozen=True, slots=True)
-class RateGrant:
-    """What ``acquire`` charged, to be corrected or returned later."""
-
-    node_ids: tuple[str, ...]
-    tokens: int
-    headers: dict[str, str]
+def concurrency_refused(node_id: str, max_concurrent: int) -> GatewayError:
+    return GatewayError(429, f"too many concurrent requests for {node_id} (limit {max_concurrent})",
+                        type="rate_limit_error", code="concurrency_limit", headers={"retry-after": "1"})
 
 
-class RateLimits(Protocol):
-    def acquire(self, path: Sequence[tuple[str, NodeLimits]], tokens: int, now_s: float) -> RateGrant: ...
-
-    def correct_tokens(self, grant: RateGrant, actual_tokens: int, now_s: float) -> None: ...
-
-    def finish(self, grant: RateGrant) -> None: ...
-
-    def in_flight(self, node_id: str) -> int: ...
+def never_fits(node_id: str, kind: str, amount: float, cap: int) -> GatewayError:
+    """A request bigger than a whole minute of the bucket: no retry helps."""
+    return GatewayError(429, f"request needs {int(amount)} {kind} but {node_id} allows {cap} per minute",
+                        type="rate_limit_error", code=f"{kind}_over_limit")
 
 
-def _headers(buckets: Sequence[tuple[TokenBucket, int, str]]) -> dict[str, str]:
-    """OpenAI's ``x-ratelimit-*`` for the tightest bucket of each kind (``requests``, ``tokens``)."""
+def rate_limited(node_id: str, kind: str, cap: int, wait_s: float, headers: dict[str, str]) -> GatewayError:
+    return GatewayError(429, f"rate limit reached for {node_id}: {cap} {kind} per minute", type="rate_limit_error",
+                        code="rate_limit_rpm" if kind == RPM else "rate_limit_tpm",
+                        headers={"retry-after": str(max(1, math.ceil(wait_s))), **headers})
+
+
+def headers_of(buckets: Sequence[tuple[float, int, str]]) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-*`` for the tightest bucket of each kind (the lowest level, then the
+    smallest capacity), from (level, capacity, kind) triples."""
     out: dict[str, str] = {}
     for kind, names in _HEADER_NAMES:
-        best: TokenBucket | None = None
-        best_cap = 0
-        for b, cap, k in buckets:
-            if k == kind and (best is None or b.level < best.level):
-                best, best_cap = b, cap
+        best: tuple[float, int] | None = None
+        for level, cap, k in buckets:
+            if k == kind and (best is None or (level, cap) < best):
+                best = (level, cap)
         if best is not None:
-            out[names[0]] = str(best_cap)
-            out[names[1]] = str(max(0, math.floor(best.level)))
-            out[names[2]] = openai_duration(best.reset_s())
+            level, cap = best
+            out[names[0]] = str(cap)
+            out[names[1]] = str(max(0, math.floor(level)))
+            out[names[2]] = openai_duration(0.0 if cap <= 0 else max(0.0, cap - level) * 60.0 / cap)
     return out
 
 
 _HEADER_NAMES = tuple((kind, (f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}",
                               f"x-ratelimit-reset-{kind}")) for kind in (RPM, TPM))
 
+_Plan = list[tuple[TokenBucket, float, int, str]]  # (bucket, amount, capacity, kind)
+
 
 class InProcessRateLimits:
-    """``RateLimits`` in one process's memory (one gateway replica)."""
+    """The buckets and slots in one process's memory. ``check`` then ``charge`` is the atomic
+    step; the caller (``local_state.LocalState``) runs both under its lock."""
 
     def __init__(self) -> None:
         self._buckets: dict[tuple[str, str], TokenBucket] = {}
@@ -119,57 +120,50 @@ class InProcessRateLimits:
         bucket.refill(now_s)
         return bucket
 
-    def acquire(self, path: Sequence[tuple[str, NodeLimits]], tokens: int, now_s: float) -> RateGrant:
-        """Charge one request and ``tokens`` on every node of ``path`` or raise a 429 GatewayError."""
-        charges: list[tuple[TokenBucket, float, int, str]] = []
+    def check(self, path: Sequence[tuple[str, NodeLimits]], tokens: int, now_s: float) -> _Plan:
+        """What one request and ``tokens`` would charge on every node of ``path``; raises the 429
+        of the first node that refuses. Changes nothing but refills."""
+        plan: _Plan = []
         for node_id, lim in path:
             if lim.max_concurrent is not None and self._in_flight.get(node_id, 0) >= lim.max_concurrent:
-                raise GatewayError(429, f"too many concurrent requests for {node_id} "
-                                   f"(limit {lim.max_concurrent})", type="rate_limit_error",
-                                   code="concurrency_limit", headers={"retry-after": "1"})
+                raise concurrency_refused(node_id, lim.max_concurrent)
             for kind, cap, amount in ((RPM, lim.rpm, 1.0), (TPM, lim.tpm, float(tokens))):
                 if cap is None:
                     continue
                 bucket = self._bucket(node_id, kind, cap, now_s)
                 wait = bucket.wait_s(amount)
                 if math.isinf(wait):
-                    raise GatewayError(429, f"request needs {int(amount)} {kind} but {node_id} allows "
-                                       f"{cap} per minute", type="rate_limit_error",
-                                       code=f"{kind}_over_limit")
+                    raise never_fits(node_id, kind, amount, cap)
                 if wait > 0:
-                    raise GatewayError(429, f"rate limit reached for {node_id}: {cap} {kind} per minute",
-                                       type="rate_limit_error",
-                                       code="rate_limit_rpm" if kind == RPM else "rate_limit_tpm",
-                                       headers={"retry-after": str(max(1, math.ceil(wait))),
-                                                **self._headers(path, now_s)})
-                charges.append((bucket, amount, cap, kind))
-        for bucket, amount, _, _ in charges:
+                    raise rate_limited(node_id, kind, cap, wait, self._headers(path, now_s))
+                plan.append((bucket, amount, cap, kind))
+        return plan
+
+    def charge(self, plan: _Plan, node_ids: Sequence[str]) -> dict[str, str]:
+        """Charge ``check``'s plan and take a slot on every node; the response's headers."""
+        for bucket, amount, _, _ in plan:
             bucket.level -= amount
-        node_ids = tuple(node_id for node_id, _ in path)
         for node_id in node_ids:
             self._in_flight[node_id] = self._in_flight.get(node_id, 0) + 1
-        return RateGrant(node_ids, tokens, _headers([(b, cap, kind) for b, _, cap, kind in charges]))
+        return headers_of([(b.level, cap, kind) for b, _, cap, kind in plan])
 
     def _headers(self, path: Sequence[tuple[str, NodeLimits]], now_s: float) -> dict[str, str]:
         buckets = []
         for node_id, lim in path:
             for kind, cap in ((RPM, lim.rpm), (TPM, lim.tpm)):
                 if cap is not None:
-                    buckets.append((self._bucket(node_id, kind, cap, now_s), cap, kind))
-        return _headers(buckets)
+                    buckets.append((self._bucket(node_id, kind, cap, now_s).level, cap, kind))
+        return headers_of(buckets)
 
-    def correct_tokens(self, grant: RateGrant, actual_tokens: int, now_s: float) -> None:
-        """Replace the TPM estimate charged by ``grant`` with ``actual_tokens``."""
-        delta = float(actual_tokens - grant.tokens)
-        for node_id in grant.node_ids:
+    def correct_tokens(self, node_ids: Sequence[str], estimate: int, actual_tokens: int, now_s: float) -> None:
+        """Replace the TPM ``estimate`` charged on ``node_ids`` with ``actual_tokens``."""
+        delta = float(actual_tokens - estimate)
+        for node_id in node_ids:
             bucket = self._buckets.get((node_id, TPM))
             if bucket is not None:
                 bucket.refill(now_s)
                 bucket.level = min(bucket.capacity, bucket.level - delta)
 
-    def finish(self, grant: RateGrant) -> None:
-        for node_id in grant.node_ids:
+    def finish(self, node_ids: Sequence[str]) -> None:
+        for node_id in node_ids:
             self._in_flight[node_id] = max(0, self._in_flight.get(node_id, 0) - 1)
-
-    def in_flight(self, node_id: str) -> int:
-        return self._in_flight.get(node_id, 0)

@@ -10,7 +10,8 @@ a request is one ``EVALSHA``:
   replicas, with no undo step: a refused request changes nothing but the trip a breaker records.
 * ``finish`` (settle, release, or the undo of an admission a later local step refused): the hold
   (settled at the actual cost, idempotent per request id), the TPM estimate corrected, the
-  concurrency slots returned, the session's breaker cost, in one script.
+  concurrency slots returned, the session's breaker cost, in one script; a second finish of the
+  same request id changes nothing.
 
 Each round trip costs the gateway a socket write and read and redis-py's encoding and parsing of
 one command; on loopback the write also runs the receiver's TCP work in the sender's system time.
@@ -20,22 +21,19 @@ the embedded gateway; two cost a fraction (``benchmarks/gateway_fleet.py``, docs
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from redis.commands.core import AsyncScript
 
 from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.ops.tenancy import NodeLimits
-from tokenomy.gateway.stores.limits import RateGrant
+from tokenomy.gateway.stores.guard_state import AdmitStep, Admitted, Finished, FinishStep
 from tokenomy.gateway.stores.redis_breakers import BREAKER_LUA, RedisBreakers
 from tokenomy.gateway.stores.redis_limits import LIMITS_LUA, RedisRateLimits
 from tokenomy.gateway.stores.redis_pipe import RedisPipe
 from tokenomy.gateway.stores.redis_reservations import HOLDS_LUA, RedisReservations, Unseeded
 from tokenomy.gateway.stores.redis_store import text as _s
-from tokenomy.gateway.stores.reservations import Charge, Hold, Refusal
+from tokenomy.gateway.stores.reservations import Refusal
 
 _SLICE = """
 local function slice(t, i, n)
@@ -74,17 +72,13 @@ _FINISH = BREAKER_LUA + LIMITS_LUA + HOLDS_LUA + _SLICE + """
 local FA = cjson.decode(ARGV[1])
 local n = (#KEYS - 5) / 2
 local r = bu_finish(slice(KEYS, 1, 4), FA)
-rl_correct(slice(KEYS, 5, n), cjson.decode(ARGV[2]))
+if r[1] ~= 'none' then  -- 'none': finished already (or Redis lost it): correct nothing twice
+  rl_correct(slice(KEYS, 5, n), cjson.decode(ARGV[2]))
+  br_finish(slice(KEYS, 5 + 2 * n, 1), cjson.decode(ARGV[3]))
+end
 rl_release(slice(KEYS, 5 + n, n), FA[1])
-br_finish(slice(KEYS, 5 + 2 * n, 1), cjson.decode(ARGV[3]))
 return r
 """
-
-
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    grant: RateGrant
-    spent_usd: tuple[float, ...]  # each charge's settled spend when the hold was taken (budget tiers)
 
 
 class RedisAdmission:
@@ -104,19 +98,19 @@ class RedisAdmission:
             return await script(keys=keys, args=args)
         return await self.pipe.evalsha(script, [k.encode() for k in keys], args)
 
-    async def admit(self, key_id: str, session_id: str | None, fingerprint: str | None, prompt_tokens: int,
-                    path: Sequence[tuple[str, NodeLimits]], tokens: int, hold: Hold,
-                    budgets_usd: Mapping[Charge, float], now_s: float) -> Admitted | Refusal:
-        """Admit ``hold.request_id``: the grant and spend, or the budget's ``Refusal``; raises the
-        429 of a breaker or a limit, 409 for a request id that holds already, ``Unseeded``."""
-        bk, ba = self.breakers.admit_call(key_id, session_id, fingerprint, prompt_tokens, hold.amount_usd, now_s)
-        lk, la, caps = self.limits.acquire_call(path, tokens, now_s, hold.request_id)
-        hk, ha = self.holds.reserve_call(hold, budgets_usd, now_s)
+    async def admit(self, step: AdmitStep) -> Admitted | Refusal:
+        """Admit ``step``: the headers and spend, or the budget's ``Refusal``; raises the 429 of a
+        breaker or a limit, 409 for a request id that holds already, ``Unseeded``."""
+        hold = step.hold
+        bk, ba = self.breakers.admit_call(step.key_id, step.session_id, step.fingerprint, step.prompt_tokens,
+                                          hold.amount_usd, step.now_s, step.session_need_usd)
+        lk, la, caps = self.limits.acquire_call(step.path, step.tokens, step.now_s, hold.request_id)
+        hk, ha = self.holds.reserve_call(hold, step.budgets_usd, step.now_s)
         out = await self._run(self._admit, [*bk, *lk, *hk], [orjson.dumps(ba), orjson.dumps(la), orjson.dumps(ha)])
         status = _s(out[0])
         if status == "ok":
             self.breakers.collect([_s(x) for x in out[1]])
-            return Admitted(self.limits.grant(out[2], caps, path, tokens), tuple(float(_s(x)) for x in out[3]))
+            return Admitted(self.limits.headers(out[2], caps), tuple(float(_s(x)) for x in out[3]))
         if status == "unseeded":
             raise Unseeded("Redis holds no budget state yet")
         if status == "duplicate":
@@ -124,20 +118,19 @@ class RedisAdmission:
                                code="duplicate_request_id")
         detail = [_s(x) for x in out[1]]
         if status == "breaker":
-            raise self.breakers.refusal(detail, key_id, session_id, now_s)
+            raise self.breakers.refusal(detail, step.key_id, step.session_id, step.now_s)
         if status == "limits":
-            raise await self.limits.refusal(detail, path, tokens, now_s)
-        return self.holds.refusal(detail, hold, budgets_usd)
+            raise await self.limits.refusal(detail, step.path, step.tokens, step.now_s)
+        return self.holds.refusal(detail, hold, step.budgets_usd)
 
-    async def finish(self, request_id: str, grant: RateGrant, key_id: str, session_id: str | None, worst_usd: float,
-                     now_s: float, *, actual_usd: float | None, actual_tokens: int, ledger_xid: int | None = None,
-                     charges: tuple[Charge, ...] = (), undo_turn: bool = False) -> tuple[str, Hold | None]:
-        """Settle (``actual_usd``) or release (None) the hold, correct the TPM estimate to
-        ``actual_tokens``, return the slots and the session's worst case: ``bu_finish``'s status
-        and the hold it finished."""
-        actual = "" if actual_usd is None else repr(float(actual_usd))
-        fk, fa = self.holds.finish_call(request_id, actual, "finish", ledger_xid=ledger_xid, charges=charges)
-        ck, ca, sk = self.limits.finish_call(grant, actual_tokens, now_s)
-        bk, ba = self.breakers.finish_call(key_id, session_id, worst_usd, actual_usd or 0.0, undo_turn)
+    async def finish(self, step: FinishStep, ledger_xid: int | None) -> Finished:
+        """Settle (``actual_usd``) or release (None) the hold, correct the TPM estimate, return the
+        slots and the session's worst case, in one script; the hold it finished (None: none)."""
+        actual = "" if step.actual_usd is None else repr(float(step.actual_usd))
+        fk, fa = self.holds.finish_call(step.request_id, actual, "finish", ledger_xid=ledger_xid, charges=step.charges)
+        ck, ca, sk = self.limits.finish_call(step.node_ids, step.estimate_tokens, step.actual_tokens, step.now_s)
+        bk, ba = self.breakers.finish_call(step.key_id, step.session_id, step.worst_usd, step.actual_usd or 0.0,
+                                           step.undo_turn)
         out = await self._run(self._finish, [*fk, *ck, *sk, *bk], [orjson.dumps(fa), orjson.dumps(ca), orjson.dumps(ba)])
-        return self.holds.finished(request_id, out)
+        _, hold, spent = self.holds.finished(step.request_id, out)
+        return Finished(hold, spent)

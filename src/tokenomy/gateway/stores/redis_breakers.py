@@ -1,13 +1,14 @@
 """Agent circuit breakers with their state in Redis: a runaway agent whose requests are spread over
 several gateway replicas is cut at the same turn as through one.
 
-Same trips and codes as the in-process ``Breakers`` (turn cap, repetition, velocity, session
+Same trips and codes as the in-process ``ops.breaker.Breakers`` (turn cap, repetition, velocity, session
 budget; a cooldown during which the session or key is refused), but the state of each session
 and key lives in Redis and each step is one Lua script: ``admit`` checks every breaker and counts
 the admitted turn (turns, fingerprint, prompt tokens, worst cost in flight) atomically, so two
-replicas admitting turns of one session at once cannot both pass a cap. ``add_tokens`` counts
-streamed output tokens in the velocity windows; ``finish`` replaces a request's worst case by its
-actual cost. Session state expires ``session_ttl_s`` after its last use (in place of the
+replicas admitting turns of one session at once cannot both pass a cap (``br_check``/``br_count``,
+run inside the admission script of ``redis_admission``). ``add_tokens`` counts streamed output
+tokens in the velocity windows; ``br_finish`` (in the finish script) replaces a request's worst
+case by its actual cost. Session state expires ``session_ttl_s`` after its last use (in place of the
 in-process LRU bound).
 
 Keys: ``tk:br:k:{key}`` and ``tk:br:s:{key}:{session}`` hashes (turns, fp, repeats, spent, inflight,
@@ -21,7 +22,7 @@ import secrets
 from redis.asyncio import Redis
 
 from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.ops.breaker import BreakerConfig, Trip
+from tokenomy.gateway.ops.breaker import BreakerConfig, Trip, breaker_open
 from tokenomy.gateway.stores.redis_store import text as _s
 
 # The breaker steps as Lua functions over (K, A) = the script's keys and arguments, so that one
@@ -29,7 +30,7 @@ from tokenomy.gateway.stores.redis_store import text as _s
 # K: key hash, key window, session hash, session window (session keys '' when none)
 # A: 1 now, 2 fingerprint, 3 prompt (or streamed) tokens, 4 worst usd, 5 max turns, 6 repeat limit,
 #    7 session budget, 8 window s, 9 cooldown s, 10 key tpm, 11 session tpm, 12 uid, 13 key id,
-#    14 session id, 15 ttl s   (-1: off)
+#    14 session id, 15 ttl s, 16 what the request needs of the session's budget   (-1: off)
 BREAKER_LUA = """
 local function br_num(h, f) return tonumber(redis.call('HGET', h, f)) end
 local function br_is_open(h, now)
@@ -99,7 +100,7 @@ local function br_check(K, A)
     br_trip(sh, now, cooldown, 'breaker_repetition', 'the same call repeated ' .. (repeats + 1) .. ' times in a row',
             out, 'session', A[14])
     redis.call('HDEL', sh, 'fp'); redis.call('HSET', sh, 'repeats', '0')
-  elseif budget >= 0 and spent + inflight >= budget then
+  elseif budget >= 0 and (spent + inflight >= budget or (tonumber(A[16]) > 0 and spent + inflight + tonumber(A[16]) > budget)) then
     br_trip(sh, now, cooldown, 'breaker_session_budget',
             string.format('session spent $%.4f of $%.4f', spent, budget), out, 'session', A[14])
   end
@@ -143,25 +144,13 @@ local function br_finish(K, A)
 end
 """
 
-_ADMIT = BREAKER_LUA + """
-local r = br_check(KEYS, ARGV)
-if r then return r end
-local out = {'ok'}
-local trips = {}
-br_count(KEYS, ARGV, trips)
-for _, x in ipairs(trips) do out[#out + 1] = x end
-return out
-"""
-
-# KEYS, ARGV as _ADMIT (ARGV[3] = streamed tokens)
+# KEYS, ARGV as br_check (ARGV[3] = streamed tokens)
 _TOKENS = BREAKER_LUA + """
 local out = {}
 local r = {tostring(br_velocity(KEYS, ARGV, out))}
 for _, x in ipairs(out) do r[#r + 1] = x end
 return r
 """
-
-_FINISH = BREAKER_LUA + "return br_finish(KEYS, ARGV)\n"
 
 # KEYS: session hash; ARGV: now, cooldown, reason, session id
 _TRIP = BREAKER_LUA + """
@@ -186,9 +175,7 @@ class RedisBreakers:
         self.session_ttl_s = session_ttl_s
         self.prefix = prefix
         self.trips: list[Trip] = []
-        self._admit = redis.register_script(_ADMIT)
         self._tokens = redis.register_script(_TOKENS)
-        self._finish = redis.register_script(_FINISH)
         self._trip = redis.register_script(_TRIP)
 
     def _keys(self, key_id: str, session_id: str | None) -> list[str]:
@@ -197,43 +184,30 @@ class RedisBreakers:
         return [kh, kh + ":w", sh, sh + ":w" if sh else ""]
 
     def _args(self, key_id: str, session_id: str | None, fingerprint: str | None, tokens: int,
-              worst_usd: float, now_s: float) -> list[str]:
+              worst_usd: float, now_s: float, need_usd: float = 0.0) -> list[str]:
         c = self.config
         return [repr(float(now_s)), fingerprint or "", str(tokens), repr(float(worst_usd)),
                 _opt(c.max_turns_per_session), _opt(c.repeat_limit), _opt(c.session_budget_usd),
                 repr(c.velocity_window_s), repr(c.cooldown_s), _opt(c.key_tokens_per_min),
                 _opt(c.session_tokens_per_min), secrets.token_hex(6), key_id, session_id or "",
-                str(int(self.session_ttl_s))]
+                str(int(self.session_ttl_s)), repr(float(need_usd))]
 
     def collect(self, flat: list[str]) -> None:
         for i in range(0, len(flat) - 4, 5):
             self.trips.append(Trip(flat[i], flat[i + 1], flat[i + 2], flat[i + 3], float(flat[i + 4])))
 
     def admit_call(self, key_id: str, session_id: str | None, fingerprint: str | None, prompt_tokens: int,
-                   worst_cost_usd: float, now_s: float) -> tuple[list[str], list[str]]:
+                   worst_cost_usd: float, now_s: float, need_usd: float = 0.0) -> tuple[list[str], list[str]]:
         """Keys and arguments of the admission step (``br_check`` then ``br_count``)."""
         return (self._keys(key_id, session_id),
-                self._args(key_id, session_id, fingerprint, prompt_tokens, worst_cost_usd, now_s))
+                self._args(key_id, session_id, fingerprint, prompt_tokens, worst_cost_usd, now_s, need_usd))
 
     def refusal(self, out: list[str], key_id: str, session_id: str | None, now_s: float) -> GatewayError:
         """The 429 of ``br_check``'s answer ``['open', scope, code, reason, until, trips...]``."""
         _, scope, code, reason, until = out[:5]
         self.collect(out[5:])
-        wait = max(0.0, float(until) - now_s)
         subject = f"key {key_id}" if scope == "key" else f"session {session_id!r}"
-        secs = max(1, int(-(-wait // 1)))
-        return GatewayError(429, f"circuit breaker open for {subject}: {reason}; retry after {secs} s",
-                            type="rate_limit_error", code=code, headers={"retry-after": str(secs)})
-
-    async def admit(self, key_id: str, session_id: str | None, fingerprint: str | None, prompt_tokens: int,
-                    worst_cost_usd: float, now_s: float) -> None:
-        """Refuse (429 GatewayError) what an open or newly tripped breaker stops, else count the
-        request: a turn, its fingerprint, its prompt tokens, its worst cost in flight."""
-        keys, args = self.admit_call(key_id, session_id, fingerprint, prompt_tokens, worst_cost_usd, now_s)
-        out = [_s(x) for x in await self._admit(keys=keys, args=args)]
-        if out[0] != "ok":
-            raise self.refusal(out, key_id, session_id, now_s)
-        self.collect(out[1:])
+        return breaker_open(subject, code, reason, float(until) - now_s)
 
     async def add_tokens(self, key_id: str, session_id: str | None, n: int, now_s: float) -> bool:
         """Count ``n`` streamed output tokens; False when a velocity cap is crossed (cut the stream)."""
@@ -248,13 +222,6 @@ class RedisBreakers:
         return ([self._keys(key_id, session_id)[2]],
                 [repr(float(worst_cost_usd)), repr(float(actual_usd)), "1" if undo_turn else "0"])
 
-    async def finish(self, key_id: str, session_id: str | None, worst_cost_usd: float, actual_usd: float,
-                     undo_turn: bool = False) -> None:
-        if session_id is None:
-            return
-        keys, args = self.finish_call(key_id, session_id, worst_cost_usd, actual_usd, undo_turn)
-        await self._finish(keys=keys, args=args)
-
     async def budget_crossed(self, key_id: str, session_id: str, now_s: float) -> None:
         out = [_s(x) for x in await self._trip(
             keys=[self._keys(key_id, session_id)[2]],
@@ -262,11 +229,10 @@ class RedisBreakers:
                   f"a streamed answer crossed the session budget of ${self.config.session_budget_usd}", session_id])]
         self.collect(out)
 
-    async def session_budget_left_usd(self, key_id: str, session_id: str | None) -> float | None:
-        if session_id is None or self.config.session_budget_usd is None:
-            return None
+    async def session_spend_usd(self, key_id: str, session_id: str) -> float:
+        """The session's settled spend plus its requests' worst cases in flight."""
         spent, inflight = await self.redis.hmget(self._keys(key_id, session_id)[2], ["spent", "inflight"])
-        return max(0.0, self.config.session_budget_usd - float(spent or 0.0) - float(inflight or 0.0))
+        return float(spent or 0.0) + float(inflight or 0.0)
 
     async def key_tokens_per_s(self, key_id: str, now_s: float) -> float:
         """The key's token rate over the velocity window (a routing and admission signal)."""

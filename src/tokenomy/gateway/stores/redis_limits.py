@@ -1,14 +1,14 @@
 """RPM/TPM buckets and concurrency slots in Redis: exact across gateway replicas.
 
 Same semantics as the in-process ``InProcessRateLimits`` (continuous token buckets of ``capacity``
-per minute, one per node and kind; all-or-nothing over the key's path), but every ``acquire`` is
-one Lua script that checks every node of the path and then charges them all, so no interleaving
-of replicas can let a key through twice. The clock is the caller's ``now_s`` (replicas need
+per minute, one per node and kind; all-or-nothing over the key's path), but the check and the
+charge run inside one Lua script (``redis_admission``) that checks every node of the path and
+then charges them all, so no interleaving of replicas can let a key through twice. The clock is the caller's ``now_s`` (replicas need
 synchronised clocks: a skew of d seconds refills d/60 of a bucket early).
 
 Concurrency slots are members of a sorted set per node scored by a *lease* expiry: the replica
 that holds a slot renews it (``renew``, from its heartbeat) while the request runs and removes it
-in ``finish``; a dead replica stops renewing, and the next ``acquire`` on that node drops its
+when the request finishes; a dead replica stops renewing, and the next admission on that node drops its
 slots once their lease has passed. So a crashed replica leaks no slot for longer than the lease.
 
 Keys (prefix ``tk:``): ``tk:rl:{node}:{requests|tokens}`` hash (level, ts, cap), expiring once a
@@ -17,7 +17,6 @@ bucket would have refilled anyway; ``tk:cc:{node}`` sorted set of request ids.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -25,7 +24,14 @@ from redis.asyncio import Redis
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.ops.tenancy import NodeLimits
-from tokenomy.gateway.stores.limits import _HEADER_NAMES, RPM, TPM, RateGrant, TokenBucket, openai_duration
+from tokenomy.gateway.stores.limits import (
+    RPM,
+    TPM,
+    concurrency_refused,
+    headers_of,
+    never_fits,
+    rate_limited,
+)
 from tokenomy.gateway.stores.redis_store import RedisStore
 from tokenomy.gateway.stores.redis_store import text as _s
 
@@ -108,16 +114,6 @@ local function rl_release(K, rid)
 end
 """
 
-_ACQUIRE = LIMITS_LUA + """
-local refusal, plan = rl_check(KEYS, ARGV)
-if refusal then return refusal end
-local out = rl_apply(KEYS, ARGV, plan)
-table.insert(out, 1, 'ok')
-return out
-"""
-
-_CORRECT = LIMITS_LUA + "return rl_correct(KEYS, ARGV)\n"
-
 # KEYS: buckets to read; ARGV: now, then each key's cap
 _READ = LIMITS_LUA + """
 local now = tonumber(ARGV[1])
@@ -128,12 +124,11 @@ return out
 
 
 class RedisRateLimits(RedisStore):
-    """``RateLimits`` in Redis (async)."""
+    """The buckets' and slots' keys, the arguments of ``LIMITS_LUA``'s steps and their answers; the
+    steps run inside ``redis_admission``'s two scripts."""
 
     def __init__(self, redis: Redis, lease_s: float = 30.0, prefix: str = "tk:") -> None:
         super().__init__(redis, lease_s, prefix)
-        self._acquire = redis.register_script(_ACQUIRE)
-        self._correct = redis.register_script(_CORRECT)
         self._read = redis.register_script(_READ)
 
     def _bucket_key(self, node_id: str, kind: str) -> str:
@@ -160,43 +155,25 @@ class RedisRateLimits(RedisStore):
         return keys, args, caps
 
     @staticmethod
-    def grant(levels_flat: Sequence[Any], caps: dict[str, tuple[int, str]], path: Sequence[tuple[str, NodeLimits]],
-              tokens: int) -> RateGrant:
-        """The grant of ``rl_apply``'s answer (bucket key, level, ...)."""
+    def headers(levels_flat: Sequence[Any], caps: dict[str, tuple[int, str]]) -> dict[str, str]:
+        """The response's headers from ``rl_apply``'s answer (bucket key, level, ...)."""
         levels = {_s(levels_flat[i]): float(_s(levels_flat[i + 1])) for i in range(0, len(levels_flat), 2)}
-        headers = _headers([(levels[k], cap, kind) for k, (cap, kind) in caps.items() if k in levels])
-        return RateGrant(tuple(n for n, _ in path), tokens, headers)
-
-    async def acquire(self, path: Sequence[tuple[str, NodeLimits]], tokens: int, now_s: float,
-                      request_id: str) -> RateGrant:
-        """Charge one request and ``tokens`` on every node of ``path`` and take a concurrency slot
-        on each, or raise a 429 GatewayError and change nothing."""
-        keys, args, caps = self.acquire_call(path, tokens, now_s, request_id)
-        out = [_s(x) for x in await self._acquire(keys=keys, args=args)]
-        if out[0] != "ok":
-            raise await self.refusal(out, path, tokens, now_s)
-        return self.grant(out[1:], caps, path, tokens)
+        return headers_of([(levels[k], cap, kind) for k, (cap, kind) in caps.items() if k in levels])
 
     async def refusal(self, out: list[str], path: Sequence[tuple[str, NodeLimits]], tokens: int,
-                       now_s: float) -> GatewayError:
+                      now_s: float) -> GatewayError:
+        """The 429 of ``rl_check``'s refusal (a rate limit's carries the path's current headers)."""
         what, i = out[0], int(out[1]) - 1
         node_id, lim = path[i]
         if what == "concurrency":
-            return GatewayError(429, f"too many concurrent requests for {node_id} (limit {out[2]})",
-                                type="rate_limit_error", code="concurrency_limit", headers={"retry-after": "1"})
+            return concurrency_refused(node_id, int(out[2]))
         kind = RPM if out[2] == "1" else TPM
-        cap = lim.rpm if kind == RPM else lim.tpm
+        cap = int(lim.rpm if kind == RPM else lim.tpm)  # type: ignore[arg-type]
         if what == "never":
-            amount = 1 if kind == RPM else tokens
-            return GatewayError(429, f"request needs {amount} {kind} but {node_id} allows {cap} per minute",
-                                type="rate_limit_error", code=f"{kind}_over_limit")
-        wait = float(out[3])
-        return GatewayError(429, f"rate limit reached for {node_id}: {cap} {kind} per minute",
-                            type="rate_limit_error", code="rate_limit_rpm" if kind == RPM else "rate_limit_tpm",
-                            headers={"retry-after": str(max(1, math.ceil(wait))),
-                                     **await self.headers(path, now_s)})
+            return never_fits(node_id, kind, 1 if kind == RPM else tokens, cap)
+        return rate_limited(node_id, kind, cap, float(out[3]), await self._headers(path, now_s))
 
-    async def headers(self, path: Sequence[tuple[str, NodeLimits]], now_s: float) -> dict[str, str]:
+    async def _headers(self, path: Sequence[tuple[str, NodeLimits]], now_s: float) -> dict[str, str]:
         keys: list[str] = []
         caps: list[tuple[int, str]] = []
         for node_id, lim in path:
@@ -207,25 +184,14 @@ class RedisRateLimits(RedisStore):
         if not keys:
             return {}
         levels = await self._read(keys=keys, args=[repr(float(now_s)), *(c for c, _ in caps)])
-        return _headers([(float(_s(lv)), cap, kind) for lv, (cap, kind) in zip(levels, caps, strict=True)])
+        return headers_of([(float(_s(lv)), cap, kind) for lv, (cap, kind) in zip(levels, caps, strict=True)])
 
-    def finish_call(self, grant: RateGrant, actual_tokens: int, now_s: float) -> tuple[list[str], list[str], list[str]]:
-        """``rl_correct``'s keys and arguments (the TPM estimate replaced by ``actual_tokens``) and
-        ``rl_release``'s keys (the concurrency slots)."""
-        return ([self._bucket_key(n, TPM) for n in grant.node_ids], [repr(float(now_s)), str(actual_tokens - grant.tokens)],
-                [self._cc_key(n) for n in grant.node_ids])
-
-    async def correct_tokens(self, grant: RateGrant, actual_tokens: int, now_s: float) -> None:
-        """Replace the TPM estimate charged by ``grant`` with ``actual_tokens``."""
-        keys, args, _ = self.finish_call(grant, actual_tokens, now_s)
-        await self._correct(keys=keys, args=args)
-
-    async def finish(self, grant: RateGrant, request_id: str) -> None:
-        """Give back the request's concurrency slots (idempotent)."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for n in grant.node_ids:
-                pipe.zrem(self._cc_key(n), request_id)
-            await pipe.execute()
+    def finish_call(self, node_ids: Sequence[str], estimate: int, actual_tokens: int,
+                    now_s: float) -> tuple[list[str], list[str], list[str]]:
+        """``rl_correct``'s keys and arguments (the TPM ``estimate`` replaced by ``actual_tokens``)
+        and ``rl_release``'s keys (the concurrency slots)."""
+        return ([self._bucket_key(n, TPM) for n in node_ids], [repr(float(now_s)), str(actual_tokens - estimate)],
+                [self._cc_key(n) for n in node_ids])
 
     async def renew(self, flights: Iterable[tuple[str, Sequence[str]]], now_s: float) -> None:
         """Extend the lease of each (request id, node ids) still running on this replica."""
@@ -235,20 +201,3 @@ class RedisRateLimits(RedisStore):
                 for n in node_ids:
                     pipe.zadd(self._cc_key(n), {rid: until}, xx=True)
             await pipe.execute()
-
-    async def in_flight(self, node_id: str, now_s: float) -> int:
-        """Concurrency slots held on ``node_id`` whose lease has not passed."""
-        return int(await self.redis.zcount(self._cc_key(node_id), f"({now_s!r}", "+inf"))
-
-
-def _headers(buckets: Sequence[tuple[float, int, str]]) -> dict[str, str]:
-    """OpenAI's ``x-ratelimit-*`` for the tightest bucket of each kind."""
-    out: dict[str, str] = {}
-    for kind, names in _HEADER_NAMES:
-        tight = [(level, cap) for level, cap, k in buckets if k == kind]
-        if tight:
-            level, cap = min(tight)
-            out[names[0]] = str(cap)
-            out[names[1]] = str(max(0, math.floor(level)))
-            out[names[2]] = openai_duration(TokenBucket(float(cap), level, 0.0).reset_s())
-    return out

@@ -1,11 +1,11 @@
 """Budget holds in Redis: ``spent + reserved <= budget`` kept exactly across gateway replicas.
 
-Each call is one Lua script, so no interleaving of replicas can overspend:
+Each step is Lua inside one script, so no interleaving of replicas can overspend:
 
-* ``reserve``: check every budgeted (node, period) of the hold, then add the hold to all of them
-  (all or nothing); a request id that already holds is accepted again without a second charge.
-* ``settle`` / ``release``: remove the hold (once: a second call finds none and changes nothing),
-  moving its actual cost into ``spent`` (settle) or only returning the reservation (release).
+* ``bu_check`` / ``bu_hold`` (in the admission script of ``redis_admission``): check every
+  budgeted (node, period) of the hold, then add the hold to all of them (all or nothing).
+* ``bu_finish``: remove the hold (once: a second call finds none and changes nothing), moving its
+  actual cost into ``spent`` (settle) or only returning the reservation (release).
 
 Leases: a hold is scored in ``tk:holds`` by its lease expiry, which the replica that took it
 renews from its heartbeat while the request runs. A dead replica stops renewing; ``reclaim`` (run
@@ -16,7 +16,7 @@ so a replica that was only slow (its hold reclaimed under it) still charges its 
 
 Spend is rebuilt from the ledger: ``seed`` writes the ledger's spend in one script, only when the
 Redis data set has not been seeded (``tk:seeded`` absent: a new or restarted Redis). Until then
-``reserve`` answers ``Unseeded`` and the caller seeds first, so an empty Redis never admits
+an admission answers ``Unseeded`` and the caller seeds first, so an empty Redis never admits
 against zero spend. ``tk:seeded`` keeps the PostgreSQL snapshot the spend was read in; a request
 admitted before Redis lost its data settles afterwards with its event's transaction id, and is
 charged exactly when that snapshot did not count it: nothing twice, nothing lost.
@@ -58,7 +58,9 @@ class Unseeded(RuntimeError):
 # A: 1 request id, 2 actual cost (settle) or '' (release), 3 prefix,
 #    4 mode ('finish' | 'reclaim': only if the lease has passed at A[5] = now), 6 marker ttl,
 #    7 the ledger transaction id of the request's event ('' unknown), 8 its charges json
-# Markers: a reclaimed hold leaves 'settled' or its charges (released: a late settle charges them).
+# Markers: a reclaimed hold leaves 'settled' or its charges (released: a late settle charges them);
+# the request's own finish then answers 'reclaimed' or 'late' (its slots and session cost are
+# still to be returned) and leaves 'done'. 'none': nothing left to finish (a second call).
 # A settle that finds neither hold nor marker comes after Redis lost its data: its cost is added
 # unless the ledger snapshot the spend was rebuilt from (tk:seeded = 'xmin:xmax:xip,...') saw it.
 HOLDS_LUA = """
@@ -108,15 +110,16 @@ local function bu_finish(K, A)
   end
   local h = redis.call('HMGET', K[1], 'charges', 'amount')
   if h[1] == false then
-    if mode ~= 'finish' or actual == '' then return {'none'} end
+    if mode ~= 'finish' then return {'none'} end
     local marker = redis.call('GET', K[3])
-    if marker == 'settled' or marker == 'done' then return {'none'} end
-    if marker then
+    if marker == 'done' then return {'none'} end
+    if marker then  -- reclaimed under a slow replica: finish it here, once
       redis.call('SET', K[3], 'done', 'EX', A[6])
+      if marker == 'settled' or actual == '' then return {'reclaimed'} end
       add_spent(marker)
       return {'late', marker, '0'}
     end
-    if A[7] ~= '' and A[8] ~= '' and not seen_by_seed(A[7]) then
+    if actual ~= '' and A[7] ~= '' and A[8] ~= '' and not seen_by_seed(A[7]) then
       redis.call('SET', K[3], 'done', 'EX', A[6])
       add_spent(A[8])
       return {'late', A[8], '0'}
@@ -148,13 +151,6 @@ local function bu_finish(K, A)
 end
 """
 
-_RESERVE = HOLDS_LUA + """
-local r = bu_check(KEYS, ARGV)
-if r == nil then bu_hold(KEYS, ARGV) return {'ok'} end
-if r[1] == 'held' then return {'ok'} end
-return r
-"""
-
 _FINISH = HOLDS_LUA + "return bu_finish(KEYS, ARGV)\n"
 
 # KEYS: seeded flag, then one usage key per charge; ARGV: owner, then each charge's spend
@@ -166,15 +162,13 @@ return 1
 
 
 class RedisReservations(RedisStore):
-    """``Reservations`` in Redis (async)."""
+    """Budget holds in Redis: the keys and arguments of ``HOLDS_LUA``'s steps, seeding, leases."""
 
     def __init__(self, redis: Redis, lease_s: float = 30.0, prefix: str = "tk:") -> None:
         super().__init__(redis, lease_s, prefix)
-        self._reserve = redis.register_script(_RESERVE)
         self._finish_script = redis.register_script(_FINISH)
         self._seed = redis.register_script(_SEED)
         self.seeded_key = f"{prefix}seeded"
-        self.last_spent: dict[Charge, float] = {}  # each charge's spend right after the last settle/release
         self.holds_key = f"{prefix}holds"
 
     def _usage_key(self, charge: Charge) -> str:
@@ -185,9 +179,6 @@ class RedisReservations(RedisStore):
 
     def _marker_key(self, request_id: str) -> str:
         return f"{self.prefix}rc:{request_id}"
-
-    async def is_seeded(self) -> bool:
-        return bool(await self.redis.exists(self.seeded_key))
 
     async def seed(self, spent: Mapping[Charge, float], snapshot: str) -> bool:
         """Write the ledger's spend, unless Redis was seeded already (True when this call did).
@@ -213,13 +204,6 @@ class RedisReservations(RedisStore):
         charge = hold.charges[int(out[1]) - 1]
         return Refusal(charge, budgets_usd[charge], float(out[2]), float(out[3]))
 
-    async def reserve(self, hold: Hold, budgets_usd: Mapping[Charge, float], now_s: float) -> Refusal | None:
-        """Record ``hold`` with a lease to ``now_s + lease_s`` if it fits every budget (None),
-        else change nothing and say why. Raises ``Unseeded`` when Redis has no spend yet."""
-        keys, args = self.reserve_call(hold, budgets_usd, now_s)
-        out = [_s(x) for x in await self._reserve(keys=keys, args=args)]
-        return None if out[0] == "ok" else self.refusal(out, hold, budgets_usd)
-
     def finish_call(self, request_id: str, actual: str, mode: str, now_s: float = 0.0,
                     ledger_xid: int | None = None, charges: tuple[Charge, ...] = ()) -> tuple[list[str], list[Any]]:
         """Keys and arguments of ``bu_finish`` (``actual``: the cost, or '' to release)."""
@@ -227,32 +211,30 @@ class RedisReservations(RedisStore):
         return keys, [request_id, actual, self.prefix, mode, repr(float(now_s)), _MARKER_TTL_S,
                       "" if ledger_xid is None else str(ledger_xid), orjson.dumps(charges).decode() if charges else ""]
 
-    def finished(self, request_id: str, answer: list[Any]) -> tuple[str, Hold | None]:
-        """``bu_finish``'s answer: its status and the hold it finished (``last_spent`` updated)."""
+    @staticmethod
+    def finished(request_id: str, answer: list[Any]) -> tuple[str, Hold | None, dict[Charge, float]]:
+        """``bu_finish``'s answer: its status, the hold it finished and each charge's spend after."""
         out = [_s(x) for x in answer]
         if out[0] in ("held", "late"):
             charges = tuple((str(n), str(p)) for n, p in json.loads(out[1]))
-            self.last_spent = {c: float(x) for c, x in zip(charges, out[3:], strict=False)}
-            return out[0], Hold(request_id, charges, float(out[2]), 0.0)
-        return out[0], None
+            spent = {c: float(x) for c, x in zip(charges, out[3:], strict=False)}
+            return out[0], Hold(request_id, charges, float(out[2]), 0.0), spent
+        return out[0], None, {}
 
     async def _finish(self, request_id: str, actual: str, mode: str, now_s: float = 0.0, ledger_xid: int | None = None,
-                      charges: tuple[Charge, ...] = ()) -> tuple[str, Hold | None]:
+                      charges: tuple[Charge, ...] = ()) -> tuple[str, Hold | None, dict[Charge, float]]:
         keys, args = self.finish_call(request_id, actual, mode, now_s, ledger_xid, charges)
         return self.finished(request_id, await self._finish_script(keys=keys, args=args))
 
     async def settle(self, request_id: str, actual_usd: float, ledger_xid: int | None = None,
-                     charges: tuple[Charge, ...] = ()) -> Hold | None:
-        """Charge ``actual_usd`` and drop the hold; None when nothing was held (a second call).
-
-        A hold reclaimed under a slow replica is charged here all the same (amount 0). A hold that
-        Redis lost (restarted empty) is charged to ``charges`` unless the ledger snapshot the spend
-        was rebuilt from already counted the event (``ledger_xid``: its ledger transaction id)."""
-        return (await self._finish(request_id, repr(float(actual_usd)), "finish", ledger_xid=ledger_xid,
-                                   charges=charges))[1]
-
-    async def release(self, request_id: str) -> Hold | None:
-        return (await self._finish(request_id, "", "finish"))[1]
+                     charges: tuple[Charge, ...] = ()) -> tuple[Hold | None, dict[Charge, float]]:
+        """The hold alone settled at ``actual_usd`` (a retry of a finish whose answer was lost);
+        (None, {}) when nothing was held. A hold that Redis lost (restarted empty) is charged to
+        ``charges`` unless the ledger snapshot the spend was rebuilt from already counted the event
+        (``ledger_xid``: its ledger transaction id)."""
+        _, hold, spent = await self._finish(request_id, repr(float(actual_usd)), "finish", ledger_xid=ledger_xid,
+                                            charges=charges)
+        return hold, spent
 
     async def renew(self, request_ids: Iterable[str], now_s: float) -> None:
         """Extend the lease of holds still in flight on this replica."""
@@ -271,15 +253,10 @@ class RedisReservations(RedisStore):
         for rid in rids:
             cost = await ledger_cost_usd(rid)
             actual = "" if cost is None else repr(float(cost))
-            status, _ = await self._finish(rid, actual, "reclaim", now_s)
+            status, _, _ = await self._finish(rid, actual, "reclaim", now_s)
             if status == "held":
                 counts["released" if cost is None else "settled"] += 1
         return counts
-
-    async def usage(self, charge: Charge) -> tuple[float, float]:
-        """(spent_usd, reserved_usd) of one node in one period."""
-        spent, reserved = await self._hmget(self._usage_key(charge), "spent", "reserved")
-        return float(spent or 0.0), float(reserved or 0.0)
 
     async def usages(self, charges: Sequence[Charge]) -> list[tuple[float, float]]:
         """(spent_usd, reserved_usd) of each charge, in one round trip."""
@@ -288,18 +265,3 @@ class RedisReservations(RedisStore):
                 pipe.hmget(self._usage_key(c), ["spent", "reserved"])
             rows: list[Any] = await pipe.execute() if charges else []
         return [(float(_s(s)) if s is not None else 0.0, float(_s(r)) if r is not None else 0.0) for s, r in rows]
-
-    async def _hmget(self, key: str, *names: str) -> list[str | None]:
-        values: list[Any] = await self.redis.hmget(key, list(names))
-        return [None if v is None else _s(v) for v in values]
-
-    async def holds(self) -> list[Hold]:
-        out: list[Hold] = []
-        pairs: list[Any] = await self.redis.zrange(self.holds_key, 0, -1, withscores=True)
-        for rid_b, lease in pairs:
-            rid = _s(rid_b)
-            charges_json, amount = await self._hmget(self._hold_key(rid), "charges", "amount")
-            if charges_json is not None:
-                charges = tuple((str(n), str(p)) for n, p in json.loads(charges_json))
-                out.append(Hold(rid, charges, float(amount or 0.0), float(lease)))
-        return out

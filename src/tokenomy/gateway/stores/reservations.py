@@ -7,9 +7,9 @@ Invariant kept by every implementation, for each (node, period) with a budget:
 
 ``settle`` moves a hold's amount out of ``reserved`` and its actual cost into ``spent``;
 ``release`` only returns the reservation. Both are idempotent: a second call for the same request
-id finds no hold and changes nothing. A Redis implementation keeps this with one Lua script per
-call (check every key, then INCRBYFLOAT every key); PostgreSQL with conditional UPDATEs in one
-transaction, as the SQLite implementation (``reservations_sql.py``) does.
+id finds no hold and changes nothing. ``Reservations`` is the hold store of one process's
+``local_state.LocalState`` (synchronous: it runs inside the state's lock); a fleet's holds follow
+the same rules in Lua (``redis_reservations.HOLDS_LUA``), held to the same contract tests.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ class Reservations(Protocol):
 
 
 class InProcessReservations:
-    """``Reservations`` in memory: exact within one process (callers never await inside a call).
+    """``Reservations`` in memory: exact within one process (each call runs to its end, under
+    ``LocalState``'s lock).
 
     Holds die with the process; spend is seeded at start-up from the ledger
     (``budget_seed.seed_from_ledger``), so a restart neither holds nor forgets anything.
