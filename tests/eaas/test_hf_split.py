@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import transformers  # noqa: F401 - part of the eaas extra: a missing one must f
 
 from tokenomy.eaas.checkpoint import load_experts, read_info, save_experts
 from tokenomy.eaas.dispatch import ExpertDispatcher
-from tokenomy.eaas.generation import StepHooks
+from tokenomy.eaas.generation import StepHooks, Turnstile
 from tokenomy.eaas.hf import RemoteExperts, attach_remote_experts, find_expert_layers, save_expert_checkpoint
 from tokenomy.eaas.hf_models import ARCHITECTURES, tiny_config, tiny_model
 from tokenomy.eaas.moe import ExpertWeights
@@ -99,11 +100,36 @@ def test_checkpoint_reads_only_what_it_holds_and_says_what_is_wrong(tmp_path: Pa
         read_info(tmp_path / "absent.safetensors")
 
 
-def test_step_hooks_fire_after_the_named_token_and_time_every_step() -> None:
+def test_step_hooks_fire_at_the_start_of_the_step_after_the_named_token_and_time_every_step() -> None:
     seen: list[int] = []
-    hooks = StepHooks({2: [lambda: seen.append(len(hooks.times_s))]})
+    hooks = StepHooks({2: [lambda: seen.append(len(hooks.step_s))]})
     for _ in range(5):  # the prompt, then tokens 1..4
         hooks.put(torch.zeros(1, 1))
-    assert seen == [3] and hooks.fired == [2] and len(hooks.step_s()) == 4
+    assert seen == [2] and hooks.fired == [2] and len(hooks.step_s) == 4
     with pytest.raises(ValueError, match="1-based"):
         StepHooks({0: []})
+    with pytest.raises(ValueError, match="new_tokens"):
+        StepHooks(turnstile=Turnstile())
+
+
+def test_lock_step_generations_take_turns_step_by_step() -> None:
+    turns = Turnstile(2, timeout_s=10.0)
+    order: list[tuple[int, int]] = []
+
+    def run(slot: int) -> None:
+        hooks = StepHooks({n: [lambda n=n: order.append((slot, n))] for n in (1, 2)}, turns, slot, new_tokens=3)
+        for _ in range(4):  # what generate does: the prompt, then tokens 1..3
+            hooks.put(torch.zeros(1, 1))
+
+    threads = [threading.Thread(target=run, args=(slot,)) for slot in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert not any(t.is_alive() for t in threads)
+    assert order == [(0, 1), (1, 1), (0, 2), (1, 2)]
+
+
+def test_a_turn_that_never_comes_times_out() -> None:
+    with pytest.raises(TimeoutError, match="slot 1"):
+        Turnstile(2, timeout_s=0.05).wait(1)
