@@ -32,7 +32,7 @@ starts: the kernel's teardown of a dying process on the *same* two cores is a co
 server on one machine, not of EAAS (on a cluster it happens on another node). With
 ``charge_teardown`` the teardown is inside the step and lands in ``resent_part``.
 
-``drop = resent_part + capacity_part``. Reported: medians over pairs, p90, min/max, and every pair.
+Reported: medians over pairs, p90, min/max, and every pair.
 """
 
 from __future__ import annotations
