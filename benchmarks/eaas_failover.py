@@ -56,6 +56,9 @@ def main() -> int:
           f"drop_window_p90 {r.drop_window_p90:.4f}  resent_part_median {r.resent_part_median:.4f}  "
           f"capacity_part_median {r.capacity_part_median:.4f}  noise_before_median {r.noise_before_median:.4f}  "
           f"tokens_identical {r.tokens_identical}  max_abs_logit_err {r.max_abs_logit_err:.1e}")
+    if not r.judged:
+        print(f"not judged: the noise floor {100 * r.noise_before_median:+.2f}% (the same estimator over the steps "
+              f"before the kill) exceeds +-{100 * r.config['max_noise_floor']:.1f}%: the machine was too busy")
     if args.json:
         args.json.write_text(json.dumps(r.to_json(), indent=2) + "\n")
     return 0 if r.tokens_identical else 1

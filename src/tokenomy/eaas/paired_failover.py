@@ -32,7 +32,9 @@ starts: the kernel's teardown of a dying process on the *same* two cores is a co
 server on one machine, not of EAAS (on a cluster it happens on another node). With
 ``charge_teardown`` the teardown is inside the step and lands in ``resent_part``.
 
-Reported: medians over pairs, p90, min/max, and every pair.
+Reported: medians over pairs, p90, min/max, and every pair. ``judged`` is False when the noise
+floor (``|noise_before_median|``) exceeds ``max_noise_floor``: then the machine was too busy for the
+drop to mean anything, and the report says so instead of passing a verdict.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class PairedFailoverConfig:
     kill_after_token: int = 16
     timeout_s: float = 0.5   # per request; a SIGKILL is seen sooner, through the dropped connection
     charge_teardown: bool = False
+    max_noise_floor: float = 0.01  # |noise_before_median| above this: the drop is not judged
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -113,6 +116,7 @@ class PairedFailoverReport:
     teardown_ms_median: float
     tokens_identical: bool
     max_abs_logit_err: float
+    judged: bool
     per_pair: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -254,7 +258,8 @@ def run_paired_failover(cfg: PairedFailoverConfig) -> PairedFailoverReport:
         drop_window_p90=quantile([p.drop_window for p in pairs], 0.9),
         resent_part_median=quantile([p.resent_part for p in pairs], 0.5),
         capacity_part_median=quantile([p.capacity_part for p in pairs], 0.5),
-        noise_before_median=quantile([p.noise_before for p in pairs], 0.5),
+        noise_before_median=(noise := quantile([p.noise_before for p in pairs], 0.5)),
+        judged=abs(noise) <= cfg.max_noise_floor,
         failover_wait_ms_median=1000 * quantile([p.failover_wait_s for p in pairs], 0.5),
         teardown_ms_median=quantile([p.teardown_ms for p in pairs], 0.5),
         tokens_identical=identical, max_abs_logit_err=max_err,
