@@ -58,3 +58,16 @@ def test_without_the_eaas_extra_serve_and_demo_say_what_to_install(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "install tokenomy[eaas]" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [([], "--experts is required (without --expert-file)"), (["--expert-file", "absent.safetensors"], "not found")],
+)
+def test_serve_without_experts_or_with_a_missing_expert_file_is_a_one_line_error(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch", reason="needs the eaas extra: pip install tokenomy[eaas]")
+    assert main(["eaas", "serve", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

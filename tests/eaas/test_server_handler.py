@@ -12,7 +12,7 @@ from tokenomy.eaas.server import ExpertHandler, parse_expert_ids, zmq_bind_addre
 
 @pytest.fixture
 def handler(cfg: MoEConfig, weights: MoEWeights) -> ExpertHandler:
-    return ExpertHandler("s-test", cfg, {e: weights.experts[e] for e in (1, 4)})
+    return ExpertHandler("s-test", cfg.hidden, {e: weights.experts[e] for e in (1, 4)})
 
 
 def _request(expert: int, x: torch.Tensor, rid: int = 1) -> bytes:

@@ -57,18 +57,22 @@ class ServerProcess:
 
 
 def _command(server_id: str, expert_ids: Iterable[int], bind: str, preset: str, seed: int,
-             weights: Path | None) -> list[str]:
+             weights: Path | None, expert_file: Path | None) -> list[str]:
     cmd = [sys.executable, "-m", "tokenomy.eaas.server", "--bind", bind, "--server-id", server_id,
-           "--experts", ",".join(map(str, expert_ids)), "--preset", preset, "--seed", str(seed)]
+           "--experts", ",".join(map(str, expert_ids))]
+    if expert_file is not None:
+        return cmd + ["--expert-file", str(expert_file)]
+    cmd += ["--preset", preset, "--seed", str(seed)]
     return cmd + (["--weights", str(weights)] if weights is not None else [])
 
 
 def start_servers(placement: Mapping[str, Sequence[int]], *, preset: str = "deepseek-tiny", seed: int = 0,
-                  weights: Path | None = None, bind: str = "tcp://127.0.0.1:0",
+                  weights: Path | None = None, expert_file: Path | None = None, bind: str = "tcp://127.0.0.1:0",
                   ready_timeout_s: float = 60.0) -> list[ServerProcess]:
     """Start one server per ``placement`` entry (server id -> expert ids) in parallel; wait for READY.
 
-    ``bind`` is shared by all servers: ``tcp://127.0.0.1:0`` gives each a free port; an ipc address
+    Weights: a model's expert checkpoint (``expert_file``, ids are its keys), else the block
+    ``preset`` from ``weights`` or ``seed``. ``bind`` is shared by all servers: ``tcp://127.0.0.1:0`` gives each a free port; an ipc address
     must contain ``{server_id}`` (e.g. ``ipc:///tmp/run/{server_id}.sock``) so each gets its own path.
 
     On any failure every process started here is stopped before the error propagates.
@@ -83,8 +87,8 @@ def start_servers(placement: Mapping[str, Sequence[int]], *, preset: str = "deep
         for sid, ids in placement.items():
             # stderr to a file, not a pipe: nobody drains it after start-up, and a full pipe would block.
             errlog: IO[str] = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finally
-            procs[sid] = subprocess.Popen(_command(sid, ids, bind.replace("{server_id}", sid), preset, seed, weights), stdout=subprocess.PIPE,
-                                          stderr=errlog, text=True, env=env)
+            cmd = _command(sid, ids, bind.replace("{server_id}", sid), preset, seed, weights, expert_file)
+            procs[sid] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errlog, text=True, env=env)
             errlogs[sid] = errlog
         deadline = time.monotonic() + ready_timeout_s
         for sid, proc in procs.items():

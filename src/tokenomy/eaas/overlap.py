@@ -1,16 +1,18 @@
 """Dual-batch overlap experiment behind ``benchmarks/eaas_overlap.py``.
 
 The same ``n_layers`` stack runs serially (one batch: compute, then wait for the experts) and
-overlapped (two halves ping-ponged), alternating, ``iterations`` times each. Exposed communication of
-one forward = its wall time - the client's own compute time in it (``ClientStats.local_compute_s``);
-reported figures are medians per forward. ``hidden_fraction = 1 - exposed_overlap / exposed_serial``.
+overlapped (two halves ping-ponged) as ``iterations`` back-to-back *pairs*, the order inside a pair
+alternating, so drifting background load hits both alike. Exposed communication of one forward = its
+wall time - the client's own compute time in it (``ClientStats.local_compute_s``). Per pair,
+``hidden = 1 - exposed_overlap / exposed_serial``; ``hidden_fraction`` is the median over pairs,
+reported with its p10, p90, min and max. The per-mode medians stay beside it.
 A round trip is injected in the transport (``rtt_delay_s``), standing in for a cross-machine network.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -22,6 +24,7 @@ from tokenomy.eaas.launcher import start_servers, stop_all
 from tokenomy.eaas.layers import LocalMixer, reference_stack
 from tokenomy.eaas.moe import MoEWeights
 from tokenomy.eaas.registry import Registry, RoutingTable
+from tokenomy.eaas.stats import quantile
 from tokenomy.eaas.transport import ZmqTransport
 
 
@@ -41,7 +44,12 @@ class OverlapConfig:
 class OverlapReport:
     exposed_comm_s_serial: float
     exposed_comm_s_overlap: float
-    hidden_fraction: float
+    hidden_fraction: float          # median over pairs of 1 - exposed_overlap / exposed_serial
+    hidden_fraction_p10: float
+    hidden_fraction_p90: float
+    hidden_fraction_min: float
+    hidden_fraction_max: float
+    pairs: int
     wall_s_serial: float
     wall_s_overlap: float
     compute_s_serial: float
@@ -50,6 +58,7 @@ class OverlapReport:
     client_cpu_s_overlap: float
     max_abs_err: float
     config: dict[str, Any]
+    per_pair_hidden: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,20 +73,21 @@ def _once(client: AttentionClient, x: torch.Tensor, mixer: LocalMixer, n_layers:
 
 def _measure(client: AttentionClient, x: torch.Tensor, mixer: LocalMixer,
              cfg: OverlapConfig) -> tuple[dict[bool, list[tuple[float, float, float]]], dict[bool, torch.Tensor]]:
-    """Alternate serial and overlapped forwards so drifting background load hits both alike."""
+    """``cfg.iterations`` pairs of a serial and an overlapped forward, back to back, the order
+    alternating from pair to pair; sample i of both modes belongs to pair i."""
     for overlap in (False, True):  # warm-up: connections, allocator
         _once(client, x, mixer, cfg.n_layers, overlap)
     samples: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
     outputs: dict[bool, torch.Tensor] = {}
-    for _ in range(cfg.iterations):
-        for overlap in (False, True):
+    for i in range(cfg.iterations):
+        for overlap in ((False, True) if i % 2 == 0 else (True, False)):
             wall, comp, cpu, outputs[overlap] = _once(client, x, mixer, cfg.n_layers, overlap)
             samples[overlap].append((wall, comp, cpu))
     return samples, outputs
 
 
 def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
+    return quantile(values, 0.5)
 
 
 def run_overlap(cfg: OverlapConfig) -> OverlapReport:
@@ -108,9 +118,13 @@ def run_overlap(cfg: OverlapConfig) -> OverlapReport:
     comp_s, comp_o = (_median([c for _, c, _ in samples[m]]) for m in (False, True))
     cpu_s, cpu_o = (_median([p for _, _, p in samples[m]]) for m in (False, True))
     exp_s, exp_o = exposed[False], exposed[True]
+    hidden = [1 - max(0.0, wo - co) / max(1e-9, ws - cs)
+              for (ws, cs, _), (wo, co, _) in zip(samples[False], samples[True], strict=True)]
     return OverlapReport(
         exposed_comm_s_serial=exp_s, exposed_comm_s_overlap=exp_o,
-        hidden_fraction=1 - exp_o / exp_s if exp_s > 0 else 0.0,
+        hidden_fraction=quantile(hidden, 0.5), hidden_fraction_p10=quantile(hidden, 0.1),
+        hidden_fraction_p90=quantile(hidden, 0.9), hidden_fraction_min=min(hidden),
+        hidden_fraction_max=max(hidden), pairs=len(hidden), per_pair_hidden=hidden,
         wall_s_serial=wall_s, wall_s_overlap=wall_o, compute_s_serial=comp_s, compute_s_overlap=comp_o,
         client_cpu_s_serial=cpu_s, client_cpu_s_overlap=cpu_o,
         max_abs_err=err, config=asdict(cfg),

@@ -1,7 +1,9 @@
 """Expert server: a stateless process that applies expert e to a batch of hidden states.
 
 Run as ``python -m tokenomy.eaas.server --bind tcp://127.0.0.1:0 --experts 0-7`` (or ``tokenomy eaas
-serve``). It binds a ZeroMQ ROUTER socket, prints one line ``READY <address> <server_id> <experts>``
+serve``); the experts come from a block preset and seed, a block's safetensors file (``--weights``) or
+a model's expert checkpoint (``--expert-file``, see ``checkpoint.py``; ``--experts`` then picks keys,
+all of them if left out). It binds a ZeroMQ ROUTER socket, prints one line ``READY <address> <server_id> <experts>``
 on stdout once it serves (``:0`` picks a free port; the line carries the real one) and then answers
 frames until SIGTERM/SIGINT. Nothing is kept between requests, so any replica can answer any request.
 
@@ -22,6 +24,7 @@ import torch
 import zmq
 from safetensors import SafetensorError
 
+from tokenomy.eaas.checkpoint import load_experts
 from tokenomy.eaas.config import MoEConfig, preset
 from tokenomy.eaas.moe import ExpertWeights, MoEWeights
 from tokenomy.eaas.protocol import (
@@ -60,7 +63,7 @@ class ExpertHandler:
     """Pure request handling (no sockets): frame bytes in, reply bytes out. Counts what it served."""
 
     server_id: str
-    config: MoEConfig
+    hidden: int
     experts: dict[int, ExpertWeights]
     served_requests: int = 0
     served_tokens: dict[int, int] = field(default_factory=dict)
@@ -96,9 +99,9 @@ class ExpertHandler:
             return encode_error(rid, "unknown_expert",
                                 f"server {self.server_id} does not host expert {eid}; hosts {sorted(self.experts)}",
                                 eid)
-        if x.ndim != 2 or x.shape[1] != self.config.hidden:
+        if x.ndim != 2 or x.shape[1] != self.hidden:
             return encode_error(rid, "shape_mismatch",
-                                f"expected hidden states [tokens, {self.config.hidden}], got {list(x.shape)}", eid)
+                                f"expected hidden states [tokens, {self.hidden}], got {list(x.shape)}", eid)
         with torch.no_grad():
             y = expert(x.to(torch.float32)).to(x.dtype)
         self.served_requests += 1
@@ -163,19 +166,33 @@ def serve(handler: ExpertHandler, bind: str, out: object = sys.stdout) -> None:
 
 def run_from_args(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # many servers share few cores: avoid oversubscription
-    cfg = preset(args.preset)
-    ids = parse_expert_ids(args.experts)
+    if args.expert_file is None and args.experts is None:
+        raise ValueError("--experts is required (without --expert-file)")
+    check_bind(args.bind)  # before loading weights: a typo should not wait for them
+    hidden, experts = _load(args)
+    server_id = args.server_id or f"server-{os.getpid()}"
+    serve(ExpertHandler(server_id, hidden, experts), args.bind)
+    return 0
+
+
+def _load(args: argparse.Namespace) -> tuple[int, dict[int, ExpertWeights]]:
+    """Hidden size and the hosted experts, from an expert checkpoint or a block preset."""
+    ids = parse_expert_ids(args.experts) if args.experts is not None else None
+    if args.expert_file is not None:
+        try:
+            return load_experts(args.expert_file, ids)
+        except SafetensorError as exc:
+            raise ValueError(f"--expert-file {args.expert_file}: not a readable safetensors file ({exc})") from None
+    assert ids is not None
+    cfg: MoEConfig = preset(args.preset)
     if ids[-1] >= cfg.n_experts:
         raise ValueError(f"expert id {ids[-1]} out of range: preset {args.preset} has {cfg.n_experts} experts")
-    check_bind(args.bind)  # before loading weights: a typo should not wait for them
     try:
         weights = (MoEWeights.from_safetensors(cfg, args.weights, ids) if args.weights
                    else MoEWeights.from_seed(cfg, args.seed, ids))
     except SafetensorError as exc:
         raise ValueError(f"--weights {args.weights}: not a readable safetensors file ({exc})") from None
-    server_id = args.server_id or f"server-{os.getpid()}"
-    serve(ExpertHandler(server_id, cfg, weights.experts), args.bind)
-    return 0
+    return cfg.hidden, weights.experts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
