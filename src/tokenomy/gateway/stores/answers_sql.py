@@ -19,6 +19,8 @@ from typing import Any, Protocol
 import orjson
 import sqlalchemy as sa
 
+from tokenomy.gateway.stores.pg_tenancy import seeding_lock
+
 _metadata = sa.MetaData()
 answers = sa.Table(
     "gateway_responses",
@@ -49,7 +51,11 @@ class SqlAnswers:
         self.engine = engine
         self.ttl_s = ttl_s
         self._writes = 0
-        _metadata.create_all(engine)
+        if engine.dialect.name == "postgresql":  # replicas starting together: one creates, the others wait
+            with seeding_lock(engine):
+                _metadata.create_all(engine)
+        else:
+            _metadata.create_all(engine)
 
     async def save(self, response_id: str, owner: str, input_items: list[Any], output: list[Any]) -> None:
         payload = orjson.dumps({"input": input_items, "output": output}).decode()
