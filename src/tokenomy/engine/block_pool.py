@@ -23,6 +23,8 @@ twice). The single-block paths (decode growth, one filled block) skip numpy's ve
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 import numpy.typing as npt
 
@@ -36,6 +38,7 @@ class BlockPool:
         "num_blocks",
         "num_free",
         "num_evicted",
+        "version",
         "ref_cnt",
         "cached",
         "_key",
@@ -51,6 +54,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.num_free = num_blocks
         self.num_evicted = 0  # cached blocks whose key allocation dropped, ever (read by traces)
+        self.version = 0  # changes whenever ``cached`` gains or loses a key (lookups memoise on it)
         self.ref_cnt: _IntArray = np.zeros(num_blocks, dtype=np.int64)
         self.cached: dict[int, int] = {}
         self._key: _IntArray = np.zeros(num_blocks, dtype=np.int64)  # valid where _has_key
@@ -98,6 +102,7 @@ class BlockPool:
             del self.cached[int(self._key[block])]
             self._has_key[block] = False
             self.num_evicted += 1
+            self.version += 1
         self.ref_cnt[block] = 1
         self.num_free -= 1
         return block
@@ -128,11 +133,10 @@ class BlockPool:
         if keyed.any():
             # Evict: these blocks' contents are about to be overwritten.
             evicted = blocks[keyed]
-            cached = self.cached
-            for key in self._key[evicted].tolist():
-                del cached[key]
+            deque(map(self.cached.__delitem__, self._key[evicted].tolist()), maxlen=0)  # a C-level loop
             self._has_key[evicted] = False
             self.num_evicted += len(evicted)
+            self.version += 1
         self.ref_cnt[blocks] = 1
         self.num_free -= n
         return blocks.tolist()
@@ -198,6 +202,7 @@ class BlockPool:
                 cached[key] = block
                 self._key[block] = key
                 self._has_key[block] = True
+                self.version += 1
             return
         if not cached.keys().isdisjoint(keys):
             fresh = [(b, k) for b, k in zip(blocks, keys, strict=True) if k not in cached]
@@ -205,6 +210,7 @@ class BlockPool:
                 return
             blocks, keys = [b for b, _ in fresh], [k for _, k in fresh]
         cached.update(zip(keys, blocks, strict=True))
+        self.version += 1
         ids = np.asarray(blocks, dtype=np.int64)
         self._key[ids] = keys
         self._has_key[ids] = True
