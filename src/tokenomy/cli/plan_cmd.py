@@ -190,10 +190,12 @@ def print_plan(console: Console, result: Plan) -> tuple[Table, list[str]]:
     if result.shortfall is not None:
         after.insert(0, f"shortfall: {result.shortfall}")
     if result.runner_up is not None:
-        after.append(f"runner-up: {_topology(result.runner_up.chosen)} at {result.runner_up.z:.2f} x SLO")
+        after.append(f"runner-up: {_topology(result.runner_up.chosen)} at {result.runner_up.z:.2f} x SLO, "
+                     f"predicted attainment {result.runner_up.attainment:.1%}")
     if result.other_mode is not None:
         kind = "colocated" if sol.disaggregated else "disaggregated"
-        after.append(f"best {kind}: {_topology(result.other_mode.chosen)} at {result.other_mode.z:.2f} x SLO")
+        after.append(f"best {kind}: {_topology(result.other_mode.chosen)} at {result.other_mode.z:.2f} x SLO, "
+                     f"predicted attainment {result.other_mode.attainment:.1%}")
     after.append(f"{result.candidates} candidate shapes, {result.options_considered} (shape, count) options, "
                  f"MILP solved in {sol.solve_s * 1000:.0f} ms")
     for line in after:

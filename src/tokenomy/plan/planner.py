@@ -139,9 +139,10 @@ def plan(stats: WorkloadStats, request: PlanRequest, calibration: dict[str, dict
         shortfall = _shortfall(best, models, stats, request)
     runner = solve(options, request.inventory, objective, exclude=[best.chosen], target=target)
     other = None
-    if len(request.modes) == len(MODES):
-        other = solve(options, request.inventory, objective, mode="mixed" if best.disaggregated else "disagg",
-                      target=target)
+    if len(request.modes) == len(MODES):  # below the target too: `--choose` simulates both kinds
+        mode = "mixed" if best.disaggregated else "disagg"
+        other = (solve(options, request.inventory, objective, mode=mode, target=target)
+                 or solve(options, request.inventory, "p95", mode=mode))
     binding = explain(best, other, models, stats, request)
     return Plan(request, stats, best, binding, runner, other, len(options), len(models), shortfall)
 
@@ -230,6 +231,9 @@ def explain(best: Solution, other: Solution | None, models: dict[Candidate, Inst
             return f"mixed {what} binds; no disaggregated plan is feasible, so do not disaggregate"
         if other is None:
             return f"mixed {what} binds"
+        if other.attainment < request.attainment_target <= best.attainment:
+            return (f"mixed {what} binds; do not disaggregate: the best disaggregated plan is predicted to "
+                    f"attain {other.attainment:.1%} of the SLO, below the target {request.attainment_target:.0%}")
         if request.objective == "cost":
             return (f"mixed {what} binds; do not disaggregate: the cheapest disaggregated plan costs "
                     f"${other.usd_per_hour:.2f}/hour against ${best.usd_per_hour:.2f}")
