@@ -9,33 +9,13 @@ from __future__ import annotations
 from typing import cast
 
 from tokenomy.core import Segment
-from tokenomy.engine.block_keys import ROOT_KEY, KeyChain, KeyChainCache, unique_key
+from tokenomy.engine.block_keys import ROOT_KEY, KeyChainCache, unique_key
 from tokenomy.engine.block_pool import BlockPool
+from tokenomy.engine.prefix_lookup import PrefixLookup
 from tokenomy.engine.request_state import RequestState
 
 BlockedAdmission = tuple[int, int | None, int, bool]
 """When admission failed: (free blocks, key of the first missing block or None, chunk, over budget)."""
-
-
-def _cached_run(cached: dict[int, int], keys: list[int], limit: int, start: int = 0) -> int:
-    """Length of the longest prefix of ``keys[:limit]`` present in ``cached``, given that
-    ``keys[:start]`` are (``start <= limit``).
-
-    Scans in geometrically growing chunks with C-level ``map``: most lookups miss early (the
-    router asks every instance about every request), and long hits cost about one full pass.
-    """
-    contains = cached.__contains__
-    n, chunk = start, 8
-    while n < limit:
-        found = list(map(contains, keys[n : min(limit, n + chunk)]))
-        if False in found:
-            return n + found.index(False)
-        n += len(found)
-        chunk *= 4
-    return limit
-
-
-_LOOKUP_MEMO_MAX = 64  # contents remembered per instance (requests in flight on it)
 
 
 class KVManager:
@@ -50,9 +30,7 @@ class KVManager:
         self.block_size = block_size
         self.caching = enable_caching
         self.chains = chains if chains is not None else KeyChainCache()
-        # cached_prefix_tokens' latest answer per chain: id -> (chain, pool version, evictions,
-        # blocks scanned, blocks hit). Policies ask an instance about one request many times.
-        self._lookup: dict[int, tuple[KeyChain, int, int, int, int]] = {}
+        self._lookup = PrefixLookup(self.pool)
 
     # ---- keys -------------------------------------------------------------------------------
     def block_key(self, req: RequestState, index: int) -> int:
@@ -92,8 +70,7 @@ class KVManager:
         covered = 0
         if chain is not None:
             covered = min(max_blocks, chain.num_full_blocks)
-            chain.ensure(covered)
-            n = _cached_run(self.pool.cached, chain.keys, covered)
+            n = self._lookup.run(chain, covered)
             hits = cast(list[int], list(map(get, chain.keys[:n])))
             if n < covered:
                 return hits
@@ -112,30 +89,7 @@ class KVManager:
             return 0
         chain = self.chains.get(content, self.block_size)
         max_blocks = min((prompt_tokens - 1) // self.block_size, chain.num_full_blocks)
-        return self._prefix_run(chain, max_blocks) * self.block_size
-
-    def _prefix_run(self, chain: KeyChain, max_blocks: int) -> int:
-        """``_cached_run`` of the chain's first ``max_blocks`` keys, from the latest answer where it
-        still holds: with no eviction since, every key found then is still cached (only
-        additions happened), and with no change at all a miss found then is still a miss."""
-        pool = self.pool
-        version, evicted = pool.version, pool.num_evicted
-        memo = self._lookup
-        last = memo.get(id(chain))
-        start = 0
-        if last is not None and last[0] is chain and last[2] == evicted:
-            _, last_version, _, scanned, hit = last
-            if hit < scanned and last_version == version:  # stopped at a key still missing
-                return min(hit, max_blocks)
-            if max_blocks <= hit:
-                return max_blocks
-            start = hit
-        chain.ensure(max_blocks)
-        hit = _cached_run(pool.cached, chain.keys, max_blocks, start)
-        if len(memo) >= _LOOKUP_MEMO_MAX and id(chain) not in memo:
-            memo.clear()
-        memo[id(chain)] = (chain, version, evicted, max_blocks, hit)
-        return hit
+        return self._lookup.run(chain, max_blocks) * self.block_size
 
     def cached_prefix_free_blocks(self, content: tuple[Segment, ...], prompt_tokens: int) -> int:
         """Of the blocks :meth:`cached_prefix_tokens` counts, those in the free pool (reference count
