@@ -58,7 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "say which to run and why; --out then records it for `tokenomy sim --plan`")
     p.add_argument("--choose-duration", type=float, default=120.0,
                    help="seconds of workload each --choose simulation runs (default 120)")
-    p.add_argument("--workers", type=int, default=1, help="processes for --choose's simulations")
+    p.add_argument("--workers", type=int, default=1, help="processes for --choose's simulations (all at once)")
+    p.add_argument("--ray", default=None, metavar="auto|local|ADDRESS",
+                   help="run --choose's simulations on Ray: auto joins a running cluster, local starts a private "
+                        "one, else a cluster address (needs tokenomy[ray])")
     p.add_argument("--out", type=Path, default=None, help="write the plan here (YAML)")
     p.add_argument("--json", type=Path, default=None, help="write the plan here as JSON")
     p.add_argument("--html", type=Path, default=None, help="write a self-contained HTML report (tables, plots) here")
@@ -135,7 +138,10 @@ def _choose(console: Console, args: argparse.Namespace, result: Plan) -> dict[st
     if not args.choose_duration > 0:
         raise ValueError(f"--choose-duration must be > 0, got {args.choose_duration}")
     workload = WorkloadSpec(args.workload, rate_per_s=args.rate, duration_s=args.choose_duration, seed=args.seed)
-    choice = choose_on(plan_topologies(result, workload), args.rate, workers=max(1, args.workers))
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    choice = choose_on(plan_topologies(result, workload), args.rate, workers=args.workers,
+                       executor="ray" if args.ray else "pool", address=args.ray)
     console.print(f"[bold]deployment: {choice.label}[/] (simulated {args.choose_duration:g} s at {args.rate:g} "
                   f"sessions/s on the planned pools, seed {args.seed + 1})")
     console.print(f"why: {choice.why}")
