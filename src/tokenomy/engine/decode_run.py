@@ -90,6 +90,10 @@ def sum_in_order(values: list[float], start: float) -> float:
     return functools.reduce(operator.add, values, start)
 
 
+_BULK_MIN_EVENTS = 64
+"""Fewer block events than this in one application: one at a time (numpy's per-call cost)."""
+
+
 class DecodeRunner:
     """Plans decode runs for one engine and applies them; it shares the engine's collaborators."""
 
@@ -195,7 +199,8 @@ class DecodeRunner:
                     c += (stop - c + bs - 1) // bs * bs
                 next_event = min(next_event, c)
         run.next_event = next_event
-        if not self._apply_in_bulk(run, first, allocs, commits):
+        # A few events cost less one at a time than as numpy vectors; both give the same state.
+        if len(allocs) + len(commits) < _BULK_MIN_EVENTS or not self._apply_in_bulk(run, first, allocs, commits):
             self._apply_in_order(run, allocs, commits)
 
     def _apply_in_order(self, run: DecodeRun, allocs: list[tuple[int, int]], commits: list[tuple[int, int]]) -> None:
