@@ -333,7 +333,8 @@ def _write(args: argparse.Namespace, points: dict[str, Any], t0: float, sim_s: f
                "workers": args.workers, "quick": args.quick}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(payload, indent=2) + "\n")
-    print(json.dumps({"points": summary, "wall_s": payload["wall_s"], "simulation_s": payload["simulation_s"]},
+    print(json.dumps({"points": summary, "wall_s": payload["wall_s"], "simulation_s": payload["simulation_s"],
+                      "grid_cpu_s": payload["grid_cpu_s"], "process_cpu_s": payload["process_cpu_s"]},
                      indent=2), flush=True)
 
 

@@ -1,6 +1,8 @@
 """Is the planner's choice as good as the best topology the simulator can find?
 
-On 16 GPUs of one type, for a GAIA-like agent workload and a chat workload: simulate every
+On 16 GPUs of one type, for a GAIA-like agent workload, a chat workload and the Mooncake
+conversation trace replayed as sessions with Llama-3.1-70B (long-context sessions whose P95 TTFT
+is above 2 s at any load; TP 4 and 8 only, where the weights fit): simulate every
 disaggregated topology that uses all the GPUs (prefill count and TP, decode count and TP,
 TP in 1/2/4/8) and every colocated one, then the planner's plan. Goodput is the number of
 requests arriving in the measurement window that met both SLOs, per second of the window
@@ -11,10 +13,13 @@ to a deployment that serves it slowly), since GAIA does not reach its
 steady-state rate in a short run.
 
 Writes ``{"workloads": {name: {"plan_goodput", "best_goodput", "ratio", "p95_pred_s",
-"p95_sim_s", ...}}}``; ``p95_by_metric`` also gives the non-bottleneck metric's
-predicted and simulated P95. Run under ``nice -n 10``: it simulates ~60 topologies per workload.
+"p95_sim_s", "attainment_pred", "attainment_sim", "attainment_error", ...}}}``: the planner's
+predicted SLO attainment (its feasibility rule) beside the simulated one of the same topology;
+``p95_by_metric`` also gives the non-bottleneck metric's predicted and simulated P95. Run under
+``nice -n 10``: it simulates ~60 topologies per 8B workload, 7 for the 70B one.
 
     nice -n 10 python benchmarks/plan_quality.py --json OUT
+    python benchmarks/plan_quality.py --json OUT --workloads mooncake_70b --workers 2
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from tokenomy.sim import SimConfig, simulate
 from tokenomy.workload.registry import load_workload
 
 TPS = (1, 2, 4, 8)
+MOONCAKE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,13 @@ class Case:
     duration_s: float
     window: tuple[float, float]
     slo: SLO
+    model: str | None = None  # None: --model
+    tps: tuple[int, ...] = TPS
+    source: str | None = None  # the workload to load (None: ``name``)
+
+    @property
+    def workload(self) -> str:
+        return self.source or self.name
 
 
 CASES = {
@@ -56,19 +69,22 @@ CASES = {
     # Chat at 100 requests/s with interactive SLOs (DistServe's chatbot TTFT bound of 0.25 s and
     # a 25 ms TPOT): loose SLOs let almost every topology meet them, which tests nothing.
     "chat": Case("chat", 100.0, 30.0, (5.0, 25.0), SLO(ttft_s=0.25, tpot_s=0.025)),
+    # The issue's point: `tokenomy plan` refused it while P95 was its feasibility rule.
+    "mooncake_70b": Case("mooncake_70b", 0.2, 600.0, (120.0, 540.0), SLO(ttft_s=2.0, tpot_s=0.1),
+                         model="llama-3.1-70b", tps=(4, 8), source=f"mooncake-sessions:{MOONCAKE}"),
 }
 
 
-def topologies(gpus: int) -> list[tuple[int, int, int, int]]:
+def topologies(gpus: int, tps: tuple[int, ...] = TPS) -> list[tuple[int, int, int, int]]:
     """(P count, P TP, D count, D TP) using all ``gpus``, and (n, tp, 0, 0) for colocated."""
     out = []
-    for tp_p in TPS:
-        for tp_d in TPS:
+    for tp_p in tps:
+        for tp_d in tps:
             for n_p in range(1, gpus // tp_p):
                 rest = gpus - n_p * tp_p
                 if rest > 0 and rest % tp_d == 0:
                     out.append((n_p, tp_p, rest // tp_d, tp_d))
-    out += [(gpus // tp, tp, 0, 0) for tp in TPS if gpus % tp == 0]
+    out += [(gpus // tp, tp, 0, 0) for tp in tps if gpus % tp == 0]
     return out
 
 
@@ -82,7 +98,7 @@ def config_of(topo: tuple[int, int, int, int], model: str, gpu: str, horizon_s: 
 
 def measure(case: Case, model: str, gpu: str, topo: tuple[int, int, int, int], slo: SLO) -> dict[str, Any]:
     """Simulate one topology; metrics over requests arriving in the case's window."""
-    sessions = load_workload(case.name, rate_per_s=case.rate, duration_s=case.duration_s, seed=0)
+    sessions = load_workload(case.workload, rate_per_s=case.rate, duration_s=case.duration_s, seed=0)
     t0 = time.perf_counter()
     res = simulate(sessions, config_of(topo, model, gpu, case.duration_s), slo)
     w0, w1 = case.window
@@ -112,7 +128,8 @@ def plan_topology(p: Any) -> tuple[int, int, int, int]:
 
 
 def _plan(case: Case, stats: Any, sessions: Any, slo: SLO, args: argparse.Namespace) -> tuple[Any, Any, float]:
-    request = PlanRequest(args.model, {args.gpu: args.gpus}, slo)  # every mode, every TP: as simulated
+    request = PlanRequest(case.model or args.model, {args.gpu: args.gpus}, slo,  # every mode and TP simulated
+                          tp_choices=case.tps)
     calibration = None
     if not args.no_calibrate:
         cache = CalibrationCache(args.calibration_cache)
@@ -145,6 +162,8 @@ def _result(chosen: Any, rows: list[dict[str, Any]], slo: SLO, offered: float, p
         "ratio": mine["goodput_rps"] / best["goodput_rps"] if best["goodput_rps"] > 0 else None,
         "bottleneck": metric, "p95_pred_s": p95_pred, "p95_sim_s": p95_sim,
         "p95_error": abs(p95_pred - p95_sim) / p95_sim if p95_sim else None, "p95_by_metric": by_metric,
+        "attainment_pred": chosen.attainment, "attainment_sim": mine["attainment"],
+        "attainment_error": abs(chosen.attainment - mine["attainment"]), "shortfall": chosen.shortfall,
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}, "binding": chosen.binding,
         "runner_up": [[o.candidate.role, o.candidate.tp, o.count] for o in chosen.runner_up.chosen]
         if chosen.runner_up else None, "planned_request_rps": offered, "plan_s": round(plan_s, 3),
@@ -158,10 +177,12 @@ def run_case(case: Case, args: argparse.Namespace, on_partial: Any) -> dict[str,
     session rate, so the plan is made first, simulated first, and a partial result is written
     after every simulation; multi-turn workloads are planned at the rate the simulations offered."""
     slo = SLO(ttft_s=args.slo_ttft or case.slo.ttft_s, tpot_s=args.slo_tpot or case.slo.tpot_s)
-    topos = topologies(args.gpus)[: args.limit] if args.limit else topologies(args.gpus)
+    topos = topologies(args.gpus, case.tps)
+    topos = topos[: args.limit] if args.limit else topos
     total = len(topos)
-    sessions = load_workload(case.name, rate_per_s=case.rate, duration_s=max(case.duration_s, 600.0), seed=0)
-    stats = workload_stats(case.name, sessions, case.rate)
+    model = case.model or args.model
+    sessions = load_workload(case.workload, rate_per_s=case.rate, duration_s=max(case.duration_s, 600.0), seed=0)
+    stats = workload_stats(case.workload, sessions, case.rate)
     chosen = None
     if all(len(s.turns) == 1 for s in sessions):
         offered = stats.request_rate_per_s
@@ -172,7 +193,7 @@ def run_case(case: Case, args: argparse.Namespace, on_partial: Any) -> dict[str,
     print(f"{case.name}: simulating {len(topos)} topologies", file=sys.stderr, flush=True)
     rows: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(measure, case, args.model, args.gpu, t, slo) for t in topos]
+        futures = [pool.submit(measure, case, model, args.gpu, t, slo) for t in topos]
         for i, f in enumerate(futures):
             rows.append(f.result())
             print(f"  [{i + 1}/{len(topos)}] {rows[-1]}", file=sys.stderr, flush=True)
@@ -182,7 +203,7 @@ def run_case(case: Case, args: argparse.Namespace, on_partial: Any) -> dict[str,
         offered = max(r["offered_rps"] for r in rows)  # what the workload offers when served well
         chosen, calibration, plan_s = _plan(case, stats.scaled(offered / stats.request_rate_per_s), sessions, slo, args)
         if plan_topology(chosen) not in {tuple(r["topology"]) for r in rows}:  # GPUs left idle: simulate it too
-            rows.append(measure(case, args.model, args.gpu, plan_topology(chosen), slo))
+            rows.append(measure(case, model, args.gpu, plan_topology(chosen), slo))
     return _result(chosen, rows, slo, offered, plan_s, calibration, total)
 
 
@@ -210,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         out["workloads"][name] = res
         print(f"{name}: plan {res['plan_topology']} goodput {res['plan_goodput']:.2f}/s, best {res['best_topology']} "
               f"{res['best_goodput']:.2f}/s, ratio {res['ratio']}; {res['bottleneck']} P95 predicted "
-              f"{res['p95_pred_s']:.3f} s vs simulated {res['p95_sim_s']}", flush=True)
+              f"{res['p95_pred_s']:.3f} s vs simulated {res['p95_sim_s']}; attainment predicted "
+              f"{res['attainment_pred']:.3f} vs simulated {res['attainment_sim']:.3f}", flush=True)
         args.json.write_text(json.dumps(out, indent=1))
     return 0
 

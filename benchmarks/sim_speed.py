@@ -1,12 +1,20 @@
-"""Simulator speed: simulated work per wall second, one core.
+"""Simulator speed: simulated output tokens per CPU second, this tree beside a baseline commit.
 
-Replays the Mooncake conversation trace on an 8-instance colocated Llama-3.1-8B / H100
-cluster and prints (and writes as JSON) requests and output tokens simulated per wall
-second. Target from the issue: >= 250,000 output tokens per second. The headline figures use
-the median wall time of ``--repeats`` replays (default 3); each replay's wall and CPU time is
-listed too, so a run disturbed by other work on a shared machine shows up as such.
+Two runs, each replayed ``--repeats`` times:
 
-    python benchmarks/sim_speed.py --trace ../shared/data/traces/mooncake/conversation_trace.jsonl --json out/sim_speed.json
+* ``mooncake``: the Mooncake conversation trace (12,031 requests) on its own clock, 8 colocated
+  Llama-3.1-8B / H100 instances, prefix-aware router;
+* ``gaia_ampd``: the GAIA-like agent workload (3 sessions/s for 120 s, seed 0) under AMPD with its
+  default split (4:4) on 8 H100s in one node, SLO 2 s / 100 ms: the policy-heavy run.
+
+Each replay runs in its own process (``--worker``), timed with ``time.process_time`` around
+``simulate`` only (the machine is shared: wall time is not cost). With ``--baseline COMMIT`` the same
+replays run on that commit's ``src`` (a detached git worktree, made once under ``--baseline-dir``),
+alternating with this tree's, so drifting load on the machine hits both alike; the headline is the
+median of each side and their ratio. The two sides must simulate the same tokens (checked).
+
+    python benchmarks/sim_speed.py --baseline 1728e6a --json out/sim_speed.json
+    python benchmarks/sim_speed.py --runs gaia_ampd --repeats 1          # this tree only, one run
 """
 
 from __future__ import annotations
@@ -14,63 +22,114 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
+from typing import Any
 
-from tokenomy.core import SLO
-from tokenomy.sim import SimConfig, simulate
-from tokenomy.workload.registry import load_workload
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TRACE = ROOT / ".." / "shared" / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"
+RUNS = ("mooncake", "gaia_ampd")
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"
+
+def _simulate(run: str, trace: Path) -> dict[str, Any]:
+    """One replay in this process, on whichever ``tokenomy`` is first on the path."""
+    import time
+
+    from tokenomy.core import SLO
+    from tokenomy.experiment.jobs import load_sessions
+    from tokenomy.experiment.spec import ClusterSpec, DeploymentSpec, ExperimentSpec, WorkloadSpec
+    from tokenomy.sim import SimConfig, simulate
+    from tokenomy.workload.registry import load_workload
+
+    if run == "mooncake":
+        sessions = load_workload(str(trace), rate_per_s=0.0, duration_s=math.inf, seed=0)
+        config, slo = SimConfig(deployment="colocated", model="llama-3.1-8b", gpu="h100", instances=8), SLO()
+    else:
+        dep = DeploymentSpec("ampd")
+        spec = ExperimentSpec(workload=WorkloadSpec("gaia", rate_per_s=3.0, duration_s=120.0, seed=0),
+                              cluster=ClusterSpec(gpus="h100:8", gpus_per_node=8), deployments=(dep,),
+                              slo=SLO(2.0, 0.1))
+        sessions = load_sessions(spec)[0]
+        config, slo = spec.sim_config(dep, spec.splits_of(dep)[0]), spec.slo
+    cpu0 = time.process_time()
+    result = simulate(sessions, config, slo)
+    cpu = time.process_time() - cpu0
+    return {"cpu_s": cpu, "output_tokens": result.output_tokens, "requests": len(result.records),
+            "events": result.events, "slo_attainment": result.summary.slo_attainment}
+
+
+def _replay(src: Path, run: str, trace: Path) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(src))
+    out = subprocess.run([sys.executable, __file__, "--worker", run, "--trace", str(trace)], env=env,
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def _baseline_src(commit: str, where: Path) -> Path:
+    """``src`` of ``commit`` (a directory given as is, else a detached worktree made once)."""
+    if Path(commit).is_dir():
+        return Path(commit) / "src"
+    tree = where / f"tokenomy-{commit}"
+    if not (tree / "src").is_dir():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit], check=True,
+                       capture_output=True)
+    return tree / "src"
+
+
+def _side(replays: list[dict[str, Any]]) -> dict[str, Any]:
+    tokens = replays[0]["output_tokens"]
+    cpus = [r["cpu_s"] for r in replays]
+    return {"output_tokens": tokens, "requests": replays[0]["requests"], "events": replays[0]["events"],
+            "slo_attainment": replays[0]["slo_attainment"], "cpu_s_each": [round(c, 3) for c in cpus],
+            "out_tok_per_cpu_s": round(tokens / statistics.median(cpus), 1)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    ap.add_argument("--instances", type=int, default=8)
-    ap.add_argument("--limit", type=int, default=None, help="first N requests only")
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of {', '.join(RUNS)}")
+    ap.add_argument("--baseline", default=None, help="a commit (or a checkout's directory) to compare with")
+    ap.add_argument("--baseline-dir", type=Path, default=Path(tempfile.gettempdir()),
+                    help="where the baseline's worktree is made (default: the temp dir)")
+    ap.add_argument("--repeats", type=int, default=3, help="replays per side; the median CPU time counts")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument(
-        "--repeats", type=int, default=3,
-        help="replay this many times and report the median wall time (the machine may be shared and noisy)",
-    )
+    ap.add_argument("--worker", choices=RUNS, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if not args.trace.exists():
-        print(f"trace not found: {args.trace} (pass --trace)", file=sys.stderr)
+    if args.worker:
+        print(json.dumps(_simulate(args.worker, args.trace)))
+        return 0
+    runs = args.runs.split(",")
+    unknown = [r for r in runs if r not in RUNS]
+    if unknown or args.repeats < 1:
+        print(f"unknown run(s) {unknown} (known: {', '.join(RUNS)}) or --repeats < 1", file=sys.stderr)
         return 2
-    if args.repeats < 1:
-        print(f"--repeats must be >= 1, got {args.repeats}", file=sys.stderr)
+    if "mooncake" in runs and not args.trace.exists():
+        print(f"trace not found: {args.trace} (pass --trace, or --runs gaia_ampd)", file=sys.stderr)
         return 2
-    t0 = time.perf_counter()
-    # rate 0 keeps the trace's own clock (59 minutes).
-    sessions = load_workload(str(args.trace), rate_per_s=0.0, duration_s=math.inf, seed=0, max_sessions=args.limit)
-    load_s = time.perf_counter() - t0
-    config = SimConfig(deployment="colocated", model="llama-3.1-8b", gpu="h100", instances=args.instances)
-    walls: list[float] = []
-    cpus: list[float] = []
-    for _ in range(args.repeats):
-        cpu0 = time.process_time()
-        result = simulate(sessions, config, SLO())
-        cpus.append(time.process_time() - cpu0)
-        walls.append(result.wall_s)
-    wall = statistics.median(walls)
-    out_tokens = result.output_tokens
-    payload = {
-        "requests": len(result.records),
-        "output_tokens": out_tokens,
-        "sim_time_s": round(result.sim_end_s, 1),
-        "wall_s": round(wall, 3),
-        "wall_s_each": [round(w, 3) for w in walls],
-        "cpu_s_each": [round(c, 3) for c in cpus],
-        "trace_load_s": round(load_s, 3),
-        "events": result.events,
-        "requests_per_s": round(len(result.records) / wall, 1),
-        "output_tokens_per_s": round(out_tokens / wall, 1),
-        "best_output_tokens_per_s": round(out_tokens / min(walls), 1),
-        "slo_attainment": result.summary.slo_attainment,
-    }
+    base_src = _baseline_src(args.baseline, args.baseline_dir) if args.baseline else None
+    payload: dict[str, Any] = {}
+    for run in runs:
+        mine: list[dict[str, Any]] = []
+        theirs: list[dict[str, Any]] = []
+        for _ in range(args.repeats):  # alternating: a noisy minute hits both sides
+            mine.append(_replay(ROOT / "src", run, args.trace))
+            if base_src is not None:
+                theirs.append(_replay(base_src, run, args.trace))
+        entry = _side(mine)
+        if theirs:
+            base = _side(theirs)
+            if base["output_tokens"] != entry["output_tokens"] or base["slo_attainment"] != entry["slo_attainment"]:
+                print(f"{run}: this tree and {args.baseline} simulated different results", file=sys.stderr)
+                return 1
+            entry.update(baseline=args.baseline, baseline_cpu_s_each=base["cpu_s_each"],
+                         baseline_out_tok_per_cpu_s=base["out_tok_per_cpu_s"],
+                         ratio=round(entry["out_tok_per_cpu_s"] / base["out_tok_per_cpu_s"], 3))
+        payload[run] = entry
+        print(f"{run}: {json.dumps(entry)}", file=sys.stderr)
     print(json.dumps(payload, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -37,10 +37,13 @@ def _loaded(num_blocks: int, block_size: int) -> Engine:
     return engine
 
 
+@pytest.mark.parametrize("bulk_min_events", [0, 10**9])  # block events applied in bulk always, or never
 @pytest.mark.parametrize(("num_blocks", "block_size", "cut_every"), [(1000, 16, 0), (1000, 4, 7), (40, 4, 0), (40, 4, 3)])
-def test_runs_match_single_steps(num_blocks: int, block_size: int, cut_every: int) -> None:
+def test_runs_match_single_steps(num_blocks: int, block_size: int, cut_every: int, bulk_min_events: int,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs, cut every ``cut_every`` steps (0: never) or stopped by finishes and a short pool,
     produce the single-step results and leave the engine in the same state at each run end."""
+    monkeypatch.setattr("tokenomy.engine.decode_run._BULK_MIN_EVENTS", bulk_min_events)
     single, fast = _loaded(num_blocks, block_size), _loaded(num_blocks, block_size)
     now, t_single, got, runs = 0.0, 0.0, [], 0
     while True:

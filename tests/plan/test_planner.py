@@ -17,8 +17,9 @@ def chat() -> WorkloadStats:
     return workload_stats("chat", load_workload("chat", rate_per_s=10, duration_s=60, seed=0), 10)
 
 
-def _opt(role: str, gpu: str, tp: int, count: int, score: float) -> Option:
-    return Option(Candidate(role, gpu, tp), count, Prediction(None, None, 0.5, 0.0, 0.0, True), score)
+def _opt(role: str, gpu: str, tp: int, count: int, score: float, attainment: float = 1.0) -> Option:
+    p = Prediction(None, None, 0.5, 0.0, 0.0, True, ttft_attainment=attainment)
+    return Option(Candidate(role, gpu, tp), count, p, score)
 
 
 def test_p95_objective_minimises_the_worst_role_within_the_inventory() -> None:
@@ -34,11 +35,24 @@ def test_p95_objective_minimises_the_worst_role_within_the_inventory() -> None:
 
 
 def test_cost_objective_takes_the_cheapest_choice_within_the_slos() -> None:
-    opts = [_opt("mixed", "H100-SXM", 1, 1, 1.3), _opt("mixed", "H100-SXM", 1, 2, 0.8),
-            _opt("mixed", "H100-SXM", 1, 4, 0.3)]
-    best = solve(opts, {"H100-SXM": 8}, "cost")
-    assert best is not None and [o.count for o in best.chosen] == [2]  # 1 misses the SLO, 4 costs more
+    opts = [_opt("mixed", "H100-SXM", 1, 1, 1.3, 0.7), _opt("mixed", "H100-SXM", 1, 2, 0.8, 0.95),
+            _opt("mixed", "H100-SXM", 1, 4, 0.3, 0.99)]
+    best = solve(opts, {"H100-SXM": 8}, "cost", target=0.9)
+    assert best is not None and [o.count for o in best.chosen] == [2]  # 1 misses the target, 4 costs more
     assert solve(opts, {"H100-SXM": 8}, "p95").chosen[0].count == 4  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="needs an attainment target"):
+        solve(opts, {"H100-SXM": 8}, "cost")
+
+
+def test_feasibility_is_the_product_of_the_roles_attainments() -> None:
+    # P95 prefers 2:2 (max score 0.5) but it attains 0.92 * 0.95 = 0.874 < 0.9; 3:1 attains 0.99 * 0.93.
+    opts = [_opt("prefill", "H100-SXM", 1, 2, 0.5, 0.92), _opt("prefill", "H100-SXM", 1, 3, 0.6, 0.99)]
+    opts += [_opt("decode", "H100-SXM", 1, 2, 0.45, 0.95), _opt("decode", "H100-SXM", 1, 1, 0.9, 0.93)]
+    assert {o.count for o in solve(opts, {"H100-SXM": 4}, "p95").chosen} == {2}  # type: ignore[union-attr]
+    best = solve(opts, {"H100-SXM": 4}, "p95", target=0.9)
+    assert best is not None and [(o.candidate.role, o.count) for o in best.chosen] == [("prefill", 3), ("decode", 1)]
+    assert best.attainment == pytest.approx(0.99 * 0.93)
+    assert solve(opts, {"H100-SXM": 4}, "p95", target=0.95) is None
 
 
 def test_heterogeneous_pools_respect_type_inventory_and_node_size(chat: WorkloadStats) -> None:

@@ -11,6 +11,7 @@ pool, or on Ray with ``--ray``. JSON schema: docs/json-schemas.md.
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 from pathlib import Path
 
@@ -62,6 +63,7 @@ def run_compare(args: argparse.Namespace) -> int:
     total = len(plan_jobs(spec))
     console.print(f"{total} simulations ({len(spec.deployments)} deployments x splits x {len(spec.rates)} rates)")
     executor = "ray" if args.ray else "pool"
+    cpu0 = _cpu_s()
     if args.quiet or not sys.stderr.isatty():
         lines = ProgressLines(total, quiet=args.quiet)
         result = run_sweep(spec, executor=executor, workers=args.workers, address=args.ray,
@@ -76,6 +78,8 @@ def run_compare(args: argparse.Namespace) -> int:
             result = run_sweep(spec, executor=executor, workers=args.workers, address=args.ray,
                                on_progress=advance)
     table = _print(console, result)
+    where = "this process; the Ray workers' CPU is not counted" if args.ray else "this process and its workers"
+    console.print(f"{total} simulations took {_cpu_s() - cpu0:.1f} CPU s ({where})", highlight=False)
     if args.html:
         from tokenomy.cli.html_out import write_compare_html
 
@@ -95,6 +99,12 @@ def run_compare(args: argparse.Namespace) -> int:
                    target=spec.attainment_target)
         console.print(f"wrote {args.plot}")
     return 0
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the local pool's workers)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _job_label(job: Job) -> str:

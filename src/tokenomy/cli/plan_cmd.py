@@ -1,9 +1,10 @@
 """``tokenomy plan``: choose P/D (or mixed) instance counts, TP and GPU types for a workload.
 
-Prints the topology, each node's predicted utilisation and P95, the binding constraint in
-words and the runner-up; ``--out plan.yaml`` saves it for ``tokenomy sim --plan``. Inputs no
-plan can serve (SLO below the physical minimum, weights that fit nowhere, too few GPUs for
-the rate) are one line on stderr and exit status 2. See docs/planner.md.
+Prints the topology, its predicted SLO attainment, each node's predicted utilisation and P95,
+the binding constraint in words and the runner-up (a plan below the attainment target is still
+printed, with its shortfall); ``--out plan.yaml`` saves it for ``tokenomy sim --plan``. Inputs no
+plan can serve at all (SLO below the physical minimum, weights that fit nowhere, every option
+saturated at the rate) are one line on stderr and exit status 2. See docs/planner.md.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenomy.core import SLO
+from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
 from tokenomy.perf import get_gpu
 from tokenomy.plan import EngineLimits, Plan, PlanRequest, plan, workload_stats
 from tokenomy.plan.calibrate import CalibrationCache, calibrate_plan_inputs
@@ -37,8 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo-ttft", type=float, default=SLO().ttft_s, help="TTFT bound, seconds")
     p.add_argument("--slo-tpot", type=float, default=SLO().tpot_s, help="TPOT bound, seconds")
+    p.add_argument("--attainment-target", type=float, default=DEFAULT_ATTAINMENT_TARGET,
+                   help="a plan is feasible when this share of requests is predicted within both SLO bounds "
+                        f"(default {DEFAULT_ATTAINMENT_TARGET:g})")
     p.add_argument("--objective", default="p95", choices=OBJECTIVES,
-                   help="p95: min the worst role's P95/SLO; cost: min $/hour meeting the SLOs")
+                   help="p95: min the worst role's P95/SLO; cost: min $/hour; both among plans attaining the target")
     p.add_argument("--mode", default="auto", choices=("auto", "disagg", "colocated"),
                    help="auto: let the planner say whether to disaggregate")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -53,7 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "say which to run and why; --out then records it for `tokenomy sim --plan`")
     p.add_argument("--choose-duration", type=float, default=120.0,
                    help="seconds of workload each --choose simulation runs (default 120)")
-    p.add_argument("--workers", type=int, default=1, help="processes for --choose's simulations")
+    p.add_argument("--workers", type=int, default=1, help="processes for --choose's simulations (all at once)")
+    p.add_argument("--ray", default=None, metavar="auto|local|ADDRESS",
+                   help="run --choose's simulations on Ray: auto joins a running cluster, local starts a private "
+                        "one, else a cluster address (needs tokenomy[ray])")
     p.add_argument("--out", type=Path, default=None, help="write the plan here (YAML)")
     p.add_argument("--json", type=Path, default=None, help="write the plan here as JSON")
     p.add_argument("--html", type=Path, default=None, help="write a self-contained HTML report (tables, plots) here")
@@ -95,6 +103,7 @@ def run_plan(args: argparse.Namespace) -> int:
         gpus_per_node=args.gpus_per_node,
         modes={"auto": ("disagg", "mixed"), "disagg": ("disagg",), "colocated": ("mixed",)}[args.mode],
         limits=EngineLimits(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs),
+        attainment_target=args.attainment_target,
     )
     sessions = load_workload(args.workload, rate_per_s=args.rate, duration_s=args.duration, seed=args.seed)
     stats = workload_stats(args.workload, sessions, args.rate)
@@ -129,7 +138,10 @@ def _choose(console: Console, args: argparse.Namespace, result: Plan) -> dict[st
     if not args.choose_duration > 0:
         raise ValueError(f"--choose-duration must be > 0, got {args.choose_duration}")
     workload = WorkloadSpec(args.workload, rate_per_s=args.rate, duration_s=args.choose_duration, seed=args.seed)
-    choice = choose_on(plan_topologies(result, workload), args.rate, workers=max(1, args.workers))
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    choice = choose_on(plan_topologies(result, workload), args.rate, workers=args.workers,
+                       executor="ray" if args.ray else "pool", address=args.ray)
     console.print(f"[bold]deployment: {choice.label}[/] (simulated {args.choose_duration:g} s at {args.rate:g} "
                   f"sessions/s on the planned pools, seed {args.seed + 1})")
     console.print(f"why: {choice.why}")
@@ -179,12 +191,17 @@ def print_plan(console: Console, result: Plan) -> tuple[Table, list[str]]:
                           f"{p.tpot_p95_s * 1000:.1f} ms" if p.tpot_p95_s is not None else "-")
     console.print(table)
     _, metric, p95 = result.bottleneck()
-    after = [f"bottleneck P95: {metric.upper()} {p95:.3f} s = {sol.z:.2f} x SLO", f"binding: {result.binding}"]
+    after = [f"predicted SLO attainment: {result.attainment:.1%} (target {req.attainment_target:.0%})",
+             f"bottleneck P95: {metric.upper()} {p95:.3f} s = {sol.z:.2f} x SLO", f"binding: {result.binding}"]
+    if result.shortfall is not None:
+        after.insert(0, f"shortfall: {result.shortfall}")
     if result.runner_up is not None:
-        after.append(f"runner-up: {_topology(result.runner_up.chosen)} at {result.runner_up.z:.2f} x SLO")
+        after.append(f"runner-up: {_topology(result.runner_up.chosen)} at {result.runner_up.z:.2f} x SLO, "
+                     f"predicted attainment {result.runner_up.attainment:.1%}")
     if result.other_mode is not None:
         kind = "colocated" if sol.disaggregated else "disaggregated"
-        after.append(f"best {kind}: {_topology(result.other_mode.chosen)} at {result.other_mode.z:.2f} x SLO")
+        after.append(f"best {kind}: {_topology(result.other_mode.chosen)} at {result.other_mode.z:.2f} x SLO, "
+                     f"predicted attainment {result.other_mode.attainment:.1%}")
     after.append(f"{result.candidates} candidate shapes, {result.options_considered} (shape, count) options, "
                  f"MILP solved in {sol.solve_s * 1000:.0f} ms")
     for line in after:

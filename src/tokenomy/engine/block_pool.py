@@ -12,7 +12,10 @@ The free queue is a FIFO of block ids with lazy deletion, as in vLLM's free-bloc
 flat: freeing appends at the tail, taking a cached free block back leaves its entry behind, and
 allocation skips entries that are no longer a free block's newest one (the entry at position
 ``p`` is valid iff ``last_pos[block] == p``; taking a free block back sets ``last_pos`` to -1).
-When the buffer fills up, the valid entries are moved to its front (``_compact``).
+When the buffer fills up, the valid entries are moved to its front (``_compact``). Blocks never
+allocated yet are the queue's front in id order (vLLM starts with every block free, in order):
+they are kept as a counter (``_fresh``), not as entries, so a pool of millions of blocks costs
+nothing to create.
 
 Per-block state lives in numpy arrays and a call's blocks are handled as one vector: a prompt
 is hundreds of blocks (a Mooncake prompt averages ~750 blocks of 16 tokens), and these four
@@ -22,6 +25,8 @@ twice). The single-block paths (decode growth, one filled block) skip numpy's ve
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +41,7 @@ class BlockPool:
         "num_blocks",
         "num_free",
         "num_evicted",
+        "version",
         "ref_cnt",
         "cached",
         "_key",
@@ -44,24 +50,26 @@ class BlockPool:
         "_head",
         "_tail",
         "_last_pos",
-        "_positions",
+        "_fresh",
     )
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.num_free = num_blocks
         self.num_evicted = 0  # cached blocks whose key allocation dropped, ever (read by traces)
+        self.version = 0  # changes whenever ``cached`` gains or loses a key (lookups memoise on it)
         self.ref_cnt: _IntArray = np.zeros(num_blocks, dtype=np.int64)
         self.cached: dict[int, int] = {}
         self._key: _IntArray = np.zeros(num_blocks, dtype=np.int64)  # valid where _has_key
         self._has_key = np.zeros(num_blocks, dtype=np.bool_)
         capacity = 4 * num_blocks + 1024  # compaction runs after about 3 * num_blocks frees
-        self._queue: _IntArray = np.zeros(capacity, dtype=np.int64)
-        self._queue[:num_blocks] = np.arange(num_blocks)
+        self._queue: _IntArray = np.zeros(capacity, dtype=np.int64)  # (zeros: no page is touched until used)
         self._head = 0  # entries before it were consumed
-        self._tail = num_blocks  # next free slot
-        self._last_pos: _IntArray = np.arange(num_blocks, dtype=np.int64)  # position of each block's newest entry
-        self._positions: _IntArray = np.arange(capacity, dtype=np.int64)  # slices of it: no arange per call
+        self._tail = 0  # next free slot
+        # Position of each block's newest entry (meaningful only for blocks that have an entry:
+        # every entry is written together with it).
+        self._last_pos: _IntArray = np.zeros(num_blocks, dtype=np.int64)
+        self._fresh = 0  # blocks _fresh.. were never allocated: they come first, in id order
 
     # ---- inspection ---------------------------------------------------------------------------
     def key_of(self, block: int) -> int | None:
@@ -70,13 +78,13 @@ class BlockPool:
 
     def free_order(self) -> list[int]:
         """Free blocks, next to be evicted first (for tests and debugging)."""
-        return self._valid_entries().tolist()
+        return list(range(self._fresh, self.num_blocks)) + self._valid_entries().tolist()
 
     def _valid_entries(self) -> _IntArray:
-        """The queue's live entries (free blocks, LRU first), skipping consumed and stale ones."""
+        """The queue's live entries (freed blocks, LRU first), skipping consumed and stale ones."""
         head, tail = self._head, self._tail
         entries = self._queue[head:tail]
-        return entries[self._last_pos[entries] == self._positions[head:tail]]
+        return entries[self._last_pos[entries] == np.arange(head, tail)]
 
     def num_evictable(self, blocks: list[int]) -> int:
         """How many of these cached blocks are free (taking them costs free blocks)."""
@@ -87,6 +95,12 @@ class BlockPool:
     # ---- allocation ---------------------------------------------------------------------------
     def allocate_one(self) -> int:
         """Take one block off the LRU front (the caller checked ``num_free >= 1``): the decode path."""
+        if self._fresh < self.num_blocks:
+            block = self._fresh
+            self._fresh = block + 1
+            self.ref_cnt[block] = 1
+            self.num_free -= 1
+            return block
         queue, last_pos = self._queue, self._last_pos
         head = self._head
         block = int(queue[head])
@@ -98,6 +112,7 @@ class BlockPool:
             del self.cached[int(self._key[block])]
             self._has_key[block] = False
             self.num_evicted += 1
+            self.version += 1
         self.ref_cnt[block] = 1
         self.num_free -= 1
         return block
@@ -108,13 +123,19 @@ class BlockPool:
             return [self.allocate_one()]
         if n <= 0:
             return []
-        queue, last_pos, positions = self._queue, self._last_pos, self._positions
+        queue, last_pos = self._queue, self._last_pos
         head = self._head
         parts: list[_IntArray] = []
         want = n
+        fresh = self._fresh
+        if fresh < self.num_blocks:
+            take = min(want, self.num_blocks - fresh)
+            parts.append(np.arange(fresh, fresh + take, dtype=np.int64))
+            self._fresh = fresh + take
+            want -= take
         while want:
             batch = queue[head : head + want]
-            valid = last_pos[batch] == positions[head : head + want]
+            valid = last_pos[batch] == np.arange(head, head + want)
             head += want
             if valid.all():
                 parts.append(batch)
@@ -128,11 +149,10 @@ class BlockPool:
         if keyed.any():
             # Evict: these blocks' contents are about to be overwritten.
             evicted = blocks[keyed]
-            cached = self.cached
-            for key in self._key[evicted].tolist():
-                del cached[key]
+            deque(map(self.cached.__delitem__, self._key[evicted].tolist()), maxlen=0)  # a C-level loop
             self._has_key[evicted] = False
             self.num_evicted += len(evicted)
+            self.version += 1
         self.ref_cnt[blocks] = 1
         self.num_free -= n
         return blocks.tolist()
@@ -146,6 +166,8 @@ class BlockPool:
         counts = ref[ids]
         was_free = counts == 0
         n_free = int(np.count_nonzero(was_free))
+        if n_free and self._fresh < self.num_blocks and int(ids[was_free].max()) >= self._fresh:
+            self._absorb_fresh()  # a never-allocated block leaves the queue's middle: give it an entry
         if n_free:
             self._last_pos[ids[was_free]] = -1  # their queue entries become stale
             self.num_free -= n_free
@@ -171,16 +193,25 @@ class BlockPool:
             self._compact()
         tail = self._tail
         self._queue[tail : tail + n] = freed
-        self._last_pos[freed] = self._positions[tail : tail + n]
+        self._last_pos[freed] = np.arange(tail, tail + n)
         self._tail = tail + n
         self.num_free += n
+
+    def _absorb_fresh(self) -> None:
+        """Write the never-allocated blocks into the queue as entries, ahead of the freed ones."""
+        entries = np.concatenate([np.arange(self._fresh, self.num_blocks, dtype=np.int64), self._valid_entries()])
+        n = len(entries)
+        self._queue[:n] = entries
+        self._last_pos[entries] = np.arange(n)
+        self._head, self._tail = 0, n
+        self._fresh = self.num_blocks
 
     def _compact(self) -> None:
         """Move the valid queue entries to the front (consumed and stale entries pile up behind)."""
         valid = self._valid_entries()  # a copy: safe to write back over the buffer's front
         n = len(valid)
         self._queue[:n] = valid
-        self._last_pos[valid] = self._positions[:n]
+        self._last_pos[valid] = np.arange(n)
         self._head, self._tail = 0, n
 
     # ---- prefix cache -------------------------------------------------------------------------
@@ -198,6 +229,7 @@ class BlockPool:
                 cached[key] = block
                 self._key[block] = key
                 self._has_key[block] = True
+                self.version += 1
             return
         if not cached.keys().isdisjoint(keys):
             fresh = [(b, k) for b, k in zip(blocks, keys, strict=True) if k not in cached]
@@ -205,6 +237,7 @@ class BlockPool:
                 return
             blocks, keys = [b for b, _ in fresh], [k for _, k in fresh]
         cached.update(zip(keys, blocks, strict=True))
+        self.version += 1
         ids = np.asarray(blocks, dtype=np.int64)
         self._key[ids] = keys
         self._has_key[ids] = True

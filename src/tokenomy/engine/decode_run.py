@@ -90,6 +90,10 @@ def sum_in_order(values: list[float], start: float) -> float:
     return functools.reduce(operator.add, values, start)
 
 
+_BULK_MIN_EVENTS = 64
+"""Fewer block events than this in one application: one at a time (numpy's per-call cost)."""
+
+
 class DecodeRunner:
     """Plans decode runs for one engine and applies them; it shares the engine's collaborators."""
 
@@ -173,16 +177,17 @@ class DecodeRunner:
         run.applied = stop
 
     def _block_events(self, run: DecodeRun, first: int, stop: int) -> None:
-        kv, pool = self._kv, self._kv.pool
+        kv = self._kv
         bs = kv.block_size
         caching = kv.caching
-        events: list[tuple[int, int, int]] = []  # (step, 0 = allocate / 1 = commit, batch index)
+        allocs: list[tuple[int, int]] = []  # (step, batch index): a block taken at scheduling
+        commits: list[tuple[int, int]] = []  # (step, batch index): a block filled at update
         next_event = run.num_steps
         for i, r in enumerate(run.requests):
             nc0 = run.nc0[i]
             a = len(r.blocks) * bs - nc0  # next allocation step (blocks already cover earlier steps)
             if a < stop:
-                events.extend((j, 0, i) for j in range(a, stop, bs))
+                allocs.extend((j, i) for j in range(a, stop, bs))
                 a += (stop - a + bs - 1) // bs * bs
             next_event = min(next_event, a)
             if caching:
@@ -190,10 +195,18 @@ class DecodeRunner:
                 if c < first:
                     c += (first - c + bs - 1) // bs * bs
                 if c < stop:
-                    events.extend((j, 1, i) for j in range(c, stop, bs))
+                    commits.extend((j, i) for j in range(c, stop, bs))
                     c += (stop - c + bs - 1) // bs * bs
                 next_event = min(next_event, c)
         run.next_event = next_event
+        # A few events cost less one at a time than as numpy vectors; both give the same state.
+        if len(allocs) + len(commits) < _BULK_MIN_EVENTS or not self._apply_in_bulk(run, first, allocs, commits):
+            self._apply_in_order(run, allocs, commits)
+
+    def _apply_in_order(self, run: DecodeRun, allocs: list[tuple[int, int]], commits: list[tuple[int, int]]) -> None:
+        """Every allocation and commit one at a time, in the order single steps make them."""
+        kv, pool = self._kv, self._kv.pool
+        events = [(j, 0, i) for j, i in allocs] + [(j, 1, i) for j, i in commits]
         events.sort()
         reqs = run.requests
         for j, kind, i in events:
@@ -203,6 +216,50 @@ class DecodeRunner:
             else:
                 r.num_computed = run.nc0[i] + j + 1
                 kv.commit_full_blocks(r)
+
+    def _apply_in_bulk(
+        self, run: DecodeRun, first: int, allocs: list[tuple[int, int]], commits: list[tuple[int, int]]
+    ) -> bool:
+        """The same changes as :meth:`_apply_in_order`, with one pool allocation and one registration.
+
+        Allocations only read and evict free blocks; commits only key blocks the batch holds. The two
+        interact only where a commit's key is cached already (on a free block an allocation may
+        evict first): when no commit key is, they commute, and each kind keeps its own order (the
+        blocks come off the free queue in allocation order; of two commits of one key the earlier
+        keeps it). False (nothing changed) when the bulk path does not apply.
+        """
+        kv, pool = self._kv, self._kv.pool
+        bs = kv.block_size
+        reqs, nc0 = run.requests, run.nc0
+        if commits:
+            commits.sort()
+            for i in {i for _, i in commits}:
+                if reqs[i].num_keyed_blocks != (nc0[i] + first) // bs:
+                    return False  # a lagging commit would register several blocks at once
+            block_key = kv.block_key
+            keys = [block_key(reqs[i], (nc0[i] + j + 1) // bs - 1) for j, i in commits]
+            if not pool.cached.keys().isdisjoint(keys):
+                return False
+        if allocs:
+            allocs.sort()
+            blocks = pool.allocate(len(allocs))
+            for (_, i), block in zip(allocs, blocks, strict=True):
+                reqs[i].blocks.append(block)
+        if commits:
+            seen: set[int] = set()
+            new_blocks: list[int] = []
+            new_keys: list[int] = []
+            for (j, i), key in zip(commits, keys, strict=True):
+                r = reqs[i]
+                full = (nc0[i] + j + 1) // bs
+                r.num_computed = nc0[i] + j + 1
+                r.num_keyed_blocks = full
+                if key not in seen:
+                    seen.add(key)
+                    new_keys.append(key)
+                    new_blocks.append(r.blocks[full - 1])
+            pool.register(new_blocks, new_keys)
+        return True
 
     @staticmethod
     def settle(run: DecodeRun) -> None:

@@ -11,33 +11,17 @@ from typing import cast
 from tokenomy.core import Segment
 from tokenomy.engine.block_keys import ROOT_KEY, KeyChainCache, unique_key
 from tokenomy.engine.block_pool import BlockPool
+from tokenomy.engine.prefix_lookup import PrefixLookup
 from tokenomy.engine.request_state import RequestState
 
 BlockedAdmission = tuple[int, int | None, int, bool]
 """When admission failed: (free blocks, key of the first missing block or None, chunk, over budget)."""
 
 
-def _cached_run(cached: dict[int, int], keys: list[int], limit: int) -> int:
-    """Length of the longest prefix of ``keys[:limit]`` present in ``cached``.
-
-    Scans in geometrically growing chunks with C-level ``map``: most lookups miss early (the
-    router asks every instance about every request), and long hits cost about one full pass.
-    """
-    contains = cached.__contains__
-    n, chunk = 0, 8
-    while n < limit:
-        found = list(map(contains, keys[n : min(limit, n + chunk)]))
-        if False in found:
-            return n + found.index(False)
-        n += len(found)
-        chunk *= 4
-    return limit
-
-
 class KVManager:
     """Paged KV with prefix caching over full blocks; ``chains`` memoises content key chains."""
 
-    __slots__ = ("pool", "block_size", "caching", "chains")
+    __slots__ = ("pool", "block_size", "caching", "chains", "_lookup")
 
     def __init__(
         self, num_blocks: int, block_size: int, enable_caching: bool, chains: KeyChainCache | None = None
@@ -46,6 +30,7 @@ class KVManager:
         self.block_size = block_size
         self.caching = enable_caching
         self.chains = chains if chains is not None else KeyChainCache()
+        self._lookup = PrefixLookup(self.pool)
 
     # ---- keys -------------------------------------------------------------------------------
     def block_key(self, req: RequestState, index: int) -> int:
@@ -85,8 +70,7 @@ class KVManager:
         covered = 0
         if chain is not None:
             covered = min(max_blocks, chain.num_full_blocks)
-            chain.ensure(covered)
-            n = _cached_run(self.pool.cached, chain.keys, covered)
+            n = self._lookup.run(chain, covered)
             hits = cast(list[int], list(map(get, chain.keys[:n])))
             if n < covered:
                 return hits
@@ -105,8 +89,7 @@ class KVManager:
             return 0
         chain = self.chains.get(content, self.block_size)
         max_blocks = min((prompt_tokens - 1) // self.block_size, chain.num_full_blocks)
-        chain.ensure(max_blocks)
-        return _cached_run(self.pool.cached, chain.keys, max_blocks) * self.block_size
+        return self._lookup.run(chain, max_blocks) * self.block_size
 
     def cached_prefix_free_blocks(self, content: tuple[Segment, ...], prompt_tokens: int) -> int:
         """Of the blocks :meth:`cached_prefix_tokens` counts, those in the free pool (reference count

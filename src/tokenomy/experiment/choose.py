@@ -13,9 +13,10 @@ why, in numbers: the winner's attainment and tails beside each other candidate's
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
-from tokenomy.experiment.jobs import Job
+from tokenomy.experiment.jobs import Job, run_job
 from tokenomy.experiment.results import RunResult
 from tokenomy.experiment.spec import ClusterSpec, DeploymentSpec, ExperimentSpec, WorkloadSpec
 from tokenomy.experiment.splits import Split
@@ -95,22 +96,26 @@ def choose_on(
     seed_offset: int = 1,
     duration_s: float | None = None,
     workers: int = 1,
+    executor: str = "pool",
+    address: str | None = None,
 ) -> Choice:
     """:func:`choose_deployment` where candidates run on their own topologies (each spec's cluster:
-    e.g. the planner's disaggregated pools for AMPD and disagg, its mixed pool for colocated)."""
+    e.g. the planner's disaggregated pools for AMPD and disagg, its mixed pool for colocated).
+
+    Every candidate of every topology is one job: ``executor`` ``"pool"`` runs them all at once on
+    ``workers`` local processes, ``"ray"`` on the Ray cluster at ``address`` (one topology at a time)."""
     if not rate_per_s > 0:
         raise ValueError(f"the planning rate must be > 0, got {rate_per_s}")
-    results: list[RunResult] = []
-    gpus: dict[int, str] = {}  # id(result) -> its topology's inventory
+    work: list[tuple[ExperimentSpec, Job, str]] = []  # (sample spec, job, the topology's inventory)
     for spec, candidates in topologies:
         workload = replace(spec.workload, seed=spec.workload.seed + seed_offset,
                            duration_s=duration_s if duration_s is not None else spec.workload.duration_s)
         deployments = tuple(c if isinstance(c, DeploymentSpec) else DeploymentSpec(c) for c in candidates)
         sample = replace(spec, workload=workload, deployments=deployments, rates=(rate_per_s,))
-        jobs = [Job(d, split, rate_per_s) for d in deployments for split in sample.splits_of(d)]
-        done = run_jobs(sample, jobs, executor="pool", workers=workers)
-        results.extend(done[j] for j in jobs)
-        gpus.update((id(done[j]), spec.cluster.gpus or "") for j in jobs)
+        work += [(sample, Job(d, split, rate_per_s), spec.cluster.gpus or "")
+                 for d in deployments for split in sample.splits_of(d)]
+    results = _run_all([(s, j) for s, j, _ in work], executor, workers, address)
+    gpus = {id(r): g for r, (_, _, g) in zip(results, work, strict=True)}  # id(result) -> its inventory
     spec = topologies[0][0]
     order = {id(r): i for i, r in enumerate(results)}
     top = max(r.summary.slo_attainment for r in results)
@@ -126,6 +131,25 @@ def choose_on(
     best = ranked[0]
     name = best.deployment.partition("@")[0]
     return Choice(name, best.split, rate_per_s, tuple(results), _why(best, ranked[1:], spec), gpus=gpus[id(best)])
+
+
+def _run_all(work: list[tuple[ExperimentSpec, Job]], executor: str, workers: int,
+             address: str | None) -> list[RunResult]:
+    """Each ``(spec, job)``'s result, in order: all at once on a local pool, or spec by spec elsewhere."""
+    if executor == "pool" and workers > 1 and len(work) > 1:
+        with ProcessPoolExecutor(max_workers=min(workers, len(work))) as pool:
+            return list(pool.map(run_job, *zip(*work, strict=True)))
+    out: list[RunResult] = []
+    i = 0
+    while i < len(work):  # consecutive jobs of one spec go together
+        spec = work[i][0]
+        jobs = []
+        while i < len(work) and work[i][0] is spec:
+            jobs.append(work[i][1])
+            i += 1
+        done = run_jobs(spec, jobs, executor=executor, workers=workers, address=address)
+        out += [done[j] for j in jobs]
+    return out
 
 
 def plan_topologies(

@@ -9,15 +9,19 @@ Constraints::
     sum_{o in prefill} x_o = m,   sum_{o in decode} x_o = m,   sum_{o in mixed} x_o = 1 - m
     sum_o gpus_o x_o <= inventory_g                  for every GPU type g (only its options)
     sum_{o in role r} score_o x_o <= z               for r in prefill, decode, mixed
+    sum_o log(attainment_o) x_o >= log(target)       (with a target: the plan's SLO attainment)
 
-Objectives: ``p95`` minimises ``z`` (the worst role's P95 over its SLO bound), with the
-other roles' scores as a tie-break (spare GPUs lower the non-bottleneck role's P95); ``cost`` minimises $/hour over options whose score is <= 1 (every
-SLO met at the rate), with ``z`` as the tie-break. ``exclude`` adds no-good cuts (to find the
-runner-up) and ``mode`` pins ``m``.
+A plan's predicted attainment is the product of its roles' (prefill TTFT times decode TPOT, or a
+mixed pool's own), so its logarithm is linear in ``x``; options below the target on their own
+are dropped before the solve. Objectives: ``p95`` minimises ``z`` (the worst role's P95 over its
+SLO bound) among the plans that attain the target, with the other roles' scores as a tie-break
+(spare GPUs lower the non-bottleneck role's P95); ``cost`` minimises $/hour among them, with
+``z`` as the tie-break. ``exclude`` adds no-good cuts (to find the runner-up) and ``mode`` pins ``m``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +51,11 @@ class Solution:
     def usd_per_hour(self) -> float:
         return sum(o.usd_per_hour for o in self.chosen)
 
+    @property
+    def attainment(self) -> float:
+        """Predicted SLO attainment of the plan: the product of its roles'."""
+        return math.prod(o.attainment for o in self.chosen)
+
 
 def solve(
     options: Sequence[Option],
@@ -55,16 +64,22 @@ def solve(
     *,
     exclude: Sequence[tuple[Option, ...]] = (),
     mode: str | None = None,
+    target: float = 0.0,
 ) -> Solution | None:
-    """The best choice of options, or None when no choice satisfies the constraints.
+    """The best choice of options whose predicted attainment is at least ``target`` (0: any), or
+    None when no choice satisfies the constraints.
 
     ``mode`` is None (either), ``"disagg"`` or ``"mixed"``. Raises ``ValueError`` for an
     unknown objective.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+    if not 0.0 <= target <= 1.0:
+        raise ValueError(f"target must lie in [0, 1], got {target}")
+    if objective == "cost" and target <= 0:
+        raise ValueError("the cost objective needs an attainment target > 0 (the cheapest plan that attains it)")
     t0 = time.perf_counter()
-    opts = [o for o in options if objective == "p95" or o.score <= 1.0]
+    opts = [o for o in options if o.attainment >= target and o.attainment > 0.0] if target > 0 else list(options)
     if not opts:
         return None
     n = len(opts)
@@ -100,6 +115,10 @@ def solve(
             if o.candidate.gpu == gpu:
                 r[i] = o.gpus
         add(r, -np.inf, float(count))
+    if target > 0:
+        r = row()
+        r[:n] = [math.log(o.attainment) for o in opts]
+        add(r, math.log(target), np.inf)
     for cut in exclude:
         r = row()
         hits = [i for i, o in enumerate(opts) if o in cut]

@@ -6,7 +6,8 @@ instance carries ``1/count`` of the demand on average, and the pool queues as on
 queue with ``c = count`` (:class:`~tokenomy.plan.queueing.InstanceModel`), not as ``count``
 independent queues. Its *score* is its
 P95 over the SLO bound (TTFT for prefill, TPOT for decode, the larger of both for mixed):
-1.0 means exactly at the SLO.
+1.0 means exactly at the SLO. Its *attainment* is the predicted share of its requests within
+the bounds it serves (the MILP's feasibility: a plan's attainment is the product of its roles').
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class Option:
         return self.count * self.candidate.tp
 
     @property
+    def attainment(self) -> float:
+        """Predicted share of requests within the SLO bounds this role serves (0 if infeasible)."""
+        return self.prediction.attainment if self.prediction.feasible else 0.0
+
+    @property
     def usd_per_hour(self) -> float:
         return self.gpus * get_gpu(self.candidate.gpu).usd_per_gpu_hour
 
@@ -103,7 +109,7 @@ def score_of(role: str, p: Prediction, slo: SLO) -> float:
 def evaluate(cand: Candidate, model: InstanceModel, count: int, stats: WorkloadStats, slo: SLO) -> Option:
     """``count`` instances of ``cand`` behind one router, pooled (score ``inf`` if infeasible)."""
     hit = model.hit_fraction(count)
-    p = model.predict(stats.request_rate_per_s / count, hit, servers=count)
+    p = model.predict(stats.request_rate_per_s / count, hit, servers=count, slo=slo)
     return Option(cand, count, p, score_of(cand.role, p, slo) if p.feasible else float("inf"), hit)
 
 

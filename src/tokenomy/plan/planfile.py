@@ -24,6 +24,7 @@ def _prediction(p: Prediction) -> dict[str, Any]:
         out["ttft_p95_s"] = round(p.ttft_p95_s, 5)
     if p.tpot_p95_s is not None:
         out["tpot_p95_s"] = round(p.tpot_p95_s, 5)
+    out["slo_attainment"] = round(p.attainment, 4)
     return out
 
 
@@ -51,9 +52,12 @@ def plan_to_dict(plan: Plan, choice: dict[str, Any] | None = None) -> dict[str, 
         "engine": {"max_num_batched_tokens": req.limits.max_num_batched_tokens,
                    "max_num_seqs": req.limits.max_num_seqs},
         "predicted": {"bottleneck": metric, "p95_s": round(p95, 5), "score": round(plan.solution.z, 4),
-                      "usd_per_hour": round(plan.solution.usd_per_hour, 2)},
+                      "usd_per_hour": round(plan.solution.usd_per_hour, 2),
+                      "slo_attainment": round(plan.attainment, 4), "attainment_target": req.attainment_target},
         "binding": plan.binding,
     }
+    if plan.shortfall is not None:
+        out["shortfall"] = plan.shortfall
     if choice is not None:
         out["chosen_by_simulation"] = {k: v for k, v in choice.items() if k != "disaggregated"}
     if plan.runner_up is not None:

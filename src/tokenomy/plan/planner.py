@@ -3,7 +3,15 @@
 Steps: price every candidate shape (``options.build_models``), enumerate its feasible counts,
 solve the MILP (``milp.solve``), then explain: which constraint binds and what the
 counterfactual ("add prefill", "add decode", "disaggregate") would do, and the runner-up.
-Inputs that no plan can serve raise :class:`PlanInfeasible` with one line in words.
+
+A plan is feasible when its predicted SLO attainment (the queueing model's latency distribution
+against the SLO bounds) reaches the request's target, 90% by default, the figure every
+``max_rate_at_target`` uses; the simulator and the whitepaper judge a run the same way. Among
+feasible plans the objective decides (P95 over the SLO, or cost). When none is feasible, the
+plan is the best one by P95 and says the shortfall (``Plan.shortfall``: its predicted
+attainment, and the rate the inventory carries at the target). Inputs that no plan can serve at
+all (every option saturated, weights that fit nowhere, SLO bounds no request could meet alone)
+raise :class:`PlanInfeasible` with one line in words.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from tokenomy.core import SLO
+from tokenomy.metrics.goodput import DEFAULT_ATTAINMENT_TARGET
 from tokenomy.perf import get_gpu, get_model
 from tokenomy.plan.milp import Solution, solve
 from tokenomy.plan.options import (
@@ -46,8 +55,11 @@ class PlanRequest:
     limits: EngineLimits = field(default_factory=EngineLimits)
     tp_choices: tuple[int, ...] = TP_CHOICES
     modes: tuple[str, ...] = MODES
+    attainment_target: float = DEFAULT_ATTAINMENT_TARGET
 
     def __post_init__(self) -> None:
+        if not 0 < self.attainment_target <= 1:
+            raise ValueError(f"attainment_target must lie in (0, 1], got {self.attainment_target}")
         if not self.modes or set(self.modes) - set(MODES):
             raise ValueError(f"modes must be a non-empty subset of {MODES}, got {self.modes}")
         if not self.inventory or any(n < 1 for n in self.inventory.values()):
@@ -62,7 +74,8 @@ class Plan:
 
     ``binding`` is the constraint that sets the objective, in words; ``runner_up`` the best
     different choice; ``other_mode`` the best plan of the other kind (colocated when the plan
-    disaggregates, and vice versa), None when there is none.
+    disaggregates, and vice versa), None when there is none. ``shortfall`` is None when the
+    plan's predicted attainment reaches the target, else the gap in words.
     """
 
     request: PlanRequest
@@ -73,10 +86,16 @@ class Plan:
     other_mode: Solution | None
     options_considered: int
     candidates: int
+    shortfall: str | None = None
 
     @property
     def chosen(self) -> tuple[Option, ...]:
         return self.solution.chosen
+
+    @property
+    def attainment(self) -> float:
+        """The chosen plan's predicted SLO attainment."""
+        return self.solution.attainment
 
     def bottleneck(self) -> tuple[Option, str, float]:
         """``(option, metric, predicted P95 seconds)`` of the role with the highest score."""
@@ -109,23 +128,32 @@ def plan(stats: WorkloadStats, request: PlanRequest, calibration: dict[str, dict
         m.ttft_factor, m.tpot_factor = factors.get("ttft", 1.0), factors.get("tpot", 1.0)
     _check_physical_minimum(models, request.slo)
     options = _options(models, stats, request)
-    best = solve(options, request.inventory, request.objective)
-    if best is None or best.z > 1.0:
-        raise PlanInfeasible(_too_few_gpus(models, stats, request))
-    runner = solve(options, request.inventory, request.objective, exclude=[best.chosen])
+    objective, target = request.objective, request.attainment_target
+    best = solve(options, request.inventory, objective, target=target)
+    shortfall = None
+    if best is None:  # nothing attains the target: the best by P95, and how far it falls short
+        objective, target = "p95", 0.0
+        best = solve(options, request.inventory, objective)
+        if best is None:
+            raise PlanInfeasible(_too_few_gpus(models, stats, request))
+        shortfall = _shortfall(best, models, stats, request)
+    runner = solve(options, request.inventory, objective, exclude=[best.chosen], target=target)
     other = None
-    if len(request.modes) == len(MODES):
-        other = solve(options, request.inventory, request.objective, mode="mixed" if best.disaggregated else "disagg")
+    if len(request.modes) == len(MODES):  # below the target too: `--choose` simulates both kinds
+        mode = "mixed" if best.disaggregated else "disagg"
+        other = (solve(options, request.inventory, objective, mode=mode, target=target)
+                 or solve(options, request.inventory, "p95", mode=mode))
     binding = explain(best, other, models, stats, request)
-    return Plan(request, stats, best, binding, runner, other, len(options), len(models))
+    return Plan(request, stats, best, binding, runner, other, len(options), len(models), shortfall)
 
 
 def _check_physical_minimum(models: dict[Candidate, InstanceModel], slo: SLO) -> None:
-    ttft_min = min((m.zero_load().ttft_p95_s or math.inf, c) for c, m in models.items() if c.role != "decode")
+    """No request could meet a bound even alone on the fastest shape: no plan to offer."""
+    ttft_min = min((m.fastest_ttft_s(), c) for c, m in models.items() if c.role != "decode")
     if slo.ttft_s < ttft_min[0]:
         c = ttft_min[1]
         raise PlanInfeasible(f"--slo-ttft {slo.ttft_s:g} s is below the physical minimum {ttft_min[0]:.3f} s "
-                             f"(P95 prompt prefilled alone on {c.tp} x {c.gpu}, no queueing)")
+                             f"(the shortest prompt prefilled alone on {c.tp} x {c.gpu}, no queueing)")
     tpot_min = min((m.zero_load().tpot_p95_s or math.inf, c) for c, m in models.items() if c.role != "prefill")
     if slo.tpot_s < tpot_min[0]:
         c = tpot_min[1]
@@ -140,12 +168,12 @@ def _options(models: dict[Candidate, InstanceModel], stats: WorkloadStats, reque
 
 
 def _feasible_at(models: dict[Candidate, InstanceModel], stats: WorkloadStats, request: PlanRequest) -> bool:
-    sol = solve(_options(models, stats, request), request.inventory, request.objective)
-    return sol is not None and sol.z <= 1.0
+    sol = solve(_options(models, stats, request), request.inventory, "p95", target=request.attainment_target)
+    return sol is not None
 
 
-def _too_few_gpus(models: dict[Candidate, InstanceModel], stats: WorkloadStats, request: PlanRequest) -> str:
-    """The rate the inventory can carry within the SLOs, by bisection on the rate."""
+def _max_scale(models: dict[Candidate, InstanceModel], stats: WorkloadStats, request: PlanRequest) -> float:
+    """The largest share of the asked rate the inventory serves at the target, by bisection."""
     lo, hi = 0.0, 1.0
     for _ in range(12):
         mid = (lo + hi) / 2
@@ -153,13 +181,31 @@ def _too_few_gpus(models: dict[Candidate, InstanceModel], stats: WorkloadStats, 
             lo = mid
         else:
             hi = mid
+    return lo
+
+
+def _carried(models: dict[Candidate, InstanceModel], stats: WorkloadStats, request: PlanRequest) -> str:
+    """What the inventory carries at the target, in words."""
+    lo = _max_scale(models, stats, request)
     gpus = " + ".join(f"{n} x {g}" for g, n in sorted(request.inventory.items()))
-    slo = f"TTFT {request.slo.ttft_s:g} s / TPOT {request.slo.tpot_s:g} s"
+    slo = (f"{request.attainment_target:.0%} within TTFT {request.slo.ttft_s:g} s / "
+           f"TPOT {request.slo.tpot_s:g} s")
     if lo == 0.0:
-        return f"too few GPUs for the rate: {gpus} cannot carry any load of this workload within {slo}"
-    return (f"too few GPUs for the rate: {gpus} carry at most {stats.session_rate_per_s * lo:.3g} sessions/s "
-            f"({stats.request_rate_per_s * lo:.3g} requests/s) within {slo}; asked "
+        return f"{gpus} cannot carry any load of this workload at {slo}"
+    return (f"{gpus} carry at most {stats.session_rate_per_s * lo:.3g} sessions/s "
+            f"({stats.request_rate_per_s * lo:.3g} requests/s) at {slo}; asked "
             f"{stats.session_rate_per_s:.3g} sessions/s ({stats.request_rate_per_s:.3g} requests/s)")
+
+
+def _too_few_gpus(models: dict[Candidate, InstanceModel], stats: WorkloadStats, request: PlanRequest) -> str:
+    """Every option saturates at the asked rate: what the inventory carries instead."""
+    return f"too few GPUs for the rate: {_carried(models, stats, request)}"
+
+
+def _shortfall(best: Solution, models: dict[Candidate, InstanceModel], stats: WorkloadStats,
+               request: PlanRequest) -> str:
+    return (f"predicted SLO attainment {best.attainment:.1%} is below the target {request.attainment_target:.0%}: "
+            f"{_carried(models, stats, request)}")
 
 
 def _shifted(opt: Option, delta_gpus: int, model: InstanceModel, stats: WorkloadStats, slo: SLO) -> Option | None:
@@ -185,6 +231,9 @@ def explain(best: Solution, other: Solution | None, models: dict[Candidate, Inst
             return f"mixed {what} binds; no disaggregated plan is feasible, so do not disaggregate"
         if other is None:
             return f"mixed {what} binds"
+        if other.attainment < request.attainment_target <= best.attainment:
+            return (f"mixed {what} binds; do not disaggregate: the best disaggregated plan is predicted to "
+                    f"attain {other.attainment:.1%} of the SLO, below the target {request.attainment_target:.0%}")
         if request.objective == "cost":
             return (f"mixed {what} binds; do not disaggregate: the cheapest disaggregated plan costs "
                     f"${other.usd_per_hour:.2f}/hour against ${best.usd_per_hour:.2f}")

@@ -28,6 +28,12 @@ instances of one shape behind one load-aware router (the simulator's ``least_loa
   plus one decode step per chunk, queued M/G/c over the pool as for prefill.
 
 Loads above ``RHO_MAX`` are refused (P95 grows without bound as ``rho -> 1``).
+
+Given the SLO, a prediction also carries the *attainment* of each bound: the share of requests
+whose TTFT meets it (over the same samples of ``W + S + transfer`` the P95 is read from) and
+the share of decode time the batch stays small enough for TPOT to meet it (the batch's normal
+law above: ``Phi((b* + 1/2 - B) / sqrt(B))`` with ``b*`` the largest batch whose step is within
+the bound). The planner judges feasibility by their product, as the simulator judges a run.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokenomy.core import SLO
 from tokenomy.core.step import StepShape
 from tokenomy.perf import PerfModel
 from tokenomy.plan.mgc import allen_cunneen
@@ -65,6 +72,13 @@ class Prediction:
     batch: float
     feasible: bool
     reason: str = ""
+    ttft_attainment: float = 1.0  # share of requests within the TTFT bound (1.0: no TTFT here, or no SLO given)
+    tpot_attainment: float = 1.0  # share within the TPOT bound (1.0: no TPOT here, or no SLO given)
+
+    @property
+    def attainment(self) -> float:
+        """Share of requests within both bounds (the two taken as independent)."""
+        return self.ttft_attainment * self.tpot_attainment
 
 
 def _infeasible(reason: str, utilization: float = math.inf, kv: float = 0.0) -> Prediction:
@@ -123,8 +137,8 @@ class InstanceModel:
     def _service(self, hit: float) -> np.ndarray:
         return hit * self._s_hit + (1.0 - hit) * self._s_miss
 
-    def _pool_p95(self, rate: float, servers: int, service: np.ndarray, extra: np.ndarray | float) -> float | None:
-        """P95 of ``W + S + extra`` in an M/G/c pool of ``servers``, each offered ``rate`` (None: saturated)."""
+    def _pool_latency(self, rate: float, servers: int, service: np.ndarray, extra: np.ndarray | float) -> np.ndarray | None:
+        """Samples of ``W + S + extra`` in an M/G/c pool of ``servers``, each offered ``rate`` (None: saturated)."""
         mean_s = float(service.mean())
         rho = rate * mean_s
         if rho >= RHO_MAX:
@@ -135,7 +149,33 @@ class InstanceModel:
             law = allen_cunneen(servers, servers * rate, mean_s, scv)
             if law.p_wait > 0:
                 wait = np.where(self._u < law.p_wait, -np.log(1.0 - self._v) * law.mean_wait_s / law.p_wait, 0.0)
-        return float(np.percentile(wait + service + extra, 95))
+        return wait + service + extra
+
+    def _ttft(self, latency: np.ndarray, slo: SLO | None) -> tuple[float, float]:
+        """(P95, attainment of the TTFT bound) of TTFT samples, with the calibration factor."""
+        scaled = latency * self.ttft_factor
+        att = float(np.count_nonzero(scaled <= slo.ttft_s)) / len(scaled) if slo is not None else 1.0
+        return float(np.percentile(latency, 95)) * self.ttft_factor, att
+
+    def _tpot_attainment(self, batch: float, stretch: float, slo: SLO | None) -> float:
+        """Share of decode steps within the TPOT bound, the batch normal with mean and variance ``batch``."""
+        if slo is None:
+            return 1.0
+
+        def ok(b: int) -> bool:
+            return self.decode_step_s(b) * stretch * self.tpot_factor <= slo.tpot_s
+
+        if not ok(1):
+            return 0.0
+        lo, hi = 1, max(1, self.max_num_seqs)
+        if ok(hi):
+            lo = hi
+        while hi - lo > 1:  # the step grows with the batch: the largest batch within the bound
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+        if batch <= 0:
+            return 1.0
+        return 0.5 * (1.0 + math.erf((lo + 0.5 - batch) / math.sqrt(2.0 * batch)))
 
     def _batch(self, rate: float, stretch: float = 1.0) -> tuple[float, str]:
         """Mean running batch solving ``B = rate E[steps] T(B) stretch``, and ``""`` or why it
@@ -161,35 +201,39 @@ class InstanceModel:
         return min(1.0, pool_instances * self.kv_capacity_tokens / self._parked_kv)
 
     # --- the prediction ------------------------------------------------------------------
-    def predict(self, rate_per_s: float, hit: float = 1.0, servers: int = 1) -> Prediction:
+    def predict(self, rate_per_s: float, hit: float = 1.0, servers: int = 1, slo: SLO | None = None) -> Prediction:
         """P95s of each of ``servers`` instances behind one router, each receiving ``rate_per_s``
-        requests per second on average (the pool: Poisson at ``servers * rate_per_s``)."""
+        requests per second on average (the pool: Poisson at ``servers * rate_per_s``), and with
+        ``slo`` the attainment of its bounds."""
         if servers < 1:
             raise ValueError(f"servers must be >= 1, got {servers}")
         if self.role == "prefill":
             service = self._service(hit)
-            p95 = self._pool_p95(rate_per_s, servers, service, self._transfer)
+            latency = self._pool_latency(rate_per_s, servers, service, self._transfer)
             util = rate_per_s * float(service.mean())
-            if p95 is None:
+            if latency is None:
                 return _infeasible(f"prefill compute saturated ({util:.0%} busy)", util)
-            return Prediction(p95 * self.ttft_factor, None, util, 0.0, 0.0, True)
+            p95, att = self._ttft(latency, slo)
+            return Prediction(p95, None, util, 0.0, 0.0, True, ttft_attainment=att)
         if self.role == "decode":
-            return self._predict_decode(rate_per_s, 1.0)
+            return self._predict_decode(rate_per_s, 1.0, slo)
         service = self._service(hit)
         rho_p = rate_per_s * float(service.mean())
         if rho_p >= RHO_MAX:
             return _infeasible(f"prefill share saturated ({rho_p:.0%} busy)", rho_p)
-        dec = self._predict_decode(rate_per_s, 1.0 / (1.0 - rho_p))
+        dec = self._predict_decode(rate_per_s, 1.0 / (1.0 - rho_p), slo)
         if not dec.feasible:
             return dec
         stretched = service + self._chunks * self.decode_step_s(dec.batch)
-        ttft = self._pool_p95(rate_per_s, servers, stretched, 0.0)
-        if ttft is None:
+        latency = self._pool_latency(rate_per_s, servers, stretched, 0.0)
+        if latency is None:
             return _infeasible("prefill queue saturated by decode steps", rate_per_s * float(stretched.mean()))
         util = max(rate_per_s * float(stretched.mean()), dec.utilization)
-        return Prediction(ttft * self.ttft_factor, dec.tpot_p95_s, util, dec.kv_utilization, dec.batch, True)
+        ttft, att = self._ttft(latency, slo)
+        return Prediction(ttft, dec.tpot_p95_s, util, dec.kv_utilization, dec.batch, True,
+                          ttft_attainment=att, tpot_attainment=dec.tpot_attainment)
 
-    def _predict_decode(self, rate: float, stretch: float) -> Prediction:
+    def _predict_decode(self, rate: float, stretch: float, slo: SLO | None = None) -> Prediction:
         batch, over = self._batch(rate, stretch)
         if over == "kv":
             return _infeasible("decode KV overflows (the running batch outgrows it)", math.inf, math.inf)
@@ -203,13 +247,24 @@ class InstanceModel:
         if hi > self.max_num_seqs:
             return _infeasible(f"decode batch above max_num_seqs={self.max_num_seqs}", hi / self.max_num_seqs, kv)
         tpot = self.decode_step_s(hi) * stretch * self.tpot_factor
-        return Prediction(None, tpot, max(kv, hi / self.max_num_seqs), kv, batch, True)
+        return Prediction(None, tpot, max(kv, hi / self.max_num_seqs), kv, batch, True,
+                          tpot_attainment=self._tpot_attainment(batch, stretch, slo))
 
-    def zero_load(self) -> Prediction:
-        """P95s with no queueing and a batch of one: the physical minimum of this shape."""
+    def zero_load(self, slo: SLO | None = None) -> Prediction:
+        """P95s with no queueing and a batch of one: the physical minimum of this shape (with
+        ``slo``, the attainment of its bounds there)."""
+        tpot_att = 1.0 if slo is None else float(self.decode_step_s(1) <= slo.tpot_s)
         if self.role == "decode":
-            return Prediction(None, self.decode_step_s(1), 0.0, 0.0, 1.0, True)
+            return Prediction(None, self.decode_step_s(1), 0.0, 0.0, 1.0, True, tpot_attainment=tpot_att)
         extra = self._transfer if self.role == "prefill" else 0.0
-        ttft = float(np.percentile(self._s_hit + extra, 95))
+        alone = self._s_hit + extra
+        ttft = float(np.percentile(alone, 95))
+        ttft_att = 1.0 if slo is None else float(np.count_nonzero(alone <= slo.ttft_s)) / len(alone)
         tpot = self.decode_step_s(1) if self.role == "mixed" else None
-        return Prediction(ttft, tpot, 0.0, 0.0, 1.0, True)
+        return Prediction(ttft, tpot, 0.0, 0.0, 1.0, True, ttft_attainment=ttft_att,
+                          tpot_attainment=tpot_att if self.role == "mixed" else 1.0)
+
+    def fastest_ttft_s(self) -> float:
+        """The shortest TTFT of any sample alone (no queueing): below it no request meets a bound."""
+        extra = self._transfer if self.role == "prefill" else 0.0
+        return float(np.min(self._s_hit + extra))
