@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import sqlalchemy as sa
 import yaml
+from redis import Redis
 
 from helpers.gateway_core_support import MODEL, FakeUpstream, serve
 from helpers.polling import wait_for
@@ -31,7 +31,7 @@ class OneReplica:
     replica: Replica
     pg: PostgresServer
     key: str
-    tmp: Path
+    redis_url: str
 
     def chat(self, rid: str) -> httpx.Response:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -47,6 +47,19 @@ class OneReplica:
             rows = conn.execute(sa.text("SELECT request_id FROM usage_events WHERE request_id LIKE :p"),
                                 {"p": prefix + "%"}).all()
         return [str(r[0]) for r in rows]
+
+    def spend(self) -> tuple[float, float]:
+        """(the key's spend in Redis, the sum of its costs in the ledger)."""
+        with pg_engine(self.pg.url).connect() as conn:
+            key_id = str(conn.execute(sa.text("SELECT id FROM tk_nodes WHERE name = 'k'")).scalar_one())
+            cost = float(conn.execute(sa.text("SELECT sum(cost_usd) FROM usage_events WHERE key_id = :k"),
+                                      {"k": key_id}).scalar_one())
+        r = Redis.from_url(self.redis_url)
+        try:
+            (bucket,) = r.keys(f"tk:bu:{key_id}:*")
+            return float(r.hget(bucket, "spent") or 0.0), cost
+        finally:
+            r.close()
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +80,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OneReplica]:
         }))
         replicas = start_replicas(config, [free_port()], tmp)
         try:
-            yield OneReplica(replicas[0], pg, key, tmp)
+            yield OneReplica(replicas[0], pg, key, redis.url)
         finally:
             stop_all(replicas)
 
@@ -91,6 +104,9 @@ def test_postgres_stopped_requests_are_served_and_drained_exactly_once(fleet: On
     assert sorted(ids) == sorted(["ob-before"] + [f"ob-down-{i}" for i in range(5)])  # each exactly once
     assert fleet.chat("ob-after").status_code == 200
     assert fleet.outbox() == {"depth": 0, "oldest_age_s": 0.0}
+    # outboxed events settle without a ledger transaction id: their spend counted once, not twice
+    wait_for(lambda: len({round(x, 9) for x in fleet.spend()}) == 1, timeout_s=10.0, what="spend settled")
+    assert fleet.spend()[1] > 0
 
 
 def test_a_replica_killed_with_a_queue_drains_it_when_restarted(fleet: OneReplica) -> None:
