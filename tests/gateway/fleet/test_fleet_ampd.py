@@ -51,7 +51,8 @@ def ampd_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[
                 "routing": {"mode": "ampd", "slo": {"ttft_s": 2.0, "tpot_s": 0.03}},
                 "health": {"interval_s": 0.2},
                 "ops": {"server_secret": "fleet-ampd-secret-0123",
-                        "shared": {"redis_url": redis.url, "postgres_url": pg.url, "lease_s": 2.0, "timeout_s": 5.0},
+                        "shared": {"redis_url": redis.url, "postgres_url": pg.url, "lease_s": 2.0, "timeout_s": 5.0,
+                                   "outbox_dir": str(tmp)},
                         "tenants": [{"org": "o", "teams": [{"name": "t", "keys": [{"name": "k", "key": key}]}]}]},
             }))
             replicas = start_replicas(cfg, [free_port() for _ in range(3)], tmp)

@@ -86,7 +86,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             "prices": {MODEL: price, PINNED: price},
             "ops": {"server_secret": "r" * 32,
                     "shared": {"redis_url": redis.url, "postgres_url": pg.url, "timeout_s": 5.0,
-                               "in_flight_period_s": 0.1, "in_flight_lease_s": LEASE_S},
+                               "in_flight_period_s": 0.1, "in_flight_lease_s": LEASE_S, "outbox_dir": str(tmp)},
                     "tenants": [{"org": "o", "teams": [{"name": "t", "keys": [{"name": "k", "key": key}]}]}]},
         }))
         replicas = start_replicas(config, [free_port() for _ in range(2)], tmp)

@@ -50,6 +50,7 @@ from tokenomy.gateway.routing.tls import host_port, tls_contexts
 from tokenomy.gateway.routing.upstream import Upstream, UpstreamPool, UpstreamTimeouts
 from tokenomy.gateway.stores.answers_sql import SqlAnswers
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
+from tokenomy.gateway.stores.outbox_ledger import OutboxLedger
 from tokenomy.gateway.stores.redis_routing import RedisInFlight, RedisSessionBindings
 from tokenomy.policy.router import make_router
 
@@ -241,7 +242,10 @@ def build_app(
     async def health(request: Request) -> Response:
         status = {b.instance_id: b.healthy for b in pool.backends}
         ok = any(status.values())
-        return JSONResponse({"status": "ok" if ok else "no healthy backend", "backends": status}, 200 if ok else 503)
+        body: dict[str, Any] = {"status": "ok" if ok else "no healthy backend", "backends": status}
+        if isinstance(the_ledger, OutboxLedger):  # a fleet replica: events not yet in PostgreSQL
+            body["ledger_outbox"] = the_ledger.outbox.stats()
+        return JSONResponse(body, 200 if ok else 503)
 
     gauges: BudgetGauges | None = None  # with token operations: the budget gauges (read from their store)
 

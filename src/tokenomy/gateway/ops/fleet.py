@@ -25,6 +25,8 @@ from tokenomy.gateway.ops.outage import LedgerHealth, OutagePolicy
 from tokenomy.gateway.ops.tenancy_seed import apply_seeds
 from tokenomy.gateway.stores.ledger_sql import usage_events
 from tokenomy.gateway.stores.local_state import LocalState
+from tokenomy.gateway.stores.outbox import OutboxCollector, open_outbox
+from tokenomy.gateway.stores.outbox_ledger import OutboxLedger
 from tokenomy.gateway.stores.pg_ledger import PgLedger
 from tokenomy.gateway.stores.pg_tenancy import PgTenantStore, pg_engine, seeding_lock
 from tokenomy.gateway.stores.redis_state import RedisState, SpendLedger
@@ -85,7 +87,15 @@ def build_fleet(config: GatewayConfigLike, shared: SharedStoresConfig, *, regist
         usage_events.metadata.create_all(engine, tables=[usage_events])
         with engine.begin() as conn:
             conn.execute(sa.text("CREATE INDEX IF NOT EXISTS ix_usage_ts ON usage_events (ts_s)"))
-    ledger = PgLedger(shared.postgres_url, pool_size=shared.postgres_pool_size)
+    ledger: PgLedger
+    if shared.on_outage.ledger == "outbox":  # PostgreSQL away: events wait in this replica's outbox
+        outbox = open_outbox(None, shared.outbox_dir)
+        ledger = OutboxLedger(shared.postgres_url, outbox, pool_size=shared.postgres_pool_size,
+                              record_timeout_s=shared.on_outage.ledger_timeout_s)
+        if registry is not None:
+            registry.register(OutboxCollector(outbox))
+    else:
+        ledger = PgLedger(shared.postgres_url, pool_size=shared.postgres_pool_size)
     ledger.sync_engine = engine
     redis = redis_client(shared)
     guard = replica_guard(config, store, redis, ledger, shared, clock=clock,

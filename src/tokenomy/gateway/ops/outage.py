@@ -4,9 +4,11 @@ Redis unreachable or slower than ``timeout_s`` (the guard state raises ``StoreUn
 key is *budgeted* when any node on its path has a budget; its tier's mode either refuses (503
 ``store_unavailable`` with ``retry-after``) or admits against this replica's own in-process state
 (``local``: each replica then allows a key its full limits), metered in the ledger as always.
-The ledger (PostgreSQL) failing to commit: nothing is served that it could not record (503
-``ledger_unavailable``); after ``retry_after_s`` requests go through again, and the first commit
-that works ends the outage.
+The ledger (PostgreSQL) failing to commit: with ``ledger: outbox`` (the default) each event waits
+in the replica's local durable outbox and requests are served as usual (the ``OutboxLedger``
+never reports a failed commit); with ``ledger: refuse`` nothing is served that it could not
+record (503 ``ledger_unavailable``); after ``retry_after_s`` requests go through again, and the
+first commit that works ends the outage.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 OutageMode = Literal["fail_closed", "local"]
+LedgerOutageMode = Literal["outbox", "refuse"]
 
 
 class OutageConfig(BaseModel):
@@ -21,12 +22,20 @@ class OutageConfig(BaseModel):
     meter it in the ledger as usual. A key is *budgeted* when any node on its path has a budget;
     spend must never pass a budget, so budgeted keys fail closed by default; unbudgeted keys stay
     available (local) by default.
+
+    ``ledger``: what a replica does while PostgreSQL (the ledger) is unreachable or slower than
+    ``ledger_timeout_s``. ``outbox`` (the default): record the event in the replica's local durable
+    outbox and keep serving; it drains into PostgreSQL once PostgreSQL answers. ``refuse``: serve
+    nothing the ledger could not commit (503 ``ledger_unavailable`` for ``retry_after_s``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     budgeted: OutageMode = "fail_closed"
     unbudgeted: OutageMode = "local"
     retry_after_s: int = Field(default=2, ge=1, description="retry-after of a 503 store_unavailable")
+    ledger: LedgerOutageMode = "outbox"
+    ledger_timeout_s: float = Field(default=1.0, gt=0, description="a ledger commit slower than this goes to "
+                                                                   "the outbox (ledger: outbox)")
 
 
 class SharedStoresConfig(BaseModel):
@@ -54,6 +63,9 @@ class SharedStoresConfig(BaseModel):
     token_flush: int = Field(default=32, ge=1, description="streamed tokens counted locally before they are "
                                                            "added to the shared velocity windows")
     on_outage: OutageConfig = OutageConfig()
+    outbox_dir: str = Field(default=".", description="where this replica keeps its ledger outbox (SQLite): "
+                            "tokenomy-outbox-<host>-<n>.db, the first n no live replica holds (replicas never "
+                            "share one: the file is locked); on the replica's own disk")
 
     @model_validator(mode="after")
     def _lease_outlives_period(self) -> SharedStoresConfig:
