@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for p in up_ports:
                 _wait_port(p, upstream)
-            shared = {"redis_url": redis.url, "postgres_url": pg.url}
+            shared = {"redis_url": redis.url, "postgres_url": pg.url, "outbox_dir": str(tmp)}
             emb = start_replicas(_config(tmp, "embedded", up_ports, None, args.tpm), [_free_port()], tmp)
             replicas += emb
             fleet = start_replicas(_config(tmp, "shared", up_ports, shared, args.tpm),

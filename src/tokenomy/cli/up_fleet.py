@@ -39,12 +39,15 @@ def split_fleet(data: dict[str, Any]) -> tuple[dict[str, Any], FleetSpec | None]
     return rest, FleetSpec.model_validate(data["fleet"] or {})
 
 
-def gateway_config(spec: FleetSpec, instances: list[Instance], redis_url: str, pg_url: str) -> dict[str, Any]:
+def gateway_config(spec: FleetSpec, instances: list[Instance], redis_url: str, pg_url: str,
+                   workdir: Path) -> dict[str, Any]:
     cfg = dict(spec.gateway)
     cfg["backends"] = [{"id": i.instance_id, "url": i.url, "role": i.role, "models": [i.model]} for i in instances]
     ops = dict(cfg.get("ops") or {})
     ops.setdefault("server_secret", secrets.token_urlsafe(24))  # shared by the replicas of this run
-    ops["shared"] = {**(ops.get("shared") or {}), "redis_url": redis_url, "postgres_url": pg_url}
+    # the replicas' ledger outboxes live with the run (not in the directory `up` was started from)
+    ops["shared"] = {"outbox_dir": str(workdir), **(ops.get("shared") or {}), "redis_url": redis_url,
+                     "postgres_url": pg_url}
     cfg["ops"] = ops
     return cfg
 
@@ -62,7 +65,8 @@ class LocalFleet:
         self.redis = start_redis(self.workdir / "redis")
         self.pg = start_postgres(durable=True)
         path = self.workdir / "gateway.yaml"
-        path.write_text(yaml.safe_dump(gateway_config(self.spec, self.instances, self.redis.url, self.pg.url)))
+        path.write_text(yaml.safe_dump(gateway_config(self.spec, self.instances, self.redis.url, self.pg.url,
+                                                       self.workdir)))
         ports = [self.spec.port_base + i for i in range(self.spec.replicas)]
         self.replicas = start_replicas(path, ports, self.workdir)
         return self.replicas
