@@ -5,7 +5,7 @@ machine's load average.
 
 A live run is one draw of a noisy process (which request meets a long prefill turns on
 milliseconds), and so is one simulation: a P99 of a few hundred requests is one of the slowest few,
-and one simulation's can jump with a small change of the step times (docs/vllm.md, run R2). The
+and one simulation's can jump with a small change of the step times (docs/vllm.md, "The simulated side as an expectation"). The
 simulator's prediction is its expectation over that noise: the mean of ``draws`` simulations of
 the same workload with each session's start shifted by up to :data:`JITTER_S`
 (:func:`jittered_starts`, :func:`mean_of_draws`). The live figure is measured as before."""
@@ -142,7 +142,7 @@ def cpu_reading(proc: Path = Path("/proc"), root: int | None = None) -> CpuReadi
 def machine_share(a: CpuReading | None, b: CpuReading | None) -> dict[str, float] | None:
     """CPUs in use between readings ``a`` and ``b``, in cores (CPU-seconds per second): all
     (``busy_cores``), by processes outside ours (``foreign_cores``: other users of a shared machine,
-    niced or not, which slow vLLM CPU's steps while they run: docs/vllm.md, "Runs E1-"), and by
+    niced or not, which slow vLLM CPU's steps while they run: docs/vllm.md, "Why TPOT P99 comes out low"), and by
     the hypervisor (``steal_cores``); None without both readings."""
     if a is None or b is None or b.t_s <= a.t_s:
         return None

@@ -24,7 +24,7 @@ vLLM stamped over them (:func:`tokenomy.perf.engine_calibration.fit_step_scale`)
 ``frontend_s`` is measured against the scaled steps. Decode steps only (those without a prefill
 chunk; ``all`` scales every step): scaling the prefills as well made the replays' TTFT residual
 fall with the simulated TTFT (long prefills priced slow: clearly in two smoke runs, by a few ms in
-runs H1-H12, where both choices met the same targets; docs/vllm.md). Nothing is taken
+runs where both choices met the same targets; docs/vllm.md, "Step scale"). Nothing is taken
 from the live run it is judged against; the same run's figures without the scale
 (``without_scale``: the frontend latency measured on the unscaled steps), with it on every step
 (``scale_all``) and without either (``without_frontend``) are written too.
@@ -362,7 +362,7 @@ def main() -> int:
         clock = time.monotonic
         profiles: dict[str, tuple[EngineCalibration, float, float]] = {}  # name -> (calibration, start, end)
         # The machine's CPU counters at the end of each phase (the first: its start), for the CPU other
-        # processes took during each (docs/vllm.md, "Runs E1-"): not an input to anything.
+        # processes took during each (docs/vllm.md, "Why TPOT P99 comes out low"): not an input to anything.
         cpu_marks: list[tuple[str, CpuReading | None]] = [("start", cpu_reading())]
 
         def take_profile(name: str) -> None:
@@ -482,7 +482,7 @@ def main() -> int:
     single = compare(sim, got, TOLERANCE, relative_to="live")
     out = compare(sim_drawn["mean"] if sim_drawn else sim, got, TOLERANCE, relative_to="live")
     out.update({
-        # The judged simulated figures are the mean of the jittered draws (docs/vllm.md, "Runs D1-"); the
+        # The judged simulated figures are the mean of the jittered draws (docs/vllm.md, "The simulated side as an expectation"); the
         # single unjittered simulation, each draw and each figure's spread over them are kept beside it.
         "sim_single": {**{k: single[k][0] for k in (*KEYS, "cached_fraction")}, "met": single["met"]},
         "sim_draws": ({k: sim_drawn[k] for k in ("draws", "max_shift_s", "spread", "by_draw")}

@@ -14,7 +14,8 @@ import pytest
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.http.parse import read_json
-from tokenomy.gateway.routing.upstream import UpstreamPool, UpstreamTimeout, UpstreamTimeouts
+from tokenomy.gateway.routing.upstream import UpstreamTimeout, UpstreamTimeouts
+from tokenomy.gateway.routing.upstream_pool import UpstreamPool
 
 pytestmark = pytest.mark.integration
 

@@ -47,7 +47,8 @@ from tokenomy.gateway.routing.backends import BackendPool
 from tokenomy.gateway.routing.build import build_routing
 from tokenomy.gateway.routing.fleet_load import FleetLoad
 from tokenomy.gateway.routing.tls import host_port, tls_contexts
-from tokenomy.gateway.routing.upstream import Upstream, UpstreamPool, UpstreamTimeouts
+from tokenomy.gateway.routing.upstream import Upstream, UpstreamTimeouts
+from tokenomy.gateway.routing.upstream_pool import UpstreamPool
 from tokenomy.gateway.stores.answers_sql import SqlAnswers
 from tokenomy.gateway.stores.ledger_sql import SqlLedger
 from tokenomy.gateway.stores.outbox_ledger import OutboxLedger
@@ -91,7 +92,7 @@ def build_guard(config: GatewayConfig, metrics: GatewayMetrics, ledger: Ledger) 
 
 def build_upstream(config: GatewayConfig, tls: dict[tuple[str, int], Any]) -> Upstream:
     """The hot-path client ``server.upstream_client`` names, with the per-phase timeouts and
-    connection caps of the config (see :mod:`tokenomy.gateway.routing.upstream` for the choice)."""
+    connection caps of the config (see :mod:`tokenomy.gateway.routing.upstream_pool` for the choice)."""
     s = config.server
     t = s.timeouts
     timeouts = UpstreamTimeouts(connect_s=t.connect_s, headers_s=t.headers_s, chunk_gap_s=t.chunk_gap_s)

@@ -11,7 +11,8 @@
     admit    tokenomy.gateway.ops.guard         Guard.admit: key, limits, budget holds, breakers
     route    tokenomy.gateway.routing.route     Routing.route: backend (P/D: remote prefill, AMPD gates)
     forward  tokenomy.gateway.routing.upstream  the request to the backend (retry others on
-                                                connection errors); streams relay through
+                                                connection errors; the client: upstream_pool,
+                                                or upstream_aiohttp); streams relay through
                                                 tokenomy.gateway.http.streaming
     meter    tokenomy.gateway.http.flight       Completion.meter: token classes and cost
     record   tokenomy.gateway.metering.ledger   Completion.record: the usage event, durable

@@ -33,7 +33,7 @@ def tls_context(backend: BackendConfig) -> ssl.SSLContext | None:
 
 
 def tls_contexts(backends: tuple[BackendConfig, ...]) -> dict[tuple[str, int], ssl.SSLContext]:
-    """Each https backend's context, keyed by its (host, port), as :class:`.upstream.UpstreamPool` takes them."""
+    """Each https backend's context, keyed by its (host, port), as :class:`.upstream_pool.UpstreamPool` takes them."""
     out: dict[tuple[str, int], ssl.SSLContext] = {}
     for b in backends:
         ctx = tls_context(b)

@@ -1,10 +1,10 @@
 """The hot-path upstream client on aiohttp (``server.upstream_client: aiohttp``).
 
-Same contract and errors as :class:`tokenomy.gateway.routing.upstream.UpstreamPool`, on a
+Same contract and errors (:mod:`.upstream`) as :class:`tokenomy.gateway.routing.upstream_pool.UpstreamPool`, on a
 maintained client: one ``aiohttp.ClientSession`` with a connection cap per host, the same TLS
 contexts per backend and the same per-phase timeouts (aiohttp has one read timeout, used for both
 the wait for headers and the gaps between chunks: the larger of the two). Kept so that the
-choice in :mod:`.upstream`'s docstring stays measurable: ``benchmarks/gateway_overhead.py
+choice in :mod:`.upstream_pool`'s docstring stays measurable: ``benchmarks/gateway_overhead.py
 --clients fast,aiohttp`` runs both side by side.
 """
 
