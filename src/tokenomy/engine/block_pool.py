@@ -103,13 +103,13 @@ class BlockPool:
             return block
         queue, last_pos = self._queue, self._last_pos
         head = self._head
-        block = int(queue[head])
-        while last_pos[block] != head:
+        block = queue.item(head)  # .item: a Python int without a numpy scalar in between
+        while last_pos.item(block) != head:
             head += 1
-            block = int(queue[head])
+            block = queue.item(head)
         self._head = head + 1
-        if self._has_key[block]:
-            del self.cached[int(self._key[block])]
+        if self._has_key.item(block):
+            del self.cached[self._key.item(block)]
             self._has_key[block] = False
             self.num_evicted += 1
             self.version += 1
@@ -231,12 +231,13 @@ class BlockPool:
                 self._has_key[block] = True
                 self.version += 1
             return
-        if not cached.keys().isdisjoint(keys):
-            fresh = [(b, k) for b, k in zip(blocks, keys, strict=True) if k not in cached]
+        # One probe per key: ``setdefault`` keeps a key that is cached already and answers its block.
+        got = list(map(cached.setdefault, keys, blocks))
+        if got != blocks:
+            fresh = [(b, k) for b, k, g in zip(blocks, keys, got, strict=True) if g == b]
             if not fresh:
                 return
             blocks, keys = [b for b, _ in fresh], [k for _, k in fresh]
-        cached.update(zip(keys, blocks, strict=True))
         self.version += 1
         ids = np.asarray(blocks, dtype=np.int64)
         self._key[ids] = keys
