@@ -215,22 +215,25 @@ class BlockPool:
         self._head, self._tail = 0, n
 
     # ---- prefix cache -------------------------------------------------------------------------
+    def register_one(self, block: int, key: int) -> None:
+        """:meth:`register` of one block (a decode step filled it)."""
+        cached = self.cached
+        if key not in cached:
+            cached[key] = block
+            self._key[block] = key
+            self._has_key[block] = True
+            self.version += 1
+
     def register(self, blocks: list[int], keys: list[int]) -> None:
         """Make just-filled blocks findable under their keys.
 
         When a key is already cached (two requests computed the same prefix at once), the block
         registered first keeps it and the newcomer stays unkeyed.
         """
-        cached = self.cached
         if len(keys) == 1:
-            key = keys[0]
-            if key not in cached:
-                block = blocks[0]
-                cached[key] = block
-                self._key[block] = key
-                self._has_key[block] = True
-                self.version += 1
+            self.register_one(blocks[0], keys[0])
             return
+        cached = self.cached
         # One probe per key: ``setdefault`` keeps a key that is cached already and answers its block.
         got = list(map(cached.setdefault, keys, blocks))
         if got != blocks:
