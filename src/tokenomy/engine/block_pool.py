@@ -103,13 +103,13 @@ class BlockPool:
             return block
         queue, last_pos = self._queue, self._last_pos
         head = self._head
-        block = int(queue[head])
-        while last_pos[block] != head:
+        block = queue.item(head)  # .item: a Python int without a numpy scalar in between
+        while last_pos.item(block) != head:
             head += 1
-            block = int(queue[head])
+            block = queue.item(head)
         self._head = head + 1
-        if self._has_key[block]:
-            del self.cached[int(self._key[block])]
+        if self._has_key.item(block):
+            del self.cached[self._key.item(block)]
             self._has_key[block] = False
             self.num_evicted += 1
             self.version += 1
@@ -215,28 +215,32 @@ class BlockPool:
         self._head, self._tail = 0, n
 
     # ---- prefix cache -------------------------------------------------------------------------
+    def register_one(self, block: int, key: int) -> None:
+        """:meth:`register` of one block (a decode step filled it)."""
+        cached = self.cached
+        if key not in cached:
+            cached[key] = block
+            self._key[block] = key
+            self._has_key[block] = True
+            self.version += 1
+
     def register(self, blocks: list[int], keys: list[int]) -> None:
         """Make just-filled blocks findable under their keys.
 
         When a key is already cached (two requests computed the same prefix at once), the block
         registered first keeps it and the newcomer stays unkeyed.
         """
-        cached = self.cached
         if len(keys) == 1:
-            key = keys[0]
-            if key not in cached:
-                block = blocks[0]
-                cached[key] = block
-                self._key[block] = key
-                self._has_key[block] = True
-                self.version += 1
+            self.register_one(blocks[0], keys[0])
             return
-        if not cached.keys().isdisjoint(keys):
-            fresh = [(b, k) for b, k in zip(blocks, keys, strict=True) if k not in cached]
+        cached = self.cached
+        # One probe per key: ``setdefault`` keeps a key that is cached already and answers its block.
+        got = list(map(cached.setdefault, keys, blocks))
+        if got != blocks:
+            fresh = [(b, k) for b, k, g in zip(blocks, keys, got, strict=True) if g == b]
             if not fresh:
                 return
             blocks, keys = [b for b, _ in fresh], [k for _, k in fresh]
-        cached.update(zip(keys, blocks, strict=True))
         self.version += 1
         ids = np.asarray(blocks, dtype=np.int64)
         self._key[ids] = keys

@@ -180,46 +180,46 @@ class DecodeRunner:
         kv = self._kv
         bs = kv.block_size
         caching = kv.caching
-        allocs: list[tuple[int, int]] = []  # (step, batch index): a block taken at scheduling
-        commits: list[tuple[int, int]] = []  # (step, batch index): a block filled at update
+        # (step, 0, batch index): a block taken at scheduling; (step, 1, batch index): one filled at update.
+        # Sorted, that is the order single steps make them in.
+        events: list[tuple[int, int, int]] = []
         next_event = run.num_steps
-        for i, r in enumerate(run.requests):
-            nc0 = run.nc0[i]
+        for i, (r, nc0) in enumerate(zip(run.requests, run.nc0, strict=True)):
             a = len(r.blocks) * bs - nc0  # next allocation step (blocks already cover earlier steps)
             if a < stop:
-                allocs.extend((j, i) for j in range(a, stop, bs))
+                events += [(j, 0, i) for j in range(a, stop, bs)]
                 a += (stop - a + bs - 1) // bs * bs
-            next_event = min(next_event, a)
+            if a < next_event:
+                next_event = a
             if caching:
                 c = (-nc0 - 1) % bs  # steps after which num_computed is a multiple of the block size
                 if c < first:
                     c += (first - c + bs - 1) // bs * bs
                 if c < stop:
-                    commits.extend((j, i) for j in range(c, stop, bs))
+                    events += [(j, 1, i) for j in range(c, stop, bs)]
                     c += (stop - c + bs - 1) // bs * bs
-                next_event = min(next_event, c)
+                if c < next_event:
+                    next_event = c
         run.next_event = next_event
-        # A few events cost less one at a time than as numpy vectors; both give the same state.
-        if len(allocs) + len(commits) < _BULK_MIN_EVENTS or not self._apply_in_bulk(run, first, allocs, commits):
-            self._apply_in_order(run, allocs, commits)
-
-    def _apply_in_order(self, run: DecodeRun, allocs: list[tuple[int, int]], commits: list[tuple[int, int]]) -> None:
-        """Every allocation and commit one at a time, in the order single steps make them."""
-        kv, pool = self._kv, self._kv.pool
-        events = [(j, 0, i) for j, i in allocs] + [(j, 1, i) for j, i in commits]
         events.sort()
-        reqs = run.requests
+        # A few events cost less one at a time than as numpy vectors; both give the same state.
+        if len(events) < _BULK_MIN_EVENTS or not self._apply_in_bulk(run, first, events):
+            self._apply_in_order(run, events)
+
+    def _apply_in_order(self, run: DecodeRun, events: list[tuple[int, int, int]]) -> None:
+        """Every allocation and commit one at a time, in the order single steps make them."""
+        kv = self._kv
+        allocate_one, commit = kv.pool.allocate_one, kv.commit_full_blocks
+        reqs, nc0 = run.requests, run.nc0
         for j, kind, i in events:
             r = reqs[i]
             if kind == 0:
-                r.blocks.append(pool.allocate_one())
+                r.blocks.append(allocate_one())
             else:
-                r.num_computed = run.nc0[i] + j + 1
-                kv.commit_full_blocks(r)
+                r.num_computed = nc0[i] + j + 1
+                commit(r)
 
-    def _apply_in_bulk(
-        self, run: DecodeRun, first: int, allocs: list[tuple[int, int]], commits: list[tuple[int, int]]
-    ) -> bool:
+    def _apply_in_bulk(self, run: DecodeRun, first: int, events: list[tuple[int, int, int]]) -> bool:
         """The same changes as :meth:`_apply_in_order`, with one pool allocation and one registration.
 
         Allocations only read and evict free blocks; commits only key blocks the batch holds. The two
@@ -231,8 +231,9 @@ class DecodeRunner:
         kv, pool = self._kv, self._kv.pool
         bs = kv.block_size
         reqs, nc0 = run.requests, run.nc0
+        allocs = [(j, i) for j, kind, i in events if kind == 0]  # each kind in its own order
+        commits = [(j, i) for j, kind, i in events if kind == 1]
         if commits:
-            commits.sort()
             for i in {i for _, i in commits}:
                 if reqs[i].num_keyed_blocks != (nc0[i] + first) // bs:
                     return False  # a lagging commit would register several blocks at once
@@ -241,7 +242,6 @@ class DecodeRunner:
             if not pool.cached.keys().isdisjoint(keys):
                 return False
         if allocs:
-            allocs.sort()
             blocks = pool.allocate(len(allocs))
             for (_, i), block in zip(allocs, blocks, strict=True):
                 reqs[i].blocks.append(block)

@@ -7,6 +7,9 @@ are applied when ``step`` returns, and stamped with the step's end time.
 Collaborators (one owner per piece of state): :class:`RequestQueues` owns the queues and the load
 counters routers read, :class:`KVManager` the blocks, :class:`Retention` pinned blocks;
 :class:`Scheduler` decides a step, :class:`Updater` and :class:`DecodeRunner` apply steps.
+
+One unit on purpose: it owns the guards every public call checks (no step before the last ended,
+no change while a decode run is open) and delegates the rest; a split would part guards from calls.
 """
 
 from __future__ import annotations
@@ -213,10 +216,8 @@ class Engine:
         if tracer is not None:
             tracer.scheduled(now, plan, self._kv.pool.num_evicted - evicted0)
         if not plan.decodes and not plan.prefills:
-            logger.debug(
-                "%s: nothing fits at %.6f (%d waiting, %d free blocks, %d retained)", self._instance_id, now,
-                len(self._queues.waiting), self._kv.pool.num_free, self._retention.num_blocks,
-            )
+            logger.debug("%s: nothing fits at %.6f (%d waiting, %d free blocks, %d retained)", self._instance_id,
+                         now, len(self._queues.waiting), self._kv.pool.num_free, self._retention.num_blocks)
             return None
         shape = plan.shape()
         duration = self.perf.step_time_s(shape)

@@ -167,7 +167,9 @@ class KVManager:
             chain.ensure(upto)
             self.pool.register(req.blocks[i:upto], chain.keys[i:upto])
             i = upto
-        if i < full:
+        if i + 1 == full:  # one block filled (a decode step): the common case
+            self.pool.register_one(req.blocks[i], self.block_key(req, i))
+        elif i < full:
             self.pool.register(req.blocks[i:full], [self.block_key(req, j) for j in range(i, full)])
         req.num_keyed_blocks = full
 

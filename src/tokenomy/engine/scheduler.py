@@ -108,9 +108,10 @@ class Scheduler:
         threshold = self.config.long_prefill_token_threshold
         bs = self.kv.block_size
         dctx = 0
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
+        # A preemption pops running's tail: iterating the list itself then stops before the victims.
+        for req in running:
+            if budget <= 0:
+                break
             nc = req.num_computed
             if req.decoding:
                 # Hot path: one token; a block only when crossing a block boundary.
@@ -119,7 +120,6 @@ class Scheduler:
                 decodes.append(req)
                 dctx += nc + 1
                 budget -= 1
-                i += 1
                 continue
             n = req.num_tokens - nc
             if threshold and n > threshold:
@@ -133,7 +133,6 @@ class Scheduler:
                 break
             self._add_prefill(plan, req, n)
             budget -= n
-            i += 1
         plan.decode_context_tokens += dctx
         return budget
 

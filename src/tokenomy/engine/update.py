@@ -42,6 +42,8 @@ class Updater:
         bs = kv.block_size
         caching = kv.caching
         # Decoding requests advance here, not through ``queues`` (the hot loop): it is told the total.
+        # Every decode emits a token, in plan order, ahead of the prefills' first tokens.
+        emitted += [req.request_id for req in plan.decodes]
         for req in plan.decodes:
             nc = req.num_computed + 1
             req.num_computed = nc
@@ -57,7 +59,6 @@ class Updater:
                 first.append(req.request_id)
             req.output_tokens += 1
             req.last_token_s = end_s
-            emitted.append(req.request_id)
             if nc + 1 >= req.max_num_tokens:
                 done.append(req)
         queues.advance_decodes(len(plan.decodes))
