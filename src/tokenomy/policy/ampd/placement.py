@@ -8,13 +8,9 @@ Estimates (all from ``now``; the TTFTs reported add the time the request already
   + transfer from the decode node of the history ``p`` lacks and the decode node holds
   + prefill of the rest of the prompt after what ``p`` then has
   + transfer back of the prompt KV the decode node lacks;
-* local chunk = the largest of ``local_budget_tokens``, its half, its quarter, ... (down to
-  ``min_local_chunk_tokens``) whose step, carrying the running decodes at the prefill's last
-  (longest) context, fits the ITL bound: the prefill takes only what the decode batch's ITL
-  slack leaves, chunked across steps (the whitepaper's slack-based local prefill; with
-  ``size_local_chunks`` off, always ``local_budget_tokens``); with ``tpot_bank``, from
-  ``prefill_budget_tokens`` down, and a chunk also fits when its steps' excess over the TPOT SLO
-  fits the streams' banked TPOT slack (``tpot_bank_s``) less a margin;
+* local chunk: the most prompt tokens a step beside the running decodes may carry within the ITL
+  bound (or the streams' banked TPOT slack, with ``tpot_bank``), and the time its steps take
+  (:mod:`tokenomy.policy.ampd.local_chunk`);
 * local TTFT = the decode node's queued prompt tokens, then this request's uncached tokens in
   such chunks, each step also carrying the running decodes; local ITL = the longest of those
   steps (the ITL the running decodes suffer).
@@ -44,7 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tokenomy.core import SLO, Request, StepShape
+from tokenomy.core import SLO, Request
+from tokenomy.policy.ampd.local_chunk import size_local_chunk
 from tokenomy.policy.estimator import Estimator
 from tokenomy.policy.trace import TraceSink, emit, fields_dict
 from tokenomy.policy.view import InstanceView
@@ -286,53 +283,12 @@ class AdaptivePlacement:
             + self._transfer_s(prompt - on_decode)  # the decode node lacks the rest
         )
 
-    def _step_s(self, n: int, context: int, seqs: int, decode_ctx: int) -> float:
-        """One decode-node step: a prefill chunk of ``n`` tokens after ``context``, beside ``seqs``
-        decodes holding ``decode_ctx`` tokens of context."""
-        return self.estimator.step_time_s(StepShape(
-            prefill_tokens=n,
-            prefill_seqs=1,
-            prefill_attn_pairs=StepShape.chunk_attn_pairs(n, context),
-            prefill_context_tokens=context + n,
-            decode_seqs=seqs,
-            decode_context_tokens=decode_ctx,
-        ))
-
     def local_chunk(
         self, todo: int, context: int, seqs: int, decode_ctx: int, slo: SLO, bank_s: float | None = None
     ) -> tuple[int, float, float, float]:
-        """(chunk, time of the prefill's own steps, longest step carrying it, ITL slack) for
-        ``todo`` prompt tokens after ``context`` on a decode node running ``seqs`` decodes of
-        ``decode_ctx`` tokens of context.
-
-        The chunk is the largest of the budget, its half, ... (down to ``min_local_chunk_tokens``)
-        with slack >= 0. Slack: the ITL bound less the longest step; with a bank (``bank_s``, the
-        decode batch's banked TPOT slack), at least the bank less the margin less what the
-        prefill's steps take beyond the TPOT SLO, and the budget is then ``prefill_budget_tokens``.
-        Step time grows with the context, so the longest step is the last; the steps between
-        are priced by the trapezoid of the first and the last (step time is close to linear in
-        the context), which keeps a decision O(log budget) whatever the chunk."""
-        cfg = self.config
-        itl_bound = cfg.itl_bound_factor * slo.tpot_s
-
-        def price(chunk: int) -> tuple[int, float, float]:
-            n = min(todo, chunk)
-            steps = -(-todo // n)
-            first = self._step_s(n, context, seqs, decode_ctx)
-            if steps == 1:
-                return steps, first, first
-            last_n = todo - (steps - 1) * n
-            last = self._step_s(last_n, context + todo - last_n, seqs, decode_ctx + (steps - 1) * seqs)
-            # the last full chunk bounds the ITL (the final one may be shorter)
-            peak = self._step_s(n, context + todo - last_n - n, seqs, decode_ctx + (steps - 2) * seqs)
-            return steps, (steps - 1) * (first + peak) / 2 + last, max(first, peak, last)
-
-        chunk = cfg.local_budget_tokens if bank_s is None else max(cfg.local_budget_tokens, cfg.prefill_budget_tokens)
-        while True:
-            steps, elapsed, itl = price(chunk)
-            slack = itl_bound - itl
-            if bank_s is not None:  # the bank pays each step's excess over the TPOT SLO
-                slack = max(slack, bank_s - cfg.tpot_bank_margin * slo.tpot_s - steps * max(0.0, itl - slo.tpot_s))
-            if slack >= 0 or chunk <= cfg.min_local_chunk_tokens or not (cfg.size_local_chunks or bank_s is not None):
-                return min(chunk, todo), elapsed, itl, slack
-            chunk = max(cfg.min_local_chunk_tokens, chunk // 2)
+        """(chunk, time of the prefill's own steps, longest step carrying it, ITL slack) for ``todo``
+        prompt tokens after ``context`` beside ``seqs`` decodes of ``decode_ctx`` tokens of context
+        (:func:`~tokenomy.policy.ampd.local_chunk.size_local_chunk`, with this placement's model)."""
+        c = size_local_chunk(self.estimator, self.config, slo, todo=todo, context=context, seqs=seqs,
+                             decode_ctx=decode_ctx, bank_s=bank_s)
+        return c.tokens, c.elapsed_s, c.itl_s, c.slack_s

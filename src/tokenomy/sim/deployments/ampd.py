@@ -5,9 +5,19 @@ either on a prefill instance (remote: ship the history the prefill node lacks, p
 new tokens, ship only the new KV back) or on the bound decode instance itself (local), by the
 slack rule of :class:`~tokenomy.policy.ampd.AdaptivePlacement`. Prefill queues are reordered
 within a look-ahead window, turns waiting for a memory-full decode instance are admitted in
-slack order (:class:`~tokenomy.policy.ampd.SlackAdmission`), and KV is kept, offloaded or dropped across tool calls. Every
-mechanism is a policy object from :mod:`tokenomy.policy.ampd` and can be switched off in
+slack order (:class:`~tokenomy.policy.ampd.SlackAdmission`), and KV is kept, offloaded or
+dropped across tool calls. Local prefills may spend the streams' banked TPOT slack
+(``banked_chunks.py``), and a turn that would wait for memory or queue behind prefill work on
+its instance moves to another (``held_move.py``, ``turn_move.py``). Every mechanism is a policy
+object from :mod:`tokenomy.policy.ampd` and can be switched off in
 :class:`~tokenomy.sim.config.AMPDOptions` for ablation.
+
+Why one file: it is one turn's path through the deployment, in the order a turn takes it
+(arrival, binding, a move, placement; then the local path or the remote one with its two KV
+transfers; admission on the decode instance; completion). Each step's state and rules live in
+the collaborator it calls (the KV keeper, the admission and prefill queues, the movers, the
+banked chunks); what is left here is the order of the steps and the hand-offs between them,
+which a reader follows top to bottom, and which a split by line count would scatter.
 """
 
 from __future__ import annotations
