@@ -8,8 +8,9 @@ Each variant maps a base :class:`SimConfig` to the configuration it runs:
   docs/ampd-results.md), and ``ampd-forward-bank``, an option that helps where decodes have TPOT
   to spare and costs where they run at their SLO;
 * ablations: ``ampd-itl-bound`` keeps every local prefill step within the ITL bound and every turn
-  on its bound decode instance (no TPOT bank, no moves: the rules a live vLLM backend can apply,
-  docs/ampd-live.md), and the ladder below it adds its mechanisms one at a time.
+  on its bound decode instance (no TPOT bank, no moves; with local chunk sizing also off it is
+  what the live gateway runs, docs/ampd-live.md), and the ladder below it adds its mechanisms
+  one at a time.
 """
 
 from __future__ import annotations
