@@ -18,13 +18,27 @@ bank less ``tpot_bank_margin`` TPOT SLOs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tokenomy.core import SLO, StepShape
 from tokenomy.policy.estimator import Estimator
 
-if TYPE_CHECKING:
-    from tokenomy.policy.ampd.placement import PlacementConfig
+
+class ChunkConfig(Protocol):
+    """The knobs the chunk reads (``PlacementConfig`` has them; its docstring states each)."""
+
+    @property
+    def local_budget_tokens(self) -> int: ...
+    @property
+    def prefill_budget_tokens(self) -> int: ...
+    @property
+    def itl_bound_factor(self) -> float: ...
+    @property
+    def size_local_chunks(self) -> bool: ...
+    @property
+    def min_local_chunk_tokens(self) -> int: ...
+    @property
+    def tpot_bank_margin(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +66,7 @@ def local_step_s(estimator: Estimator, n: int, context: int, seqs: int, decode_c
     ))
 
 
-def size_local_chunk(estimator: Estimator, cfg: PlacementConfig, slo: SLO, *, todo: int, context: int, seqs: int,
+def size_local_chunk(estimator: Estimator, cfg: ChunkConfig, slo: SLO, *, todo: int, context: int, seqs: int,
                      decode_ctx: int, bank_s: float | None = None) -> LocalChunk:
     """The chunk for ``todo`` prompt tokens after ``context`` on a decode node running ``seqs``
     decodes of ``decode_ctx`` tokens of context (module docstring).
