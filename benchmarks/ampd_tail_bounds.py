@@ -1,15 +1,15 @@
-"""Can any AMPD meet colocated-offload's P99 TTFT at a point of the grid? Bounds (issue 19).
+"""Can any AMPD meet colocated-offload's P99 TTFT at a point of the grid? Bounds.
 
-The grid's tail rule (``benchmarks/ampd_grid.py``): at every rate where AMPD attains >= 90%, its
-P99 TTFT is no worse than the best other deployment's (colocated-offload at every rate of (a) and
-(c), grid12). This script runs, at one point, for several rates and workload seeds (the grid uses
-seed offset 0 only):
+The grid's all-turns rule (``benchmarks/ampd_grid.py``, ``p99_ttft_no_worse``): at every rate where
+AMPD attains >= 90%, its P99 TTFT is no worse than the best other deployment's (colocated-offload
+at every rate of (a) and (c)). This script runs, at one point, for several rates and workload
+seeds:
 
 * ``colocated-offload`` (the reference) and AMPD as the grid runs it (``--ampd``);
-* **memory bound** (``--kv-factors``): ``ampd-bank@1:3`` (``--memory-shape``) whose decode GPUs hold F x their own KV
+* **memory bound** (``--kv-factors``): ``ampd@1:3`` (``--memory-shape``) whose decode GPUs hold F x their own KV
   memory (an H100 with more HBM and the same speed: not a real GPU; F = 4/3 is the KV of
   colocated-offload's four instances spread over AMPD's three decode instances);
-* **TPOT bound** (``--itl-factors``): ``ampd-bank@0:4`` (``--tpot-shape``; no prefill instance: all the memory
+* **TPOT bound** (``--itl-factors``): ``ampd@0:4`` (``--tpot-shape``; no prefill instance: all the memory
   decodes) whose local prefill steps may last K x the TPOT SLO, so local prefills spend the
   decode streams' TPOT the way colocated-offload's full chunks do.
 
@@ -18,8 +18,8 @@ attainment / P99 TTFT (s) / P99 TPOT (ms); ``ok`` marks a cell whose P99 TTFT <=
 (same rate and seed), ``-`` a cell under 90% attainment (the rule does not look at it).
 
     python benchmarks/ampd_tail_bounds.py --json out/tail_bounds.json                 # (c): 72 simulations, ~11 min CPU
-    python benchmarks/ampd_tail_bounds.py --point a --rates 2.0,2.5 --ampd ampd@0:8,ampd-bank@0:8,ampd@1:7 \\
-        --kv-factors 1.333 --memory-shape ampd-bank@1:7 --tpot-shape ampd-bank@0:8 --json out/tail_bounds_a.json
+    python benchmarks/ampd_tail_bounds.py --point a --rates 2.0,2.5 --ampd ampd@0:8,ampd-itl-bound@0:8,ampd@1:7 \\
+        --kv-factors 1.333 --memory-shape ampd@1:7 --tpot-shape ampd@0:8 --json out/tail_bounds_a.json
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def bigger_kv_gpu(cfg: SimConfig, factor: float, folder: Path) -> str:
 
 
 def configs(spec: ExperimentSpec, ampd: list[str], kv_factors: list[float], itl_factors: list[float],
-            folder: Path, memory_shape: str = "ampd-bank@1:3", tpot_shape: str = "ampd-bank@0:4") -> dict[str, SimConfig]:
+            folder: Path, memory_shape: str = "ampd@1:3", tpot_shape: str = "ampd@0:4") -> dict[str, SimConfig]:
     """Label -> simulator config of every deployment and bound to run."""
     out: dict[str, SimConfig] = {}
     for name in [REFERENCE, *ampd]:
@@ -104,11 +104,11 @@ def main() -> int:
     ap.add_argument("--point", default="c", help="a point of benchmarks/ampd_grid.py (default: c)")
     ap.add_argument("--rates", default="0.04,0.06,0.08", help="sessions/s, comma-separated")
     ap.add_argument("--seeds", default="0,1,2", help="workload seed offsets (0: the grid's sample)")
-    ap.add_argument("--ampd", default="ampd@2:2,ampd@1:3,ampd-bank@1:3", help="AMPD deployments to run as they are")
+    ap.add_argument("--ampd", default="ampd@2:2,ampd@1:3,ampd-itl-bound@1:3", help="AMPD deployments to run as they are")
     ap.add_argument("--kv-factors", default="1.333,2", help="memory bound: decode KV multipliers ('' for none)")
     ap.add_argument("--itl-factors", default="4,8", help="TPOT bound: ITL bound multipliers ('' for none)")
-    ap.add_argument("--memory-shape", default="ampd-bank@1:3", help="the AMPD shape of the memory bound")
-    ap.add_argument("--tpot-shape", default="ampd-bank@0:4", help="the AMPD shape of the TPOT bound")
+    ap.add_argument("--memory-shape", default="ampd@1:3", help="the AMPD shape of the memory bound")
+    ap.add_argument("--tpot-shape", default="ampd@0:4", help="the AMPD shape of the TPOT bound")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()

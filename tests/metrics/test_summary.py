@@ -4,6 +4,7 @@ import json
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tokenomy.core import SLO, RequestRecord, TokenUsage
@@ -102,6 +103,22 @@ def test_itl_uses_pooled_samples_weighted_by_tokens() -> None:
 def test_itl_falls_back_to_tpot() -> None:
     s = _summ([make_record(tpot_s=0.04)])
     assert s.itl_p50_s == pytest.approx(0.04)
+
+
+def test_p99_ttft_among_tpot_met_turns_leaves_out_the_turns_that_spent_tpot() -> None:
+    # 99 turns meet TPOT with TTFTs of 0.01 .. 0.99 s; one fast-first-token turn missed TPOT and a
+    # slow one (5 s TTFT) missed it too: neither counts. An unfinished turn has no TPOT: not counted.
+    met = [make_record(f"m{i}", ttft_s=0.01 * (i + 1), tpot_s=0.05) for i in range(99)]
+    spent = [make_record("fast", ttft_s=0.001, tpot_s=0.2), make_record("slow", ttft_s=5.0, tpot_s=0.15)]
+    s = _summ([*met, *spent, make_record("cut", ttft_s=9.0, finished=False)])
+    ttfts = [0.01 * (i + 1) for i in range(99)]
+    assert s.ttft_p99_tpot_met_s == pytest.approx(float(np.percentile(ttfts, 99)))
+    assert s.ttft_p99_s is not None and s.ttft_p99_s > 4.0  # the all-turns P99 sees the slow ones
+    # a turn exactly at the TPOT bound met it; a one-token answer has no TPOT to miss
+    at_bound = _summ([make_record("b", ttft_s=0.7, tpot_s=0.1), make_record("one", ttft_s=0.3, output_tokens=1)])
+    assert at_bound.ttft_p99_tpot_met_s == pytest.approx(float(np.percentile([0.3, 0.7], 99)))
+    assert _summ([make_record("x", tpot_s=0.2)]).ttft_p99_tpot_met_s is None  # no turn met TPOT
+    assert _summ([]).to_dict()["ttft_p99_tpot_met_s"] is None
 
 
 def test_empty_input_gives_zeros_and_strict_json() -> None:

@@ -1,9 +1,16 @@
 """The simulator's results on fixed seeds are those of commit 1728e6a (before its speed work).
 
 Every metric of ``tokenomy sim``'s JSON for each case of ``helpers/identical_sim.py`` (colocated,
-PD-disaggregated, AMPD and its variants, heterogeneous inventories, the closed-loop gate, a
-horizon cut, KV-transfer timeouts) equals the stored one, numbers within 1e-9 relative (only
-summation order may differ; docs/simulator.md, "Speed").
+PD-disaggregated, AMPD, its option and its ablations, heterogeneous inventories, the closed-loop
+gate, a horizon cut, KV-transfer timeouts) equals the stored one, numbers within 1e-9 relative
+(only summation order may differ; docs/simulator.md, "Speed").
+
+When the AMPD variants were reduced to one default, the stored entries were renamed, not
+recomputed: 1728e6a's ``ampd-bank-turn@1:7`` is today's default ``ampd@1:7`` (``ampd_gaia_1_7``),
+its ``ampd-turn-ahead@1:7`` today's ``ampd-forward-bank@1:7``, and its default ``ampd`` cases
+today's ``ampd-itl-bound`` (``*_itl_bound_*``); the cases of deleted variants were dropped. Every
+entry then gained ``ttft_p99_tpot_met_s`` (a new summary metric), computed by today's code in the
+same run that matched every other stored number.
 """
 
 from __future__ import annotations

@@ -143,14 +143,17 @@ def test_h20_decode_node_takes_increments_in_chunks_sized_to_its_itl_slack() -> 
                   content=((1, sys_tokens), (100 + i, first + out + new + out)))
         sessions.append(Session(f"s{i}", 0.1 * i, (t0, t1)))
     slo = SLO(ttft_s=10.0, tpot_s=0.1)
+    sized = make_variant("ampd-itl-bound", het)  # no TPOT bank: every step within the ITL bound
+    fixed = replace(sized, ampd=replace(sized.ampd, placement_config=replace(sized.ampd.placement_config,
+                                                                              size_local_chunks=False)))
     later = {}
-    for variant in ("ampd", "ampd-fixed-chunk"):
-        res = simulate(sessions, make_variant(variant, het), slo)
-        later[variant] = [r for r in res.records if r.turn == 1]
+    for name, cfg in (("sized", sized), ("fixed", fixed)):
+        res = simulate(sessions, cfg, slo)
+        later[name] = [r for r in res.records if r.turn == 1]
         assert all(r.max_itl_s <= slo.tpot_s for r in res.records)
-    assert not any(r.prefill_instance == r.decode_instance for r in later["ampd-fixed-chunk"])
-    local = [r for r in later["ampd"] if r.prefill_instance == r.decode_instance]
+    assert not any(r.prefill_instance == r.decode_instance for r in later["fixed"])
+    local = [r for r in later["sized"] if r.prefill_instance == r.decode_instance]
     assert len(local) >= 8
     assert all(r.first_token_s is not None and r.first_token_s - r.arrival_s < 1.0 for r in local)
-    worst_fixed = max(r.first_token_s - r.arrival_s for r in later["ampd-fixed-chunk"] if r.first_token_s is not None)
+    worst_fixed = max(r.first_token_s - r.arrival_s for r in later["fixed"] if r.first_token_s is not None)
     assert worst_fixed > 5.0  # behind the first turns on the prefill instance

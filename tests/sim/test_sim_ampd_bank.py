@@ -1,4 +1,5 @@
-"""A local prefill in chunks the decode batch's banked TPOT slack allows (``ampd-bank``): a
+"""A local prefill in chunks the decode batch's banked TPOT slack allows (``ampd``; without the
+bank, ``ampd-itl-bound``, every step stays within the ITL bound): a
 running decode that is ahead of its TPOT lends that lead to a neighbour's prefill, and its own
 TPOT (vLLM's per-request mean) still meets the SLO."""
 
@@ -40,8 +41,8 @@ def run(variant: str) -> SimResult:
 
 
 def test_a_decode_ahead_of_its_tpot_pays_for_a_larger_local_chunk_and_keeps_its_tpot() -> None:
-    off = {(r.session_id, r.turn): r for r in run("ampd").records}
-    on = {(r.session_id, r.turn): r for r in run("ampd-bank").records}
+    off = {(r.session_id, r.turn): r for r in run("ampd-itl-bound").records}
+    on = {(r.session_id, r.turn): r for r in run("ampd").records}
     inc_off, inc_on = off[("x", 1)], on[("x", 1)]
     assert inc_on.prefill_instance in (None, "", "decode-0")  # prefilled where it decodes
     assert inc_off.ttft_s is not None and inc_on.ttft_s is not None
@@ -60,7 +61,7 @@ def test_a_stream_that_joins_mid_prefill_shrinks_the_chunk_to_its_own_bank() -> 
     d, x, _ = sessions()
     j = Session("j", 2.3, (Turn(prompt_tokens=2_000, output_tokens=200, content=((4, 2_200),)),))
     trace = ListTrace()
-    res = simulate([d, x, j], make_variant("ampd-bank", CFG), SLO_, perf=PERF, trace=trace)
+    res = simulate([d, x, j], make_variant("ampd", CFG), SLO_, perf=PERF, trace=trace)
     recs = {(r.session_id, r.turn): r for r in res.records}
     inc, joiner = recs[("x", 1)], recs[("j", 0)]
     assert joiner.prefill_instance == "prefill-0" and joiner.decode_instance == "decode-0"

@@ -1,8 +1,9 @@
 """A local turn that would wait for memory on its decode instance moves, with its history, to a
-decode instance with room (``ampd-bank-move``, eleventh round; off by default)."""
+decode instance with room (``AMPDOptions.move_held_turns``, on in ``ampd``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tokenomy.core import SLO, Request
@@ -21,7 +22,7 @@ CFG = SimConfig(deployment="ampd", instances=4, prefill=0, decode=4, gpu_memory_
 def test_a_turn_that_would_wait_for_memory_moves_with_its_history_to_an_instance_with_room() -> None:
     sessions = load_workload("gaia", rate_per_s=1.0, duration_s=20.0, seed=1)
     events: list[dict[str, Any]] = []
-    res = simulate(sessions, make_variant("ampd-bank-move", CFG), SLO(2.0, 0.1), perf=PERF,
+    res = simulate(sessions, make_variant("ampd", CFG), SLO(2.0, 0.1), perf=PERF,
                    decision_trace=events.append)
     moves = [e for e in events if e["kind"] == "binding" and e["reason"].startswith("turn would wait")]
     assert moves and all(e["rebound"] and e["move_history"] and e["from_instance"] != e["instance_id"]
@@ -40,12 +41,14 @@ def test_a_turn_that_would_wait_for_memory_moves_with_its_history_to_an_instance
         assert turn.usage.cache_hit_tokens == turn.usage.history_tokens > 0
     # without the mechanism no turn moves this way
     events.clear()
-    simulate(sessions, make_variant("ampd-bank", CFG), SLO(2.0, 0.1), perf=PERF, decision_trace=events.append)
+    cfg = make_variant("ampd", CFG)
+    off = replace(cfg, ampd=replace(cfg.ampd, move_held_turns=False))
+    simulate(sessions, off, SLO(2.0, 0.1), perf=PERF, decision_trace=events.append)
     assert not any(e["kind"] == "binding" and e["reason"].startswith("turn would wait") for e in events)
 
 
 def test_history_cached_in_free_blocks_counts_as_taken_by_the_turn_that_reuses_it() -> None:
-    # The move's memory test (twelfth round fix): a finished turn's blocks become free-cached; its
+    # The move's memory test: a finished turn's blocks become free-cached; its
     # session's next turn reuses them, which takes them off the free pool, as the engine's admission
     # counts them. So the free blocks left for that turn exclude them; pinned, they are not free.
     engine = Engine("d0", EngineConfig(num_gpu_blocks=64, block_size_tokens=16), PERF)

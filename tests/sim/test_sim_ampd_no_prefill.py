@@ -28,7 +28,7 @@ def agent_session(sid: str, key: int, start_s: float = 0.0) -> Session:
     return Session(sid, start_s, tuple(turns))
 
 
-@pytest.mark.parametrize("variant", ["ampd", "ampd-bank", "ampd-binding"])
+@pytest.mark.parametrize("variant", ["ampd", "ampd-itl-bound", "ampd-binding"])
 def test_every_turn_prefills_on_the_decode_instance_its_session_is_bound_to(variant: str) -> None:
     cfg = make_variant(variant, SimConfig(instances=2, prefill=0, decode=2, deployment="ampd"))
     sessions = [agent_session("a", 10), agent_session("b", 11, start_s=0.3)]
@@ -63,10 +63,10 @@ def test_pd_disaggregation_refuses_a_split_without_a_prefill_instance() -> None:
 def test_ampd_runs_every_split_auto_gives_it_and_the_spec_builds_its_config() -> None:
     spec = ExperimentSpec(workload=WorkloadSpec("toolbench", rate_per_s=1.0, duration_s=10.0),
                           cluster=ClusterSpec(instances=4), splits="auto",
-                          deployments=(DeploymentSpec("ampd-bank"), DeploymentSpec("disagg")))
+                          deployments=(DeploymentSpec("ampd"), DeploymentSpec("disagg")))
     assert [spec.splits_of(d) for d in spec.deployments] == [[(0, 4), (1, 3), (2, 2), (3, 1)],
                                                              [(1, 3), (2, 2), (3, 1)]]
-    config = spec.sim_config(DeploymentSpec.parse("ampd-bank@0:4"), (0, 4))
+    config = spec.sim_config(DeploymentSpec.parse("ampd@0:4"), (0, 4))
     assert (config.deployment, config.prefill, config.decode, config.ampd.placement_config.tpot_bank) == (
         "ampd", 0, 4, True)
     # on a mixed inventory every instance of the compute-rich type then decodes beside the other type

@@ -1,10 +1,11 @@
-"""Twelfth round (point (a)), both off by default: a later turn that would queue behind prefill
-work on its bound decode instance moves, history and all, to one that starts it sooner
-(``ampd-bank-turn``); and the TPOT bank is forward-looking, a young stream counting the tokens it
-is still expected to emit (``ampd-bank-ahead``; both: ``ampd-turn-ahead``)."""
+"""A later turn that would queue behind prefill work on its bound decode instance moves, history
+and all, to one that starts it sooner (``AMPDOptions.move_queued_turns``, on in ``ampd``); and the
+forward-looking TPOT bank, a young stream counting the tokens it is still expected to emit
+(``ampd-forward-bank``, an option)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,16 +32,18 @@ def test_a_turn_queued_behind_a_prefill_moves_to_an_idle_instance_and_its_histor
                                  content=((3, 61_040),))))
     cfg = SimConfig(deployment="ampd", instances=2, prefill=0, decode=2)
 
-    def run(variant: str) -> tuple[dict[tuple[str, int], Any], list[dict[str, Any]]]:
+    def run(move: bool) -> tuple[dict[tuple[str, int], Any], list[dict[str, Any]]]:
         events: list[dict[str, Any]] = []
-        res = simulate([x, y, w], make_variant(variant, cfg), SLO(2.0, 0.1), perf=PERF, decision_trace=events.append)
+        config = make_variant("ampd", cfg)
+        config = replace(config, ampd=replace(config.ampd, move_queued_turns=move))
+        res = simulate([x, y, w], config, SLO(2.0, 0.1), perf=PERF, decision_trace=events.append)
         for r in res.records:
             assert r.finished
             r.usage.check()
         return {(r.session_id, r.turn): r for r in res.records}, events
 
-    off, _ = run("ampd-bank")
-    on, events = run("ampd-bank-turn")
+    off, _ = run(False)
+    on, events = run(True)
     assert off[("x", 1)].decode_instance == "decode-0" and off[("x", 1)].ttft_s > 3.0  # queued behind "w"
     moved = on[("x", 1)]
     assert moved.decode_instance == "decode-1" and moved.ttft_s < 0.5
@@ -89,7 +92,7 @@ def test_a_young_stream_lends_its_forward_slack_to_a_local_prefill_only_when_it_
         recs = {(r.session_id, r.turn): r for r in res.records}
         return {"y": recs[("y", 0)], "inc": recs[("x", 1)]}
 
-    bank, ahead = run("ampd-bank"), run("ampd-bank-ahead")
+    bank, ahead = run("ampd"), run("ampd-forward-bank")
     if warm_output_tokens == 100:  # "y" is expected to stream ~100 tokens at ~13 ms: slack to lend
         assert ahead["inc"].ttft_s < bank["inc"].ttft_s - 0.05  # larger chunks beside "y"
         assert ahead["y"].max_itl_s > bank["y"].max_itl_s  # "y" stalled longer ...

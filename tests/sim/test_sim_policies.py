@@ -32,7 +32,10 @@ def test_ampd_builds_every_decision_maker_from_the_registry(spied_registry: dict
     # each placement the simulator applied carries its reason and names its request
     placements = [e for e in events if e["kind"] == "placement"]
     assert all(e["reason"] and e["request_id"] for e in placements)
-    assert kinds["binding"] == kinds["placement"]  # one of each per turn
+    # one binding and one placement per turn, and a binding per move of a turn (held or queued)
+    moves = [e for e in events if e["kind"] == "binding" and e["reason"].startswith(
+        ("turn would wait for memory", "bound instance is queued"))]
+    assert kinds["binding"] == kinds["placement"] + len(moves)
     json.dumps(events)
 
 

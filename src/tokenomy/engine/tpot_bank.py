@@ -2,11 +2,11 @@
 
 vLLM's TPOT is a per-request mean, ``(E2E - TTFT) / (output_tokens - 1)``. A stream ``k`` tokens
 past its first, ``e`` seconds after it, may stall ``k * tpot_s - e`` more and still end within its
-TPOT SLO whenever it ends (the tenth round's bank). With ``expected_tokens`` (a low quantile of the
+TPOT SLO whenever it ends (the bank). With ``expected_tokens`` (a low quantile of the
 output lengths seen so far, never the stream's own length) a stream that has emitted ``k + 1``
 tokens is also expected to emit ``r = expected_tokens - k - 1`` more at ``itl_s`` each, and each of
 those steps leaves ``tpot_s - itl_s`` of its SLO unspent: it may stall
-``(k + r) * tpot_s - e - r * itl_s`` (the forward-looking bank, twelfth round). Normal steps keep
+``(k + r) * tpot_s - e - r * itl_s`` (the forward-looking bank). Normal steps keep
 that quantity constant; stalls spend it; a stream past ``expected_tokens`` has only its own bank.
 """
 

@@ -3,6 +3,9 @@
 Definitions (the same ones ``vllm bench serve`` uses, so numbers compare):
 
 * TTFT: first token minus arrival, over every request that produced a first token.
+  ``ttft_p99_tpot_met_s``: its P99 over the finished requests that met the TPOT bound (one-token
+  answers included), so a deployment that spends TPOT to shorten its TTFT tail is judged on the
+  requests it still serves within TPOT (the AMPD grid's tail rule, docs/ampd-results.md).
 * TPOT: (E2E - TTFT) / (output_tokens - 1), excluding the first token, over finished requests
   with more than one output token (a one-token answer has no TPOT to report).
 * ITL: pooled inter-token gaps when the caller has them (step gaps weighted by the tokens they
@@ -64,6 +67,7 @@ class Summary:
     ttft_p90_s: float | None = None
     ttft_p99_s: float | None = None
     ttft_mean_s: float | None = None
+    ttft_p99_tpot_met_s: float | None = None
     tpot_p50_s: float | None = None
     tpot_p90_s: float | None = None
     tpot_p99_s: float | None = None
@@ -186,6 +190,7 @@ def summarize(
     tpots = [t for r in finished if r.output_tokens > 1 and (t := r.tpot_s) is not None]
     e2es = [t for r in finished if (t := r.e2e_s) is not None]
     met = sum(1 for r in finished if slo.met(r.ttft_s or 0.0, r.tpot_s or 0.0))
+    ttfts_tpot_met = [r.ttft_s or 0.0 for r in finished if (r.tpot_s or 0.0) <= slo.tpot_s]
 
     usage = TokenUsage()
     for r in recs:
@@ -217,6 +222,7 @@ def summarize(
         duration_s=duration_s,
         span_s=span_s,
         ttft_p50_s=ttft[0], ttft_p90_s=ttft[1], ttft_p99_s=ttft[2], ttft_mean_s=ttft[3],
+        ttft_p99_tpot_met_s=percentile(ttfts_tpot_met, 99) if ttfts_tpot_met else None,
         tpot_p50_s=tpot[0], tpot_p90_s=tpot[1], tpot_p99_s=tpot[2], tpot_mean_s=tpot[3],
         itl_p50_s=itl[0], itl_p99_s=itl[1], itl_mean_s=itl[2],
         e2e_p50_s=e2e[0], e2e_p99_s=e2e[2], e2e_mean_s=e2e[3],

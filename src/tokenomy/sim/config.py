@@ -28,35 +28,25 @@ class AMPDOptions:
     retention: bool = True
     admission: bool = True
     link_aware: bool = True  # placement adds the KV ports' queueing to a remote prefill's TTFT
-    # A remote turn held on a memory-full decode instance past its TTFT deadline is decoded by
-    # its prefill instance (SlackAdmission.lend; seventh round: tried, off, variant ``ampd-lend``).
-    lend_late_turns: bool = False
-    # The decode pool borrows prefill instances' KV: a remote turn its decode instance cannot
-    # admit decodes on its prefill instance and moves back when there is room (SlackAdmission.borrow;
-    # eighth round, variant ``ampd-borrow``).
-    borrow_memory: bool = False
-    # Placement prices a local turn's reload of host-tier history: it starts once the reload,
-    # queued on the decode instance's PCIe link, is done (AdaptivePlacement's HostReload; ninth
-    # round, variant ``ampd-reload``).
-    price_host_reload: bool = False
-    # A local turn that would wait for memory on its decode instance moves, with its history, to a decode
-    # instance with room; admission counts reloaded history as blocks (held_move.py; eleventh
-    # round, variant ``ampd-bank-move``).
-    move_held_turns: bool = False
+    # A local turn that would wait for memory on its decode instance moves, with its history, to a
+    # decode instance with room; admission then counts reloaded history as blocks (held_move.py).
+    move_held_turns: bool = True
     # A later turn that would queue behind prefill work on its decode instance moves, with its
-    # history, to a decode instance that starts it sooner by a margin (turn_move.py; twelfth round,
-    # variant ``ampd-bank-turn``).
-    move_queued_turns: bool = False
+    # history, to a decode instance that starts it sooner by a margin (turn_move.py).
+    move_queued_turns: bool = True
     # With ``placement_config.tpot_bank``: the bank is forward-looking, each young stream counting the
     # tokens it is still expected to emit (a low quantile of finished turns' outputs, learned online;
-    # OutputLengths, engine/tpot_bank.py; twelfth round, variant ``ampd-bank-ahead``).
+    # OutputLengths, engine/tpot_bank.py). Off by default: it shortens the TTFT tail where decodes
+    # have TPOT to spare (the grid's point (a)) and costs TPOT where they run at their SLO (point
+    # (d)); variant ``ampd-forward-bank``.
     tpot_bank_forward: bool = False
     binding_config: BindingConfig = field(default_factory=BindingConfig)
     # Decode-side chunks of at most 512 tokens (decodes included) keep a local prefill's ITL cost
     # small; 2048 (vLLM's default) priced most local prefills out on GAIA (docs/ampd-results.md).
-    # Each local prefill's chunk is sized down to the decode batch's ITL slack (sixth round).
+    # Each local prefill's chunk is sized down to the decode batch's ITL slack, or up to what the
+    # streams' banked TPOT slack pays for (``tpot_bank``; docs/ampd.md).
     placement_config: PlacementConfig = field(
-        default_factory=lambda: PlacementConfig(local_budget_tokens=512, size_local_chunks=True)
+        default_factory=lambda: PlacementConfig(local_budget_tokens=512, size_local_chunks=True, tpot_bank=True)
     )
     reorder_config: ReorderConfig = field(default_factory=ReorderConfig)
     retention_config: RetentionConfig = field(default_factory=RetentionConfig)

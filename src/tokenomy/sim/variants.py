@@ -1,8 +1,16 @@
-"""Named deployment variants for comparisons and ablations.
+"""Named deployments for comparisons and ablations.
 
-Each variant maps a base :class:`SimConfig` to the configuration it runs: the baselines at
-their best (colocated with the prefix-aware router or with session affinity; PD
-disaggregation; both with AMPD's host KV tier, ``*-offload``), and AMPD with its mechanisms added one at a time for the ablation table.
+Each variant maps a base :class:`SimConfig` to the configuration it runs:
+
+* the baselines at their best: colocated with the prefix-aware router or with session affinity,
+  PD disaggregation, and both with AMPD's host KV tier (``*-offload``);
+* ``ampd``, the AMPD to run (every mechanism that won or tied at every point of the grid,
+  docs/ampd-results.md), and ``ampd-forward-bank``, an option that helps where decodes have TPOT
+  to spare and costs where they run at their SLO;
+* ablations: ``ampd-itl-bound`` keeps every local prefill step within the ITL bound and every turn
+  on its bound decode instance (no TPOT bank, no moves; with local chunk sizing also off it is
+  what the live gateway runs, docs/ampd-live.md), and the ladder below it adds its mechanisms
+  one at a time.
 """
 
 from __future__ import annotations
@@ -16,26 +24,24 @@ from tokenomy.sim.config import AMPDOptions, SimConfig
 Variant = Callable[[SimConfig], SimConfig]
 
 
-def _ampd(binding: bool, placement: bool, reorder: bool, retention: bool, admission: bool = False) -> Variant:
+def _ampd(base: SimConfig, *, tpot_bank_forward: bool = False) -> SimConfig:
+    """AMPD with the five policy mechanisms on (whatever ``base`` switched off); the rest as ``base``
+    sets them (by default: the TPOT bank and both moves on)."""
+    opts = replace(base.ampd, binding=True, placement=True, reorder=True, retention=True, admission=True,
+                   tpot_bank_forward=tpot_bank_forward)
+    return replace(base, deployment="ampd", ampd=opts)
+
+
+def _itl_bound(binding: bool, placement: bool, reorder: bool, retention: bool, admission: bool) -> Variant:
+    """AMPD without the TPOT bank and the moves, with the mechanisms given switched on."""
+
     def make(base: SimConfig) -> SimConfig:
-        opts = replace(
-            base.ampd, binding=binding, placement=placement, reorder=reorder, retention=retention, admission=admission
-        )
+        opts = replace(base.ampd, binding=binding, placement=placement, reorder=reorder, retention=retention,
+                       admission=admission, move_held_turns=False, move_queued_turns=False,
+                       placement_config=replace(base.ampd.placement_config, tpot_bank=False))
         return replace(base, deployment="ampd", ampd=opts)
 
     return make
-
-
-def _link_blind(c: SimConfig) -> SimConfig:
-    return replace(c, ampd=replace(c.ampd, link_aware=False))
-
-
-def _placement(c: SimConfig, **changes: bool) -> SimConfig:
-    return replace(c, ampd=replace(c.ampd, placement_config=replace(c.ampd.placement_config, **changes)))
-
-
-def _fixed_chunk(c: SimConfig) -> SimConfig:
-    return _placement(c, size_local_chunks=False)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -46,47 +52,13 @@ VARIANTS: dict[str, Variant] = {
     "colocated-offload": lambda c: replace(c, deployment="colocated", router="session_affinity", host_kv_tier=True),
     # Disaggregated prefill nodes balance better by prefix and load than by session (measured on GAIA).
     "disagg-offload": lambda c: replace(c, deployment="disagg", router="prefix_aware", host_kv_tier=True),
-    "ampd-binding": _ampd(True, False, False, False),
-    "ampd-binding-placement": _ampd(True, True, False, False),
-    "ampd-binding-placement-reorder": _ampd(True, True, True, False),
-    "ampd-fifo-admission": _ampd(True, True, True, True),
-    "ampd": _ampd(True, True, True, True, True),
-    # Ablation of the fifth round: placement blind to the KV ports' queueing.
-    "ampd-link-blind": lambda c: _link_blind(_ampd(True, True, True, True, True)(c)),
-    # Ablation of the sixth round: every local prefill in full local_budget_tokens chunks.
-    "ampd-fixed-chunk": lambda c: _fixed_chunk(_ampd(True, True, True, True, True)(c)),
-    # ... and the placement rule before it: a late increment runs locally even when slower.
-    "ampd-late-local": lambda c: _placement(_ampd(True, True, True, True, True)(c), late_goes_local=True),
-    # Seventh round, tried: a remote turn held past its TTFT deadline decodes on its prefill node.
-    "ampd-lend": lambda c: replace(c, deployment="ampd",
-                                   ampd=replace(_ampd(True, True, True, True, True)(c).ampd, lend_late_turns=True)),
-    "ampd-borrow": lambda c: replace(c, deployment="ampd",
-                                     ampd=replace(_ampd(True, True, True, True, True)(c).ampd, borrow_memory=True)),
-    # Ninth round (point (c)): a first turn bound to an idle decode node prefills there in full
-    # steps when the prefill pool is busy and that is sooner.
-    "ampd-idle-first": lambda c: _placement(_ampd(True, True, True, True, True)(c), first_turn_on_idle_decode=True),
-    # Ninth round: placement prices the PCIe reload of host-tier history (HostReload).
-    "ampd-reload": lambda c: replace(c, deployment="ampd",
-                                     ampd=replace(_ampd(True, True, True, True, True)(c).ampd, price_host_reload=True)),
-    # Tenth round: local prefills in chunks the decode batch's banked TPOT slack allows (increments
-    # and, while the prefill pool is queued, first turns).
-    "ampd-bank": lambda c: _placement(_ampd(True, True, True, True, True)(c), tpot_bank=True),
-    "ampd-bank-inc": lambda c: _placement(_ampd(True, True, True, True, True)(c), tpot_bank=True,
-                                          tpot_bank_first_turns=False),  # ... for increments only
-    # Eleventh round: with the bank, a local turn that would wait for memory moves to an instance with room.
-    "ampd-bank-move": lambda c: _placement(replace(c, deployment="ampd", ampd=replace(
-        _ampd(True, True, True, True, True)(c).ampd, move_held_turns=True)), tpot_bank=True),
-    # Twelfth round (point (a)): a later turn queued behind prefill work on its instance moves to one
-    # that starts it sooner (with ampd-bank-move's move of a turn that would wait for memory) ...
-    "ampd-bank-turn": lambda c: _placement(replace(c, deployment="ampd", ampd=replace(
-        _ampd(True, True, True, True, True)(c).ampd, move_held_turns=True, move_queued_turns=True)), tpot_bank=True),
-    # ... the bank forward-looking (a young stream counts the tokens it is still expected to emit) ...
-    "ampd-bank-ahead": lambda c: _placement(replace(c, deployment="ampd", ampd=replace(
-        _ampd(True, True, True, True, True)(c).ampd, tpot_bank_forward=True)), tpot_bank=True),
-    # ... and both.
-    "ampd-turn-ahead": lambda c: _placement(replace(c, deployment="ampd", ampd=replace(
-        _ampd(True, True, True, True, True)(c).ampd, move_held_turns=True, move_queued_turns=True,
-        tpot_bank_forward=True)), tpot_bank=True),
+    "ampd": lambda c: _ampd(c),
+    "ampd-forward-bank": lambda c: _ampd(c, tpot_bank_forward=True),
+    "ampd-itl-bound": _itl_bound(True, True, True, True, True),
+    "ampd-binding": _itl_bound(True, False, False, False, False),
+    "ampd-binding-placement": _itl_bound(True, True, False, False, False),
+    "ampd-binding-placement-reorder": _itl_bound(True, True, True, False, False),
+    "ampd-fifo-admission": _itl_bound(True, True, True, True, False),
 }
 
 

@@ -124,10 +124,12 @@ def test_gateway_ampd_and_simulator_build_decisions_from_the_same_registry_entri
     assert live.policies.placement is spied_registry["placement"][1]  # the live path uses what it built
     # the live defaults are the simulator's (docs/ampd.md), except the decode node's chunk budget:
     # the simulator's decode engines chunk at 512 tokens, vLLM's (and the emulator's) at 2048+,
-    # and only the simulator's engine caps one request's chunk (size_local_chunks)
+    # and only the simulator's engine caps one request's chunk (size_local_chunks, and the TPOT
+    # bank's chunks re-sized every step)
     default = ampd_policy_config(RoutingConfig())
     assert default.placement is not None
-    assert replace(default.placement, local_budget_tokens=512, size_local_chunks=True) == sim_built["placement"].config
+    assert replace(default.placement, local_budget_tokens=512, size_local_chunks=True,
+                   tpot_bank=True) == sim_built["placement"].config
     assert default.binding == sim_built["binding"].config
     assert default.retention == sim_built["retention"].config
     assert default.reorder == sim_built["dispatch"].reorder.config

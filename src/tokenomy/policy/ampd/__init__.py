@@ -14,7 +14,7 @@ from tokenomy.policy.ampd.factory import (
     build_ampd_policies,
 )
 from tokenomy.policy.ampd.host_tier import HostCopyView, HostEvictionDecision, HostEvictionPolicy
-from tokenomy.policy.ampd.placement import AdaptivePlacement, HostReload, PlacementConfig, PlacementDecision
+from tokenomy.policy.ampd.placement import AdaptivePlacement, PlacementConfig, PlacementDecision
 from tokenomy.policy.ampd.reorder import LookaheadReorder, PrefillTask, ReorderConfig
 from tokenomy.policy.ampd.retention import (
     KVRetentionPolicy,
@@ -39,7 +39,6 @@ __all__ = [
     "HostCopyView",
     "HostEvictionDecision",
     "HostEvictionPolicy",
-    "HostReload",
     "KVRetentionPolicy",
     "LookaheadReorder",
     "PlacementConfig",

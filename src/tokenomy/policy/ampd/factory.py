@@ -38,8 +38,6 @@ class AmpdPolicyConfig:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     tool_latency: ToolLatencyConfig = field(default_factory=ToolLatencyConfig)
     admission: bool = True  # slack-ordered admission on a full decode instance
-    lend_late_turns: bool = False  # a remote turn held there past its TTFT deadline decodes on its prefill node (tried, off)
-    borrow_memory: bool = False  # a held remote turn decodes on its prefill node until its decode node has room
 
 
 @dataclass(frozen=True)
@@ -99,8 +97,7 @@ def _host_eviction(cfg: AmpdPolicyConfig, deps: PolicyDeps) -> HostEvictionPolic
 def _admission(cfg: AmpdPolicyConfig, deps: PolicyDeps) -> SlackAdmission | None:
     if not cfg.admission:
         return None
-    return SlackAdmission(deps.estimator, trace=deps.trace, lend_late=cfg.lend_late_turns,
-                          borrow=cfg.borrow_memory)
+    return SlackAdmission(deps.estimator, trace=deps.trace)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Output lengths seen so far, for AMPD's forward-looking TPOT bank (twelfth round, docs/ampd.md).
+"""Output lengths seen so far, for AMPD's forward-looking TPOT bank (docs/ampd.md).
 
 The forward-looking bank (:mod:`tokenomy.engine.tpot_bank`) needs how many more tokens a stream
 will surely emit. A request's own output length is unknown while it streams, so the bank uses a

@@ -8,13 +8,9 @@ Estimates (all from ``now``; the TTFTs reported add the time the request already
   + transfer from the decode node of the history ``p`` lacks and the decode node holds
   + prefill of the rest of the prompt after what ``p`` then has
   + transfer back of the prompt KV the decode node lacks;
-* local chunk = the largest of ``local_budget_tokens``, its half, its quarter, ... (down to
-  ``min_local_chunk_tokens``) whose step, carrying the running decodes at the prefill's last
-  (longest) context, fits the ITL bound: the prefill takes only what the decode batch's ITL
-  slack leaves, chunked across steps (the whitepaper's slack-based local prefill; with
-  ``size_local_chunks`` off, always ``local_budget_tokens``); with ``tpot_bank``, from
-  ``prefill_budget_tokens`` down, and a chunk also fits when its steps' excess over the TPOT SLO
-  fits the streams' banked TPOT slack (``tpot_bank_s``) less a margin;
+* local chunk: the most prompt tokens a step beside the running decodes may carry within the ITL
+  bound (or the streams' banked TPOT slack, with ``tpot_bank``), and the time its steps take
+  (:mod:`tokenomy.policy.ampd.local_chunk`);
 * local TTFT = the decode node's queued prompt tokens, then this request's uncached tokens in
   such chunks, each step also carrying the running decodes; local ITL = the longest of those
   steps (the ITL the running decodes suffer).
@@ -26,21 +22,15 @@ est_itl_local`` and ``ttft_slack = slo.ttft_s - est_ttft_remote`` of the best pr
 * the decode node lacks free KV blocks for the request's uncached prompt and output now: remote
   (a local prefill would only wait there, stalling behind memory);
 * incremental prefill (``history_tokens > 0``): local iff ``itl_slack >= 0`` and
-  ``est_ttft_local < est_ttft_remote`` (with ``late_goes_local``, the rule before the sixth
-  round: also whenever ``ttft_slack < 0``, however slow local is); else remote;
+  ``est_ttft_local < est_ttft_remote``, else remote: a late increment goes to the faster side
+  (run locally however slow local was, turns that had lost their history recomputed it on a slow
+  decode card in small chunks for minutes);
 * first turn: remote unless ``itl_slack >= 0`` and every prefill node misses TTFT while local meets
-  it, or (``first_turn_on_idle_decode``) the decode node is idle, every prefill node has prompt
-  tokens queued, and the decode node's prefill in full steps is sooner than the best of them
-  (with ``tpot_bank``: local whenever sooner while every prefill node has tokens queued).
+  it (with ``tpot_bank``: also local whenever sooner while every prefill node has tokens queued).
 
-Remote always goes to the prefill node of lowest estimated TTFT (ties by id).
-
-With a :class:`HostReload` (the part of the decode node's history that is only in its host
-memory, and when it would be back on the GPU over the node's PCIe link, queue included), a local
-prefill starts no earlier than that reload (the decode node's queued prompts drain meanwhile),
-and a remote prefill sends back the reloaded history too (the decode node's GPU lacks it). The
-free-KV rule still counts the reloaded history as held: counting it sent turns remote that
-then waited for the same decode memory (docs/ampd-results.md, ninth round).
+Remote always goes to the prefill node of lowest estimated TTFT (ties by id). The free-KV rule
+counts history the decode node holds only in host memory as held: counting it sent turns remote
+that then waited for the same decode memory (docs/ampd-results.md).
 """
 
 from __future__ import annotations
@@ -50,7 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tokenomy.core import SLO, Request, StepShape
+from tokenomy.core import SLO, Request
+from tokenomy.policy.ampd.local_chunk import size_local_chunk
 from tokenomy.policy.estimator import Estimator
 from tokenomy.policy.trace import TraceSink, emit, fields_dict
 from tokenomy.policy.view import InstanceView
@@ -73,22 +64,12 @@ class PlacementConfig:
     one KV block); off (the default): always ``local_budget_tokens``. It needs a decode engine
     that caps one request's chunk (the simulator's engine does; a live vLLM backend has only
     an instance-wide ``max_num_batched_tokens``, so the gateway keeps it off).
-    ``late_goes_local``: an incremental prefill that every prefill node would serve late runs
-    locally whenever the decode node has ITL slack, even when local is slower (the rule until
-    the sixth round: it keeps a lost request off the shared prefill pool, but a turn that lost
-    its history then recomputes it in small chunks on a slow decode card for minutes: the P99
-    TTFT). Off: the faster side, as when remote is on time.
-    ``first_turn_on_idle_decode``: while every prefill node has prompt tokens queued, a first
-    turn bound to a decode node with nothing running or waiting prefills there in full
-    ``prefill_budget_tokens`` chunks when that is sooner than the best prefill node (ninth
-    round); the caller must let the node take such chunks and shrink them as decodes join
-    (the simulator's AMPD does).
     ``tpot_bank``: a local prefill may take chunks up to ``prefill_budget_tokens`` whose steps
     exceed the ITL bound, as long as the whole prefill's excess over the TPOT SLO stays within
     the decode batch's banked TPOT slack (``decide(..., tpot_bank_s=...)``) less
     ``tpot_bank_margin`` TPOT SLOs (1.0: our choice); with it, a first turn also runs locally
-    when that is sooner while every prefill node has prompt tokens queued
-    (``tpot_bank_first_turns``; docs/ampd.md).
+    when that is sooner while every prefill node has prompt tokens queued (docs/ampd.md). Like
+    ``size_local_chunks`` it needs a per-request chunk cap, so the gateway keeps it off.
     """
 
     local_budget_tokens: int = 2048
@@ -97,11 +78,8 @@ class PlacementConfig:
     link_bytes_per_s: float | None = None
     size_local_chunks: bool = False
     min_local_chunk_tokens: int = 16
-    late_goes_local: bool = False
-    first_turn_on_idle_decode: bool = False
     tpot_bank: bool = False
     tpot_bank_margin: float = 1.0
-    tpot_bank_first_turns: bool = True
 
     def __post_init__(self) -> None:
         if self.local_budget_tokens < 1 or self.prefill_budget_tokens < 1:
@@ -117,20 +95,6 @@ class PlacementConfig:
             raise ValueError(f"link_bytes_per_s must be > 0, got {self.link_bytes_per_s}")
         if not self.tpot_bank_margin >= 0:
             raise ValueError(f"tpot_bank_margin must be >= 0, got {self.tpot_bank_margin}")
-
-
-@dataclass(frozen=True, slots=True)
-class HostReload:
-    """History the decode node holds only in host memory: ``tokens`` of it (a prefix of the
-    prompt, within ``history_cached_tokens_on_decode``), back on the GPU ``ready_in_s`` from now
-    if a reload started now (the PCIe link's queued reloads, then this one)."""
-
-    tokens: int
-    ready_in_s: float
-
-    def __post_init__(self) -> None:
-        if self.tokens < 0 or not self.ready_in_s >= 0:
-            raise ValueError(f"HostReload needs tokens >= 0 and ready_in_s >= 0, got {self.tokens}, {self.ready_in_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +153,6 @@ class AdaptivePlacement:
         prefill_queue_delay_s: Mapping[str, float] | None = None,
         prefill_backlog_tokens: Mapping[str, int] | None = None,
         link_wait_s: Mapping[str, float] | None = None,
-        host_reload: HostReload | None = None,
         tpot_bank_s: float | None = None,
     ) -> PlacementDecision:
         """Place the prefill of ``request`` whose decode is bound to ``decode``.
@@ -198,15 +161,12 @@ class AdaptivePlacement:
         (the session's retained history). ``prefill_queue_delay_s``: measured queue delays by
         prefill instance id, overriding the estimate from waiting tokens. ``link_wait_s``: by
         prefill instance id, the queueing on the KV links a remote prefill there would use
-        (history pull, the KV's way back), added to its TTFT. ``host_reload``: the part of that
-        history only in the decode node's host memory and when a reload of it would be done
-        (None: price none; module docstring). ``tpot_bank_s``: the least banked TPOT slack of
+        (history pull, the KV's way back), added to its TTFT. ``tpot_bank_s``: the least banked TPOT slack of
         the decode node's streams (``Engine.tpot_bank_s``), read with ``config.tpot_bank``.
         """
         decision = self._decide(
             request, decode, prefills, slo, now, history_cached_tokens_on_decode, prefill_queue_delay_s,
-            prefill_backlog_tokens, link_wait_s, host_reload,
-            tpot_bank_s if self.config.tpot_bank else None,
+            prefill_backlog_tokens, link_wait_s, tpot_bank_s if self.config.tpot_bank else None,
         )
         decision = replace(decision, request_id=request.request_id, decode_instance=decode.instance_id)
         emit(self.trace, "placement", now, decision)
@@ -223,7 +183,6 @@ class AdaptivePlacement:
         prefill_queue_delay_s: Mapping[str, float] | None,
         prefill_backlog_tokens: Mapping[str, int] | None,
         link_wait_s: Mapping[str, float] | None = None,
-        host_reload: HostReload | None = None,
         bank_s: float | None = None,
     ) -> PlacementDecision:
         if request.prompt_tokens < 1:
@@ -234,23 +193,17 @@ class AdaptivePlacement:
             )
         waited = max(0.0, now - request.arrival_s)
         on_decode = min(history_cached_tokens_on_decode, request.prompt_tokens)
-        # The history on the decode node's GPU; the rest of ``on_decode`` comes back from host first.
-        reload_tokens = min(host_reload.tokens, on_decode) if host_reload is not None else 0
-        on_gpu = on_decode - reload_tokens
-        itl_bound = self.config.itl_bound_factor * slo.tpot_s
         context = min(on_decode, request.prompt_tokens - 1)
         queue_s = self._drain_s(decode.num_waiting_tokens, self.config.local_budget_tokens)
         chunk, local_s, itl_s, itl_slack = self.local_chunk(
             request.prompt_tokens - context, context, decode.num_decoding, decode.decode_context_tokens,
             slo, bank_s,
         )
-        # The engine takes the turn once its history is back: its queue drains meanwhile.
-        ready_s = host_reload.ready_in_s if host_reload is not None and reload_tokens > 0 else 0.0
-        ttft_local = waited + (max(queue_s, ready_s) + local_s)
+        ttft_local = waited + (queue_s + local_s)
         remote = [
             (
                 waited
-                + self._remote(request, p, on_decode, prefill_queue_delay_s, prefill_backlog_tokens, on_gpu)
+                + self._remote(request, p, on_decode, prefill_queue_delay_s, prefill_backlog_tokens)
                 + (link_wait_s.get(p.instance_id, 0.0) if link_wait_s else 0.0),
                 p.instance_id,
             )
@@ -278,8 +231,6 @@ class AdaptivePlacement:
         if request.history_tokens > 0:
             if itl_slack < 0:
                 return place(False, "decode node has no ITL slack for the prefill")
-            if ttft_slack < 0 and self.config.late_goes_local:
-                return place(True, "every prefill node misses TTFT; decode node has ITL slack")
             if ttft_local < ttft_remote:
                 return place(True, "local is faster and within ITL slack")
             return place(False, "remote is at least as fast")
@@ -287,21 +238,8 @@ class AdaptivePlacement:
             return place(True, "first turn: every prefill node misses TTFT, local meets it")
         backlog = prefill_backlog_tokens or {}
         pool_busy = all(backlog.get(p.instance_id, p.num_waiting_tokens) > 0 for p in prefills)
-        if (bank_s is not None and self.config.tpot_bank_first_turns and pool_busy and itl_slack >= 0
-                and ttft_local < ttft_remote):
+        if bank_s is not None and pool_busy and itl_slack >= 0 and ttft_local < ttft_remote:
             return place(True, "first turn: local, in chunks the banked TPOT slack allows, is sooner")
-        if (self.config.first_turn_on_idle_decode and decode.num_running == 0 and decode.num_waiting == 0
-                and pool_busy):
-            # An idle decode node prefills in full steps, as a prefill node does, while every
-            # prefill node is busy (the caller keeps the steps within the ITL bound once decodes
-            # join it).
-            full = waited + self.estimator.prefill_time_s(request.prompt_tokens - context, context)
-            if full < ttft_remote:
-                return PlacementDecision(
-                    True, None, ttft_remote, full, 0.0, ttft_slack, itl_bound,
-                    "first turn: an idle decode node prefills it sooner than the prefill pool",
-                    chunk_tokens=self.config.prefill_budget_tokens,
-                )
         return place(False, "first turn goes remote")
 
     def _drain_s(self, tokens: int, budget: int, estimator: Estimator | None = None) -> float:
@@ -322,7 +260,6 @@ class AdaptivePlacement:
         on_decode: int,
         delays: Mapping[str, float] | None,
         backlogs: Mapping[str, int] | None,
-        on_gpu: int,
     ) -> float:
         prompt = request.prompt_tokens
         history = min(request.history_tokens, prompt)
@@ -343,56 +280,15 @@ class AdaptivePlacement:
             wait
             + self._transfer_s(from_decode)
             + self.remote.prefill_time_s(prompt - have, have)
-            + self._transfer_s(prompt - on_gpu)  # the decode node's GPU lacks the rest
+            + self._transfer_s(prompt - on_decode)  # the decode node lacks the rest
         )
-
-    def _step_s(self, n: int, context: int, seqs: int, decode_ctx: int) -> float:
-        """One decode-node step: a prefill chunk of ``n`` tokens after ``context``, beside ``seqs``
-        decodes holding ``decode_ctx`` tokens of context."""
-        return self.estimator.step_time_s(StepShape(
-            prefill_tokens=n,
-            prefill_seqs=1,
-            prefill_attn_pairs=StepShape.chunk_attn_pairs(n, context),
-            prefill_context_tokens=context + n,
-            decode_seqs=seqs,
-            decode_context_tokens=decode_ctx,
-        ))
 
     def local_chunk(
         self, todo: int, context: int, seqs: int, decode_ctx: int, slo: SLO, bank_s: float | None = None
     ) -> tuple[int, float, float, float]:
-        """(chunk, time of the prefill's own steps, longest step carrying it, ITL slack) for
-        ``todo`` prompt tokens after ``context`` on a decode node running ``seqs`` decodes of
-        ``decode_ctx`` tokens of context.
-
-        The chunk is the largest of the budget, its half, ... (down to ``min_local_chunk_tokens``)
-        with slack >= 0. Slack: the ITL bound less the longest step; with a bank (``bank_s``, the
-        decode batch's banked TPOT slack), at least the bank less the margin less what the
-        prefill's steps take beyond the TPOT SLO, and the budget is then ``prefill_budget_tokens``.
-        Step time grows with the context, so the longest step is the last; the steps between
-        are priced by the trapezoid of the first and the last (step time is close to linear in
-        the context), which keeps a decision O(log budget) whatever the chunk."""
-        cfg = self.config
-        itl_bound = cfg.itl_bound_factor * slo.tpot_s
-
-        def price(chunk: int) -> tuple[int, float, float]:
-            n = min(todo, chunk)
-            steps = -(-todo // n)
-            first = self._step_s(n, context, seqs, decode_ctx)
-            if steps == 1:
-                return steps, first, first
-            last_n = todo - (steps - 1) * n
-            last = self._step_s(last_n, context + todo - last_n, seqs, decode_ctx + (steps - 1) * seqs)
-            # the last full chunk bounds the ITL (the final one may be shorter)
-            peak = self._step_s(n, context + todo - last_n - n, seqs, decode_ctx + (steps - 2) * seqs)
-            return steps, (steps - 1) * (first + peak) / 2 + last, max(first, peak, last)
-
-        chunk = cfg.local_budget_tokens if bank_s is None else max(cfg.local_budget_tokens, cfg.prefill_budget_tokens)
-        while True:
-            steps, elapsed, itl = price(chunk)
-            slack = itl_bound - itl
-            if bank_s is not None:  # the bank pays each step's excess over the TPOT SLO
-                slack = max(slack, bank_s - cfg.tpot_bank_margin * slo.tpot_s - steps * max(0.0, itl - slo.tpot_s))
-            if slack >= 0 or chunk <= cfg.min_local_chunk_tokens or not (cfg.size_local_chunks or bank_s is not None):
-                return min(chunk, todo), elapsed, itl, slack
-            chunk = max(cfg.min_local_chunk_tokens, chunk // 2)
+        """(chunk, time of the prefill's own steps, longest step carrying it, ITL slack) for ``todo``
+        prompt tokens after ``context`` beside ``seqs`` decodes of ``decode_ctx`` tokens of context
+        (:func:`~tokenomy.policy.ampd.local_chunk.size_local_chunk`, with this placement's model)."""
+        c = size_local_chunk(self.estimator, self.config, slo, todo=todo, context=context, seqs=seqs,
+                             decode_ctx=decode_ctx, bank_s=bank_s)
+        return c.tokens, c.elapsed_s, c.itl_s, c.slack_s

@@ -1,9 +1,9 @@
 """AMPD per-turn placement across decode instances: a later turn leaves a bound instance where it
-would queue behind prefill work (twelfth round; ``AMPDOptions.move_queued_turns``, off by default).
+would queue behind prefill work (``AMPDOptions.move_queued_turns``, on in the simulator's ``ampd``).
 
 Session binding keeps a session on its decode instance while the instance has memory for it
 (:class:`~tokenomy.policy.ampd.SessionBinder`); it does not look at what the instance is computing.
-On GAIA at 8 x H100 with no prefill instance (docs/ampd-results.md, twelfth round) 9 of the 32
+On GAIA at 8 x H100 with no prefill instance (the AMPD grid's point (a), docs/ampd-results.md) 9 of the 32
 turns slower than colocated-offload's P99 TTFT waited 0.2-1.8 s behind another session's prefill
 on their bound instance while other instances had no prompt token queued.
 

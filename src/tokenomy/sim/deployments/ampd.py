@@ -5,9 +5,19 @@ either on a prefill instance (remote: ship the history the prefill node lacks, p
 new tokens, ship only the new KV back) or on the bound decode instance itself (local), by the
 slack rule of :class:`~tokenomy.policy.ampd.AdaptivePlacement`. Prefill queues are reordered
 within a look-ahead window, turns waiting for a memory-full decode instance are admitted in
-slack order (:class:`~tokenomy.policy.ampd.SlackAdmission`), and KV is kept, offloaded or dropped across tool calls. Every
-mechanism is a policy object from :mod:`tokenomy.policy.ampd` and can be switched off in
+slack order (:class:`~tokenomy.policy.ampd.SlackAdmission`), and KV is kept, offloaded or
+dropped across tool calls. Local prefills may spend the streams' banked TPOT slack
+(``banked_chunks.py``), and a turn that would wait for memory or queue behind prefill work on
+its instance moves to another (``held_move.py``, ``turn_move.py``). Every mechanism is a policy
+object from :mod:`tokenomy.policy.ampd` and can be switched off in
 :class:`~tokenomy.sim.config.AMPDOptions` for ablation.
+
+Why one file: it is one turn's path through the deployment, in the order a turn takes it
+(arrival, binding, a move, placement; then the local path or the remote one with its two KV
+transfers; admission on the decode instance; completion). Each step's state and rules live in
+the collaborator it calls (the KV keeper, the admission and prefill queues, the movers, the
+banked chunks); what is left here is the order of the steps and the hand-offs between them,
+which a reader follows top to bottom, and which a split by line count would scatter.
 """
 
 from __future__ import annotations
@@ -27,10 +37,8 @@ from tokenomy.sim.base import (
 from tokenomy.sim.deployments.ampd_turn import Turn as _Turn
 from tokenomy.sim.deployments.ampd_turn import unfinished_record
 from tokenomy.sim.deployments.banked_chunks import BankedPrefills
-from tokenomy.sim.deployments.borrow import MemoryBorrow, joined
 from tokenomy.sim.deployments.decode_queue import DecodeAdmissionQueue
 from tokenomy.sim.deployments.disagg import kv_fabric
-from tokenomy.sim.deployments.full_chunks import FullStepPrefills
 from tokenomy.sim.deployments.held_move import HeldTurnMover
 from tokenomy.sim.deployments.kv_keeper import KVKeeper
 from tokenomy.sim.deployments.policies import sim_policies
@@ -50,10 +58,8 @@ class AMPD(Deployment):
         # Decode instances run local prefills in the small chunks the placement policy prices,
         # so that a local prefill inflates each decode step by a bounded amount.
         local_budget = opts.placement_config.local_budget_tokens + cfg.decode_max_num_seqs
-        # An idle decode instance may prefill a first turn in full prefill steps (ninth round).
-        idle_first = opts.placement and opts.placement_config.first_turn_on_idle_decode
         banked = opts.placement and opts.placement_config.tpot_bank  # or in chunks the TPOT bank allows
-        if idle_first or banked:
+        if banked:
             local_budget = max(local_budget, cfg.max_num_batched_tokens + cfg.decode_max_num_seqs)
         self.decodes = self._make_decodes(local_budget)
         self._by_id = {inst.instance_id: inst for inst in self.instances}
@@ -79,17 +85,9 @@ class AMPD(Deployment):
                 own = alt_admission if d.instance_id in self._alt_ids else admission
                 self._admit[d.instance_id] = DecodeAdmissionQueue(d, own, ctx.slo)
         self._keeper = KVKeeper(ctx, self.decodes, self.policies, self.fabric) if opts.retention else None
-        decode_perf, prefill_perf = (ctx.role_perf.get(r, ctx.perf) for r in (Role.DECODE, Role.PREFILL))
+        decode_perf = ctx.role_perf.get(Role.DECODE, ctx.perf)
         self._kv_bytes = decode_perf.kv_bytes_per_token
-        self._borrow: MemoryBorrow | None = None
-        if admission is not None and admission.borrow_memory and self.fabric is not None:
-            self._borrow = MemoryBorrow(ctx, admission, self._by_id, self._admit, self.fabric, self._kv_bytes,
-                                        lambda pid: self._queues[pid].backlog_tokens(), self._cut_turn,
-                                        prefill_perf)
         self._turns: dict[str, _Turn] = {}
-        self._full = FullStepPrefills(
-            ctx, self.decodes, lambda d: prefill_perf if d in self._alt_ids else decode_perf
-        ) if idle_first else None
         self._banked = BankedPrefills(ctx, self.decodes, lambda d: (
             self._alt_placement if d in self._alt_ids and self._alt_placement else self._placement),
             OutputLengths() if opts.tpot_bank_forward else None) if banked else None
@@ -100,7 +98,7 @@ class AMPD(Deployment):
         if opts.move_queued_turns and self._binder is not None and self._keeper is not None:
             self._turn_mover = QueuedTurnMover(self._binder, self._keeper, self.decodes, self._admit,
                                                decode_perf, cfg.max_num_batched_tokens)
-        self.local_prefills = self.remote_prefills = self.lent_turns = 0
+        self.local_prefills = self.remote_prefills = 0
 
     # ---- arrival: bind, place ----------------------------------------------------------------
     def submit(self, request: Request, now: float) -> None:
@@ -125,8 +123,6 @@ class AMPD(Deployment):
                 history_cached_tokens_on_decode=on_decode,
                 prefill_backlog_tokens={pid: q.backlog_tokens() for pid, q in self._queues.items()},
                 link_wait_s=self._link_waits(decode.instance_id, now) if self.ctx.config.ampd.link_aware else None,
-                host_reload=(self._keeper.reload_estimate(request, decode, now)
-                             if self._keeper is not None and self.ctx.config.ampd.price_host_reload else None),
                 tpot_bank_s=self._banked.bank_s(decode, now) if self._banked is not None else None,
             )
             local, prefill_id = placement.local, placement.prefill_instance or ""
@@ -189,13 +185,9 @@ class AMPD(Deployment):
                 decode.submit(req, at, preloaded_tokens=req.prompt_tokens, emitted_tokens=1, continuation=True)
             else:  # a local prefill, in the chunks placement sized to the batch's ITL slack
                 chunk = turn.placement.chunk_tokens if turn.placement is not None else 0
-                if self._full is not None and chunk > self.ctx.config.ampd.placement_config.local_budget_tokens:
-                    self._full.start(decode, req.request_id, req.prompt_tokens)
                 decode.submit(req, at, preloaded_tokens=preloaded, max_chunk_tokens=chunk)
                 if self._banked is not None:
                     self._banked.start(decode, req.request_id, req.prompt_tokens)
-            if self._full is not None:
-                self._full.resize(decode)
             if self._banked is not None:
                 self._banked.resize(decode, at)
 
@@ -214,55 +206,6 @@ class AMPD(Deployment):
         if not kv_arrived and self._mover is not None and self._mover.try_move(turn, task, queue, now):
             return
         queue.push(task, submit, now)
-        if queue.held(req.request_id) is None:  # admitted at once
-            return
-        if self._borrow is not None:
-            if kv_arrived:
-                self._borrow.try_lend(turn, queue, now)
-            else:
-                self._reroute(turn, queue, now)
-        elif kv_arrived and self.policies.admission is not None and self.policies.admission.lend_late:
-            self.ctx.loop.at(max(now, req.arrival_s + self.ctx.slo.ttft_s), self._lend, turn)
-
-    def _reroute(self, turn: _Turn, queue: DecodeAdmissionQueue, now: float) -> None:
-        """A local turn its full decode instance holds: prefilled on the prefill instance of least
-        backlog instead, if the admission policy says so (then borrowed there if still held)."""
-        req, admission = turn.request, self.policies.admission
-        task = queue.held(req.request_id)
-        if task is None or admission is None or not self._queues:
-            return
-        pid = min(self._queues, key=lambda p: (self._queues[p].backlog_tokens(), p))
-        if admission.reroute(task, slo=self.ctx.slo, now=now, prefill_instance=pid,
-                             decode_instance=turn.decode_id) is None:
-            return
-        queue.take(req.request_id)
-        turn.local, turn.prefill_id = False, pid
-        self.local_prefills -= 1
-        self.remote_prefills += 1
-        self._enqueue_remote(turn, now)
-
-    def _lend(self, turn: _Turn) -> None:
-        """A held turn past its TTFT deadline: its prefill instance decodes it, if admission allows."""
-        req, now = turn.request, self.ctx.loop.now
-        queue = self._admit[turn.decode_id]
-        task = queue.held(req.request_id)
-        admission = self.policies.admission
-        if task is None or admission is None:
-            return
-        prefill = self._by_id[turn.prefill_id]
-        engine = prefill.engine
-        cached = engine.cached_prefix_tokens(req.content, req.prompt_tokens)
-        need = -(-(req.prompt_tokens - cached + req.max_output_tokens) // engine.block_size_tokens)
-        backlog = -(-self._queues[prefill.instance_id].backlog_tokens() // engine.block_size_tokens)
-        if admission.lend(task, lender_free_blocks=engine.free_blocks, lender_blocks=need, slo=self.ctx.slo, now=now,
-                          lender_backlog_blocks=backlog, lender=prefill.instance_id,
-                          decode_instance=turn.decode_id) is None:
-            return
-        queue.take(req.request_id)
-        turn.lent, turn.decode_id = True, prefill.instance_id
-        self.lent_turns += 1
-        # Its prompt's KV is in the prefill node's prefix cache (what LRU evicted is recomputed).
-        prefill.submit(req, now, emitted_tokens=1, continuation=True)
 
     # ---- remote prefill ----------------------------------------------------------------------
     def _enqueue_remote(self, turn: _Turn, now: float) -> None:
@@ -326,22 +269,11 @@ class AMPD(Deployment):
         turn = self._turns[fin.request_id]
         if instance.engine.role is Role.PREFILL:
             self._queues[instance.instance_id].pump(fin.finish_s)
-            if turn.lender:  # a borrowed turn that ended before it could move back
-                assert self._borrow is not None
-                self._borrow.finished_on_lender(turn)
-                turn.lent, turn.decode_id = True, turn.lender
-            if turn.lent:  # a late turn's decode, lent by the prefill instance
-                if self._keeper is not None:
-                    self._keeper.tool_started(turn.request.session_id, fin.finish_s)
-                self._finish(turn, fin)
-            else:
-                self._after_prefill(turn, instance, fin)
+            self._after_prefill(turn, instance, fin)
         else:
             if self._banked is not None and self._banked.lengths is not None:
                 self._banked.lengths.observe(fin.output_tokens)
             self._after_decode(turn, instance, fin)
-            if self._full is not None:
-                self._full.finished(instance, fin.request_id)
             queue = self._admit.get(instance.instance_id)
             if queue is not None:
                 queue.pump(fin.finish_s)
@@ -364,11 +296,6 @@ class AMPD(Deployment):
         self.fabric.send(instance.instance_id, turn.decode_id, send * self._kv_bytes, fin.finish_s,
                          lambda: self._arrive_on_decode(turn), kind="prompt_kv", on_timeout=cut)
 
-    def _cut_turn(self, turn: _Turn) -> None:
-        """A borrowed turn's move back timed out: recorded incomplete."""
-        del self._turns[turn.request.request_id]
-        self.ctx.done(turn.request, unfinished_record(turn))
-
     def _arrive_on_decode(self, turn: _Turn) -> None:
         now = self.ctx.loop.now
         turn.kv_arrived_s = now
@@ -381,7 +308,7 @@ class AMPD(Deployment):
             del self._turns[turn.request.request_id]
             self.ctx.done(turn.request, single_record(turn.request, fin, turn.decode_id))
         else:
-            self._finish(turn, joined(turn.lent_part, fin))
+            self._finish(turn, fin)
 
     def _finish(self, turn: _Turn, dec: FinishedRequest | None) -> None:
         del self._turns[turn.request.request_id]

@@ -19,10 +19,6 @@ class Turn:
     prefill: FinishedRequest | None = None
     kv_arrived_s: float | None = None
     placement: PlacementDecision | None = None  # why it runs where it runs (None: placement off)
-    lent: bool = False  # decoded by its prefill instance (SlackAdmission.lend)
-    lender: str = ""  # the prefill instance decoding it until it moves back (SlackAdmission.borrow)
-    lent_blocks: int = 0  # the blocks it holds there
-    lent_part: FinishedRequest | None = None  # what it did there before it moved back
 
 
 def unfinished_record(turn: Turn) -> RequestRecord:

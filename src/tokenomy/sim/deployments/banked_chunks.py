@@ -1,4 +1,4 @@
-"""Local prefills sized to the decode batch's banked TPOT slack (tenth round, off by default).
+"""Local prefills sized to the decode batch's banked TPOT slack (on in ``ampd``).
 
 With ``PlacementConfig.tpot_bank``, placement may give a local prefill chunks larger than the
 ITL bound allows, paid from the TPOT slack the decode instance's streams have banked
@@ -10,7 +10,7 @@ the chunk grows back as streams bank slack, shrinks as the prefill spends it, an
 ITL-sized chunk when a stream with no bank joins. One prefill per instance spends the bank;
 any other local prefill there is sized to the ITL bound, as without the bank.
 
-With ``lengths`` (``AMPDOptions.tpot_bank_forward``, twelfth round) the bank is forward-looking:
+With ``lengths`` (``AMPDOptions.tpot_bank_forward``, variant ``ampd-forward-bank``) the bank is forward-looking:
 each young stream also counts the tokens a low quantile of the finished turns' outputs says it
 will still emit (:mod:`tokenomy.engine.tpot_bank`), each at the instance's expected step time: the
 longer of its decode-only step now and the mean of its recent steps, those since the first

@@ -1,14 +1,13 @@
 """A local turn that would wait for memory on its decode instance moves to one with room
-(eleventh round; ``AMPDOptions.move_held_turns``, variant ``ampd-bank-move``; off by default).
+(``AMPDOptions.move_held_turns``, on in ``ampd``).
 
 Two parts. **Blocks as the engine counts them**: a local turn's admission task counts the history
 it reloads from host memory as blocks it needs (the engine allocates GPU blocks for a reloaded
-prefix as for a computed one), where the default counts it as cached. **Moving a turn that would
+prefix as for a computed one), where without the move it counts as cached. **Moving a turn that would
 wait**: when a local turn reaches its decode instance's admission queue and the instance's free
 blocks do not cover it (with the turns queued or waiting in the engine ahead of it), so that it
-would wait for memory there (the twelfth round's fix: the session's history cached in free
-blocks is not counted free, since reusing it takes it off the free pool, as the engine's
-admission counts), the session moves to the decode instance with room for its whole context (the
+would wait for memory there (the session's history cached in free blocks is not counted free:
+reusing it takes it off the free pool, as the engine's admission counts), the session moves to the decode instance with room for its whole context (the
 binder's first-binding headroom) and nothing queued or waiting, fewest running first, and its
 history follows over the KV link (``KVKeeper.move_history``); the turn then runs locally there,
 once its history is in that instance's host tier. The move is traced as a

@@ -34,7 +34,6 @@ from tokenomy.perf import PerfModel
 from tokenomy.policy.ampd import (
     AmpdPolicies,
     HostCopyView,
-    HostReload,
     RetainedKV,
     Retention,
     RetentionDecision,
@@ -126,16 +125,6 @@ class KVKeeper:
         self.reloaded_tokens += missing
         ready = self._from_host[decode.instance_id].transfer(start, missing * self._kv_bytes)
         return ready, host
-
-    def reload_estimate(self, request: Request, decode: SimInstance, now: float) -> HostReload:
-        """What :meth:`reload` would bring back for a local turn started now, and when it would be
-        done: behind the reloads already queued on the instance's PCIe link (placement's view of
-        the host tier; nothing changes)."""
-        _, missing, start = self._missing(request, decode, now)
-        if missing <= 0:
-            return HostReload(0, 0.0)
-        done = self._from_host[decode.instance_id].done_s(start, missing * self._kv_bytes)
-        return HostReload(missing, done - now)
 
     def follow(self, request: Request, target: SimInstance, now: float) -> int:
         """A router sent the session's turn to ``target``: if its history is on another instance

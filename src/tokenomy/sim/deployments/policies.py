@@ -41,8 +41,6 @@ def ampd_policy_config(config: SimConfig) -> AmpdPolicyConfig:
         dispatch=DispatchConfig(engine_budget_tokens=budget),
         tool_latency=ToolLatencyConfig(prior_s=opts.tool_latency_prior_s),
         admission=opts.admission,
-        lend_late_turns=opts.lend_late_turns,
-        borrow_memory=opts.borrow_memory,
     )
 
 

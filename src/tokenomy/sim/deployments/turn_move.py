@@ -1,6 +1,6 @@
 """A later turn leaves its bound decode instance when it would queue there behind prefill work and
-another decode instance would start it sooner, history move included (twelfth round;
-``AMPDOptions.move_queued_turns``, variant ``ampd-bank-turn``; the rule is
+another decode instance would start it sooner, history move included
+(``AMPDOptions.move_queued_turns``, on in ``ampd``; the rule is
 :func:`tokenomy.policy.ampd.turn_move.choose_turn_move`).
 
 Estimates: a queue is its instance's queued prompt tokens drained in full prefill steps of
