@@ -5,8 +5,11 @@ starts again from the same disk."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -124,3 +127,18 @@ def test_a_replica_killed_with_a_queue_drains_it_when_restarted(fleet: OneReplic
     wait_for(lambda: sorted(fleet.ledger_ids("rs-")) == [f"rs-down-{i}" for i in range(3)], timeout_s=60.0,
              interval_s=0.2, what="the dead replica's queue drained")
     assert fleet.outbox()["depth"] == 0
+
+
+def test_a_replica_that_cannot_reach_postgres_at_start_up_says_so_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "backends": [{"id": "b1", "url": "http://127.0.0.1:9"}],
+        "ops": {"server_secret": "o" * 32, "shared": {
+            "redis_url": f"redis://127.0.0.1:{free_port()}/0", "outbox_dir": str(tmp_path),
+            "postgres_url": f"postgresql+asyncpg://tokenomy@127.0.0.1:{free_port()}/postgres"}}}))
+    done = subprocess.run([sys.executable, "-m", "tokenomy.gateway", "--config", str(config), "--port",
+                           str(free_port())], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "PostgreSQL did not answer at start-up" in line and str(tmp_path) in line
