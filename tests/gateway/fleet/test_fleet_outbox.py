@@ -21,6 +21,7 @@ from redis import Redis
 from helpers.gateway_core_support import MODEL, FakeUpstream, serve
 from helpers.polling import wait_for
 from helpers.servers import postgres_server, redis_server
+from tokenomy.cli.main import main
 from tokenomy.gateway.http.replicas import Replica, start_replicas, stop_all
 from tokenomy.gateway.ops.keys import new_api_key
 from tokenomy.gateway.stores.pg_tenancy import pg_engine
@@ -35,6 +36,7 @@ class OneReplica:
     pg: PostgresServer
     key: str
     redis_url: str
+    config: Path
 
     def chat(self, rid: str) -> httpx.Response:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -83,7 +85,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OneReplica]:
         }))
         replicas = start_replicas(config, [free_port()], tmp)
         try:
-            yield OneReplica(replicas[0], pg, key, redis.url)
+            yield OneReplica(replicas[0], pg, key, redis.url, config)
         finally:
             stop_all(replicas)
 
@@ -112,7 +114,8 @@ def test_postgres_stopped_requests_are_served_and_drained_exactly_once(fleet: On
     assert fleet.spend()[1] > 0
 
 
-def test_a_replica_killed_with_a_queue_drains_it_when_restarted(fleet: OneReplica) -> None:
+def test_a_replica_killed_with_a_queue_drains_it_when_restarted(fleet: OneReplica,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     fleet.pg.stop(remove=False)
     try:
         for i in range(3):
@@ -123,6 +126,9 @@ def test_a_replica_killed_with_a_queue_drains_it_when_restarted(fleet: OneReplic
     finally:
         fleet.pg.start()
     assert fleet.ledger_ids("rs-") == []
+    assert main(["usage", "--config", str(fleet.config), "--by", "key"]) == 0  # PostgreSQL's ledger, and a word
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3 usage events" in out and "not yet in PostgreSQL" in out and str(fleet.config.parent) in out
     fleet.replica.start().wait_ready()  # the same disk: its first outbox file again
     wait_for(lambda: sorted(fleet.ledger_ids("rs-")) == [f"rs-down-{i}" for i in range(3)], timeout_s=60.0,
              interval_s=0.2, what="the dead replica's queue drained")
