@@ -35,11 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--soak", action="store_true", help="no faults, steady load")
     ap.add_argument("--time-scale", type=float, default=0.05, help="the emulators' --time-scale")
     ap.add_argument("--keep", action="store_true", help="keep the run's directory (logs, outbox files)")
+    ap.add_argument("--redis-loses-data", action="store_true",
+                    help="run Redis without its append-only file: each restart empties it")
     args = ap.parse_args(argv)
     duration = args.duration if args.duration is not None else (1800.0 if args.soak else 600.0)
     try:
         opts = ChaosOptions(duration_s=duration, seed=args.seed, soak=args.soak, time_scale=args.time_scale,
-                            keep_dir=args.keep)
+                            keep_dir=args.keep, redis_appendonly=not args.redis_loses_data)
     except ValueError as e:
         ap.error(str(e))
     result = asyncio.run(run_chaos(opts, log=lambda m: print(m, file=sys.stderr, flush=True)))

@@ -124,6 +124,10 @@ def audit(requests: Iterable[Request], ledger: list[LedgerRow], budgets: dict[st
     unmetered_cut = sorted(rid for rid in cut - set(per_id) if not sent[rid].disconnected)
     ledger_tokens = {"prompt": sum(r.prompt for r in ledger), "output": sum(r.output for r in ledger),
                      "cached": sum(r.cached for r in ledger)}
+    by_outcome: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COUNTERS, 0))
+    for row in ledger:
+        for cls, n in (("prompt", row.prompt), ("output", row.output), ("cached", row.cached)):
+            by_outcome[row.outcome][cls] += n
     diff = {cls: ledger_tokens[cls] - round(counters.get(cls, 0.0)) for cls in COUNTERS}
     spend: dict[str, float] = defaultdict(float)
     for row in ledger:
@@ -137,7 +141,7 @@ def audit(requests: Iterable[Request], ledger: list[LedgerRow], budgets: dict[st
         "recorded_then_cut": len(recorded_then_cut), "unmetered_cut": len(unmetered_cut),
         "unmetered_cut_ids": unmetered_cut[:20],
         "ledger_events": len(ledger), "ledger_outcomes": dict(Counter(r.outcome for r in ledger)),
-        "ledger_tokens": ledger_tokens, "backend_tokens": {k: round(v) for k, v in counters.items()},
+        "ledger_tokens": ledger_tokens, "ledger_tokens_by_outcome": dict(by_outcome), "backend_tokens": {k: round(v) for k, v in counters.items()},
         "ledger_vs_backends_diff_tokens": diff,
         "ledger_vs_backends_max_diff_tokens": max(abs(v) for v in diff.values()),
         "overspend_usd": round(sum(over.values()), 9), "overspent_nodes": over,

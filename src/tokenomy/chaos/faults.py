@@ -9,7 +9,8 @@ before the audit.
 
 :class:`Injector` applies a fault (inject, wait, recover) to a :class:`~tokenomy.chaos.stack.ChaosStack`
 and records when it was in force: from injection until recovery finished (a restarted process
-answering again), the window the availability is read over.
+answering again), the window the availability is read over. An engine is killed with its proxy
+paused: its counters are read, then it dies, so every token a replica got from it was counted.
 """
 
 from __future__ import annotations
@@ -154,9 +155,14 @@ class Injector:
             await asyncio.sleep(RESTART_BACKOFF_S)
 
     async def _backend_kill(self, f: Fault) -> None:
-        e = self.stack.emulators[f.target]
-        await self.on_backend_kill(f.target)
-        await asyncio.to_thread(e.kill)
+        e, proxy = self.stack.emulators[f.target], self.stack.backend_proxies[f.target]
+        proxy.pause()  # what the engine sends from now on never reaches a replica: its counters cover the rest
+        try:
+            await self.on_backend_kill(f.target)
+            await asyncio.to_thread(e.kill)
+            proxy.cut()
+        finally:
+            proxy.resume()
         await asyncio.sleep(f.duration_s)
         await self._restart(e.start, e.wait_ready, f"backend {f.target}")
 

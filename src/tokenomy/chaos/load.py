@@ -146,6 +146,7 @@ class Load:
     request_timeout_s: float = 120.0
     requests: list[Request] = field(default_factory=list)
     _opener: FailoverOpener | None = None
+    _hangups: int = 0
 
     def _sessions(self, tier: str, api: str, n: int) -> list[Session]:
         sessions = load_workload("toolbench", rate_per_s=1.0, duration_s=2.0 * n + 10, seed=self.seed, max_sessions=n)
@@ -184,9 +185,10 @@ class Load:
         tasks: list[asyncio.Future[None]] = []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0)) as session:
             while time.perf_counter() < end:
-                n = len(tasks)
-                rid = f"{self.prefix}-hangup-{int(self.t0 * 1000) % 100_000}-{time.perf_counter() - self.t0:.2f}"
-                tasks.append(asyncio.ensure_future(self._hang_up(session, self.bases[n % len(self.bases)], rid)))
+                self._hangups += 1
+                rid = f"{self.prefix}-hangup-{self._hangups}"
+                base = self.bases[self._hangups % len(self.bases)]
+                tasks.append(asyncio.ensure_future(self._hang_up(session, base, rid)))
                 await asyncio.sleep(every_s)
             await asyncio.gather(*tasks, return_exceptions=True)
 

@@ -4,7 +4,9 @@
 read in either direction is written out ``delay_s`` after it arrived (a one-way latency, as
 ``tc netem delay`` gives: chunks in flight overlap, so throughput is not capped, only delayed).
 ``delay_s`` may change at any time; a chunk already queued keeps the delay it was read with.
-``cut`` closes every open connection (what a peer's death looks like to the other side).
+``cut`` closes every open connection (what a peer's death looks like to the other side);
+``pause`` holds every byte read until ``resume`` (the harness freezes an engine's output this way
+before it reads the engine's counters and kills it, so nothing the counters miss reaches the gateway).
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ class LatencyProxy:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+
+    def pause(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
 
     async def start(self, port: int = 0) -> LatencyProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
@@ -56,6 +66,7 @@ class LatencyProxy:
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()
 

@@ -30,7 +30,9 @@ from tokenomy.chaos.stack import ChaosStack
 @dataclass(frozen=True)
 class ChaosOptions:
     """``duration_s`` of load (faults unless ``soak``), ``seed`` of the schedule and the workload;
-    ``settle_timeout_s`` bounds the wait for outboxes and holds after the load."""
+    ``settle_timeout_s`` bounds the wait for outboxes and holds after the load. ``redis_appendonly``
+    False: Redis loses its data at each restart (spend is then re-seeded from PostgreSQL, and budgeted
+    keys wait for PostgreSQL when it is away too)."""
 
     duration_s: float = 600.0
     seed: int = 0
@@ -41,6 +43,7 @@ class ChaosOptions:
     rss_every_s: float = 5.0
     settle_timeout_s: float = 240.0
     keep_dir: bool = False
+    redis_appendonly: bool = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.duration_s) and self.duration_s >= 30):
@@ -81,10 +84,11 @@ async def _settle(stack: ChaosStack, timeout_s: float) -> dict[str, Any]:
 
 
 async def run_chaos(opts: ChaosOptions, log: Any = print) -> dict[str, Any]:
-    stack = ChaosStack(opts.replicas, opts.backends, opts.time_scale, keep=opts.keep_dir)
+    stack = ChaosStack(opts.replicas, opts.backends, opts.time_scale, keep=opts.keep_dir,
+                       redis_appendonly=opts.redis_appendonly)
     log(f"starting the fleet in {stack.workdir}")
-    await stack.start()
-    try:
+    try:  # a start that fails half-way stops what it started
+        await stack.start()
         return await _drive(stack, opts, log)
     finally:
         await stack.stop()
@@ -133,7 +137,7 @@ async def _drive(stack: ChaosStack, opts: ChaosOptions, log: Any) -> dict[str, A
     warmup_s = 300.0 if opts.soak and opts.duration_s >= 1200 else 0.1 * opts.duration_s
     rss = rss_growth(samples, warmup_s, 0.3 * opts.duration_s)
     return {
-        "duration_s": opts.duration_s, "seed": opts.seed, "soak": opts.soak,
+        "duration_s": opts.duration_s, "seed": opts.seed, "soak": opts.soak, "redis_appendonly": opts.redis_appendonly,
         "faults": [a.to_dict() for a in sorted(injector.applied, key=lambda a: a.start_s)],
         "offered": len(requests), "served": sum(r.complete for r in requests),
         "hung_up": len(load.requests) - len(requests),

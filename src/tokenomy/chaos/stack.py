@@ -11,6 +11,7 @@ the key-level token breaker on.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import signal
@@ -27,6 +28,7 @@ from typing import Any
 import yaml
 
 from tokenomy.chaos.proxy import LatencyProxy
+from tokenomy.emulator.launcher import parent_death_signal
 from tokenomy.gateway.http.replicas import Replica, start_replicas, stop_all
 from tokenomy.gateway.ops.keys import new_api_key
 from tokenomy.gateway.stores.servers import (
@@ -65,7 +67,8 @@ class Emulator:
         argv = [sys.executable, "-m", "tokenomy.emulator", "--port", str(self.port), "--instance-id",
                 self.instance_id, "--model", MODEL, "--time-scale", str(self.time_scale), "--log-level", "warning"]
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=parent_death_signal())  # call from the loop's thread
         return self
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
@@ -112,11 +115,10 @@ class ChaosStack:
     keys: dict[str, str] = field(default_factory=dict)
     config_path: Path | None = None
     keep: bool = False  # keep ``workdir`` (logs, outboxes) after ``stop``
+    redis_appendonly: bool = True  # a Redis restart keeps its data (as docs/gateway-ops.md advises); False: loses it
 
     async def start(self) -> ChaosStack:
-        import asyncio
-
-        self.redis = await asyncio.to_thread(start_redis, self.workdir / "redis")
+        self.redis = await asyncio.to_thread(start_redis, self.workdir / "redis", None, self.redis_appendonly)
         self.pg = await asyncio.to_thread(start_postgres)
         self.pg_proxy = await LatencyProxy(self.pg.port).start()
         self.emulators = [Emulator(f"e{i}", free_port(), self.workdir / f"emulator-{i}.log", self.time_scale).start()
@@ -172,8 +174,6 @@ class ChaosStack:
         return out
 
     async def stop(self) -> None:
-        import asyncio
-
         def stop_processes() -> None:
             stop_all(self.replicas)
             for e in self.emulators:
