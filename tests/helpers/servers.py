@@ -19,6 +19,8 @@ from tokenomy.gateway.stores.servers import (
     PostgresServer,
     RedisServer,
     ServerMissing,
+    find_pg_bindir,
+    find_redis_server,
     start_postgres,
     start_redis,
 )
@@ -54,3 +56,13 @@ def redis_server(workdir: Path) -> AbstractContextManager[RedisServer]:
 def postgres_server() -> AbstractContextManager[PostgresServer]:
     """A fresh PostgreSQL cluster; stopped and removed afterwards."""
     return _running(start_postgres, lambda server: server.stop(remove=True))
+
+
+def require_servers() -> None:
+    """Skip (fail in CI) unless both ``redis-server`` and PostgreSQL are installed (for tests whose
+    harness starts them itself)."""
+    try:
+        find_redis_server()
+        find_pg_bindir()
+    except ServerMissing as e:
+        _missing(e)

@@ -24,10 +24,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _url(args: argparse.Namespace) -> str:
+    """The ledger's URL: ``--db``, else the config's: a fleet's PostgreSQL (``ops.shared``) or ``ledger.url``."""
     from tokenomy.gateway.config import load_config
+    from tokenomy.gateway.ops.config import ops_config
+    from tokenomy.gateway.stores.pg_tenancy import pg_sync_url
 
     if args.db is None:
-        return load_config(args.config).ledger.url
+        config = load_config(args.config)
+        shared = ops_config(config).shared
+        return pg_sync_url(shared.postgres_url) if shared is not None else config.ledger.url
     if "://" in args.db:
         return str(args.db)
     path = Path(args.db)
@@ -46,7 +51,31 @@ def _tenants_url(args: argparse.Namespace, ledger_url: str) -> str:
     return ops_config(load_config(args.config)).db_url or ledger_url
 
 
+def _outbox_note(args: argparse.Namespace) -> tuple[int, str | None]:
+    """Events a fleet's replicas hold in their ledger outboxes (not yet in PostgreSQL, so not in the
+    table), and the line that says so; (0, None) for a ``--db`` or a config without an outbox."""
+    if args.db is not None:
+        return 0, None
+    import time
+
+    from tokenomy.gateway.config import load_config
+    from tokenomy.gateway.ops.config import ops_config
+    from tokenomy.gateway.stores.outbox import queued_in
+
+    shared = ops_config(load_config(args.config)).shared
+    if shared is None or shared.on_outage.ledger != "outbox":
+        return 0, None
+    n, oldest = queued_in(shared.outbox_dir)
+    if n == 0:
+        return 0, None
+    age_min = (time.time() - oldest) / 60.0 if oldest is not None else 0.0
+    return n, (f"{n} usage events (oldest queued {age_min:.0f} min ago) are still in the ledger outboxes in "
+               f"{shared.outbox_dir}, not yet in PostgreSQL, so not in this table: a running replica drains its "
+               "own; start a replica from that directory to drain a dead one's (docs/gateway-ops.md)")
+
+
 def run_usage(args: argparse.Namespace) -> int:
+    import sqlalchemy as sa
     from rich.console import Console
 
     from tokenomy.gateway.errors import GatewayError
@@ -62,12 +91,15 @@ def run_usage(args: argparse.Namespace) -> int:
     url = _url(args)
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
         raise ValueError(f"ledger {url}: no such file (has the gateway run here?)")
-    ledger = SqlLedger(url)
     try:
-        events = ledger.query(UsageFilter(tenant_prefix=args.tenant, model=args.model, session_id=args.session,
-                                          since_s=since, until_s=until, limit=10_000_000))
-    finally:
-        ledger.close()
+        ledger = SqlLedger(url)
+        try:
+            events = ledger.query(UsageFilter(tenant_prefix=args.tenant, model=args.model, session_id=args.session,
+                                              since_s=since, until_s=until, limit=10_000_000))
+        finally:
+            ledger.close()
+    except sa.exc.OperationalError as e:
+        raise ValueError(f"ledger database unreachable: {str(e.orig or e).strip().splitlines()[0]}") from None
     groups = group_usage(events, args.by)
     names = node_names(_tenants_url(args, url)) if args.by in ("tenant", "key") else {}
     rows = grouped_rows(events, args.by, names)
@@ -75,7 +107,11 @@ def run_usage(args: argparse.Namespace) -> int:
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(width=120)  # piped: the table's width, not rich's 80
     console.print(usage_table(rows, args.by, title=f"usage by {args.by} ({len(events)} requests)"))
+    outboxed, note = _outbox_note(args)
+    if note is not None:
+        console.print(f"[yellow]{note}[/]", markup=True, highlight=False)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"by": args.by, "groups": groups, "names": names}, indent=2))
+        Path(args.json).write_text(json.dumps({"by": args.by, "groups": groups, "names": names,
+                                               "outbox_events": outboxed}, indent=2))
     return 0

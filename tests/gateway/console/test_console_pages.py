@@ -235,3 +235,25 @@ def test_breaker_session_status_reads_without_touching_lru_order() -> None:
     assert b.session_status("k", "s", 5.0) is None and b.session_status("k", "s2", 5.0) is not None
     closed = b.session_status("k", "s2", 100.0)
     assert closed is not None and not closed.open and closed.code == ""
+
+
+@dataclass
+class _Outbox:
+    depth: int
+
+    def stats(self) -> dict[str, float | int]:
+        return {"depth": self.depth, "oldest_age_s": 12.5 if self.depth else 0.0}
+
+
+def test_cluster_shows_a_fleet_replicas_ledger_outbox(rig: Rig) -> None:
+    login(rig)
+    assert 'id="outbox"' not in rig.client.get("/cluster").text  # the embedded gateway has none
+    outbox = _Outbox(7)
+    deps = ConsoleDeps(rig.guard, ConsoleQueries(rig.ledger.engine), _Pool(), None, outbox)
+    app = Starlette(routes=[Mount("/console", build_console(deps))])
+    with TestClient(app, base_url="http://testserver/console", follow_redirects=False) as client:
+        client.post("/login", data={"admin_key": ADMIN})
+        page = client.get("/cluster").text
+        assert re.search(r'id="outbox".*<span class="bad">7</span>.*12\.5 s', page, re.S)
+        outbox.depth = 0
+        assert re.search(r'id="outbox".*<span class="ok">0</span>', client.get("/cluster").text, re.S)

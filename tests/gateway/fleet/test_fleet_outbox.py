@@ -5,8 +5,11 @@ starts again from the same disk."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +21,7 @@ from redis import Redis
 from helpers.gateway_core_support import MODEL, FakeUpstream, serve
 from helpers.polling import wait_for
 from helpers.servers import postgres_server, redis_server
+from tokenomy.cli.main import main
 from tokenomy.gateway.http.replicas import Replica, start_replicas, stop_all
 from tokenomy.gateway.ops.keys import new_api_key
 from tokenomy.gateway.stores.pg_tenancy import pg_engine
@@ -32,6 +36,7 @@ class OneReplica:
     pg: PostgresServer
     key: str
     redis_url: str
+    config: Path
 
     def chat(self, rid: str) -> httpx.Response:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -80,7 +85,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OneReplica]:
         }))
         replicas = start_replicas(config, [free_port()], tmp)
         try:
-            yield OneReplica(replicas[0], pg, key, redis.url)
+            yield OneReplica(replicas[0], pg, key, redis.url, config)
         finally:
             stop_all(replicas)
 
@@ -109,7 +114,8 @@ def test_postgres_stopped_requests_are_served_and_drained_exactly_once(fleet: On
     assert fleet.spend()[1] > 0
 
 
-def test_a_replica_killed_with_a_queue_drains_it_when_restarted(fleet: OneReplica) -> None:
+def test_a_replica_killed_with_a_queue_drains_it_when_restarted(fleet: OneReplica,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     fleet.pg.stop(remove=False)
     try:
         for i in range(3):
@@ -120,7 +126,25 @@ def test_a_replica_killed_with_a_queue_drains_it_when_restarted(fleet: OneReplic
     finally:
         fleet.pg.start()
     assert fleet.ledger_ids("rs-") == []
+    assert main(["usage", "--config", str(fleet.config), "--by", "key"]) == 0  # PostgreSQL's ledger, and a word
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3 usage events" in out and "not yet in PostgreSQL" in out and str(fleet.config.parent) in out
     fleet.replica.start().wait_ready()  # the same disk: its first outbox file again
     wait_for(lambda: sorted(fleet.ledger_ids("rs-")) == [f"rs-down-{i}" for i in range(3)], timeout_s=60.0,
              interval_s=0.2, what="the dead replica's queue drained")
     assert fleet.outbox()["depth"] == 0
+
+
+def test_a_replica_that_cannot_reach_postgres_at_start_up_says_so_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "backends": [{"id": "b1", "url": "http://127.0.0.1:9"}],
+        "ops": {"server_secret": "o" * 32, "shared": {
+            "redis_url": f"redis://127.0.0.1:{free_port()}/0", "outbox_dir": str(tmp_path),
+            "postgres_url": f"postgresql+asyncpg://tokenomy@127.0.0.1:{free_port()}/postgres"}}}))
+    done = subprocess.run([sys.executable, "-m", "tokenomy.gateway", "--config", str(config), "--port",
+                           str(free_port())], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "PostgreSQL did not answer at start-up" in line and str(tmp_path) in line

@@ -141,3 +141,25 @@ def test_a_crash_between_insert_and_delete_drains_exactly_once(pg_srv: PostgresS
     asyncio.run(crashed())
     asyncio.run(restarted())
     assert sorted(_rows(pg_srv, key)) == sorted(f"{key}-{i}" for i in range(4))
+
+
+def test_queued_in_counts_every_outbox_file_of_a_directory_without_taking_its_lock(tmp_path: Path) -> None:
+    from tokenomy.gateway.stores.outbox import queued_in
+
+    assert queued_in(tmp_path) == (0, None)
+
+    async def fill() -> None:
+        live, dead = open_outbox(None, tmp_path), open_outbox(None, tmp_path)
+        await asyncio.gather(*(live.append(event(f"l{i}")) for i in range(2)))
+        await dead.append(event("d0"))
+        dead.close()  # a dead replica's queue stays on disk
+        try:
+            n, oldest = queued_in(tmp_path)  # while the live one holds its file
+            assert n == 3 and oldest is not None
+            assert live.stats()["depth"] == 2
+        finally:
+            live.close()
+
+    asyncio.run(fill())
+    (tmp_path / "tokenomy-outbox-x-9.db").write_bytes(b"")  # not an outbox (yet): skipped
+    assert queued_in(tmp_path)[0] == 3

@@ -130,5 +130,6 @@ async def cluster(request: Request) -> Response:
             for backend_id, g in sorted(by_backend.items()):
                 gates.append({"kind": kind, "backend": backend_id, "waiting": len(g.tasks), "held": g.held,
                               "reordered": getattr(g, "reordered", None)})
+    outbox = deps.outbox.stats() if deps.outbox is not None else None
     return render(request, "cluster.html", active="cluster", backends=backends, charts=charts, gates=gates,
-                  ampd=deps.ampd is not None)
+                  ampd=deps.ampd is not None, outbox=outbox)

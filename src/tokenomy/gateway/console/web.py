@@ -43,6 +43,7 @@ class ConsoleDeps:
     queries: ConsoleQueries
     backends: Any  # BackendPool: .backends
     ampd: Any = None  # AmpdLive in ampd mode: .counts, .queues, .gates, .policies.binder
+    outbox: Any = None  # a fleet replica's ledger Outbox: .stats() -> depth, oldest_age_s (None: no outbox)
 
 
 def _env() -> Environment:

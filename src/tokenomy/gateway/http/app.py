@@ -114,7 +114,7 @@ def _console(guard: Any, ledger: Ledger, pool: BackendPool, routing: Any) -> Any
         log.warning("console off: the ledger %s has no SQL engine", type(ledger).__name__)
         return None
     ampd = routing.live if isinstance(routing, AmpdRouting) else None
-    return build_console(ConsoleDeps(guard, ConsoleQueries(engine), pool, ampd))
+    return build_console(ConsoleDeps(guard, ConsoleQueries(engine), pool, ampd, getattr(ledger, "outbox", None)))
 
 
 def _answer_rows(ledger: Ledger) -> SqlAnswers | None:

@@ -80,13 +80,20 @@ def build_fleet(config: GatewayConfigLike, shared: SharedStoresConfig, *, regist
     if not ops.server_secret:
         raise ValueError("ops.server_secret: a fleet needs one secret shared by every replica")
     engine = pg_engine(shared.postgres_url)
-    store = PgTenantStore(engine, ops.server_secret.encode(), refresh_s=shared.tenants_refresh_s)
-    with seeding_lock(engine):  # one replica at a time: tenants, the ledger's table and indexes
-        store.reload()
-        apply_seeds(store, ops.tenants)
-        usage_events.metadata.create_all(engine, tables=[usage_events])
-        with engine.begin() as conn:
-            conn.execute(sa.text("CREATE INDEX IF NOT EXISTS ix_usage_ts ON usage_events (ts_s)"))
+    try:
+        store = PgTenantStore(engine, ops.server_secret.encode(), refresh_s=shared.tenants_refresh_s)
+        with seeding_lock(engine):  # one replica at a time: tenants, the ledger's table and indexes
+            store.reload()
+            apply_seeds(store, ops.tenants)
+            usage_events.metadata.create_all(engine, tables=[usage_events])
+            with engine.begin() as conn:
+                conn.execute(sa.text("CREATE INDEX IF NOT EXISTS ix_usage_ts ON usage_events (ts_s)"))
+    except sa.exc.OperationalError as e:  # a replica cannot authenticate anyone without the tenant tree
+        engine.dispose()
+        why = str(e.orig or e).strip().splitlines()[0]
+        raise ValueError(f"ops.shared.postgres_url: PostgreSQL did not answer at start-up ({why}); a replica "
+                         f"needs it to load the tenant tree (a ledger outbox left in {shared.outbox_dir!r} "
+                         "drains once the replica starts)") from None
     ledger: PgLedger
     if shared.on_outage.ledger == "outbox":  # PostgreSQL away: events wait in this replica's outbox
         outbox = open_outbox(None, shared.outbox_dir)

@@ -183,6 +183,24 @@ def open_outbox(path: str | None, directory: str | Path = ".") -> Outbox:
     raise OutboxBusy(f"no free ledger outbox file in {directory}")
 
 
+def queued_in(directory: str | Path) -> tuple[int, float | None]:
+    """(events, oldest ``queued_at_s``) in the default outbox files under ``directory``, live or left
+    by a dead replica; read-only, without taking any file's lock (``tokenomy usage``)."""
+    total, oldest = 0, None
+    for path in sorted(Path(directory).glob("tokenomy-outbox-*.db")):
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            n, first = conn.execute("SELECT count(*), min(queued_at_s) FROM outbox").fetchone()
+        except sqlite3.Error:  # no table yet, or not an outbox
+            continue
+        finally:
+            conn.close()
+        total += int(n)
+        if first is not None:
+            oldest = float(first) if oldest is None else min(oldest, float(first))
+    return total, oldest
+
+
 class OutboxCollector:
     """``tokenomy_gateway_ledger_outbox_depth`` and ``..._oldest_age_seconds``, read at each scrape."""
 

@@ -3,8 +3,9 @@
 Same tables and semantics as the SQLite ``TenantStore`` (SQLAlchemy Core; the psycopg driver: the
 tree is read at start-up and on change, written only by admin calls). Authentication reads the
 in-memory tree; a replica looks for another replica's change (a ``tk_meta.version`` bump) at most
-every ``refresh_s`` seconds instead of on every request, so a revocation made anywhere takes
-effect fleet-wide within ``refresh_s``.
+every ``refresh_s`` seconds instead of on every request, on a worker thread (the request never
+waits for PostgreSQL), so a revocation made anywhere takes effect fleet-wide within ``refresh_s``
+plus one PostgreSQL round trip.
 
 Replicas starting together seed the config's tenants one at a time (``seeding_lock``: a
 PostgreSQL advisory lock), so a tenant is never created twice.
@@ -12,17 +13,19 @@ PostgreSQL advisory lock), so a tenant is never created twice.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tokenomy.gateway.ops.keys import KeyIndex
-from tokenomy.gateway.ops.tenancy import TenantTree
+from tokenomy.gateway.ops.tenancy import Node, TenantTree
 from tokenomy.gateway.stores.tenancy_sql import META, METADATA, TenantStore
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,7 @@ class PgTenantStore(TenantStore):
         self.refresh_interval_s = refresh_s
         self.clock = clock
         self._next_refresh_s = -float("inf")
+        self._refreshing: asyncio.Task[None] | None = None
         with seeding_lock(engine):
             METADATA.create_all(engine)
             with engine.begin() as conn:
@@ -86,11 +90,37 @@ class PgTenantStore(TenantStore):
         if now < self._next_check:
             return
         self._next_check = now + self.refresh_s
+        fetched = self._fetch_if_changed()
+        if fetched is not None:
+            self._apply(*fetched)
+
+    def _fetch_if_changed(self) -> tuple[int, Sequence[Any]] | None:
+        """The tree's rows when another process changed it, else None (I/O only: any thread)."""
         try:
             with self.engine.connect() as conn:
                 version = conn.execute(sa.select(META.c.version).where(META.c.id == 1)).scalar_one()
+            return self._fetch() if version != self._version else None
         except sa.exc.OperationalError as e:  # PostgreSQL away: keep the tree we have, look again later
             log.warning("tenant tree: cannot check for changes (%s); keeping the loaded tree", e.orig or e)
-            return
-        if version != self._version:
-            self.reload()
+            return None
+
+    def authenticate(self, raw_key: str) -> Node | None:
+        """As ``TenantStore.authenticate``, but inside a running event loop the change check runs on a
+        worker thread and the request goes on with the loaded tree: a slow or unreachable PostgreSQL
+        (each connect may take ``connect_timeout``) never stalls the requests of this replica."""
+        now = self.clock()
+        if now >= self._next_refresh_s:
+            self._next_refresh_s = now + self.refresh_interval_s  # the base class's gate: passed here
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (the CLI, admin tools): check in line
+                self.refresh_if_changed()
+            else:
+                if self._refreshing is None or self._refreshing.done():
+                    self._refreshing = loop.create_task(self._refresh_off_loop(), name="tenant-tree-refresh")
+        return super().authenticate(raw_key)
+
+    async def _refresh_off_loop(self) -> None:
+        fetched = await asyncio.to_thread(self._fetch_if_changed)
+        if fetched is not None and fetched[0] > self._version:  # an admin write may have reloaded meanwhile
+            self._apply(*fetched)  # on the loop's thread, between requests

@@ -97,11 +97,14 @@ def find_pg_bindir() -> Path:
 
 @dataclass
 class RedisServer:
-    """A ``redis-server`` on 127.0.0.1 without persistence; ``restart`` keeps its port."""
+    """A ``redis-server`` on 127.0.0.1; ``restart`` keeps its port. Without persistence by default;
+    ``appendonly``: an append-only file in ``workdir`` (``appendfsync everysec``, as production runs
+    it), so a restart, even after a SIGKILL, comes back with every write it acknowledged."""
 
     binary: str
     port: int
     workdir: Path
+    appendonly: bool = False
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path = field(init=False)
 
@@ -115,7 +118,8 @@ class RedisServer:
     def start(self, timeout_s: float = 20.0) -> RedisServer:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "yes" if self.appendonly else "no",
                  "--dir", str(self.workdir), "--daemonize", "no", "--protected-mode", "yes"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         _wait_port(self.port, self.proc, timeout_s, "redis-server")
@@ -132,9 +136,9 @@ class RedisServer:
         self.start()
 
 
-def start_redis(workdir: Path, port: int | None = None) -> RedisServer:
+def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False) -> RedisServer:
     workdir.mkdir(parents=True, exist_ok=True)
-    return RedisServer(find_redis_server(), port or free_port(), workdir).start()
+    return RedisServer(find_redis_server(), port or free_port(), workdir, appendonly).start()
 
 
 def _pg_user() -> str | None:

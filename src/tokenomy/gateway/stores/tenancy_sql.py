@@ -18,7 +18,8 @@ import math
 import secrets
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -122,9 +123,17 @@ class TenantStore:
     # --- reading -------------------------------------------------------------------------------
 
     def reload(self) -> None:
+        self._apply(*self._fetch())
+
+    def _fetch(self) -> tuple[int, Sequence[Any]]:
+        """The tree's version and rows, read in one connection (I/O only: any thread may call it)."""
         with self.engine.connect() as conn:
             version = conn.execute(sa.select(META.c.version)).scalar_one()
             rows = conn.execute(sa.select(NODES)).mappings().all()
+        return int(version), rows
+
+    def _apply(self, version: int, rows: Sequence[Any]) -> None:
+        """Replace the in-memory tree and key index by ``rows`` (on the thread that authenticates)."""
         tree = TenantTree()
         self.keys.clear()
         for r in rows:
