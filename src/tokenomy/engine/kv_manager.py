@@ -164,8 +164,13 @@ class KVManager:
         chain = req.chain
         if chain is not None and i < chain.num_full_blocks:
             upto = min(full, chain.num_full_blocks)
-            chain.ensure(upto)
-            self.pool.register(req.blocks[i:upto], chain.keys[i:upto])
+            keys = chain.keys
+            if len(keys) < upto:
+                chain.ensure(upto)
+            if upto == i + 1:  # one block filled (a decode step inside the content): no slices
+                self.pool.register_one(req.blocks[i], keys[i])
+            else:
+                self.pool.register(req.blocks[i:upto], keys[i:upto])
             i = upto
         if i + 1 == full:  # one block filled (a decode step): the common case
             self.pool.register_one(req.blocks[i], self.block_key(req, i))
