@@ -86,11 +86,16 @@ class BlockPool:
         entries = self._queue[head:tail]
         return entries[self._last_pos[entries] == np.arange(head, tail)]
 
-    def num_evictable(self, blocks: list[int]) -> int:
+    def num_evictable(self, blocks: list[int] | _IntArray) -> int:
         """How many of these cached blocks are free (taking them costs free blocks)."""
-        if not blocks:
+        if len(blocks) == 0:
             return 0
         return int(np.count_nonzero(self.ref_cnt[blocks] == 0))
+
+    @staticmethod
+    def as_ids(blocks: list[int]) -> _IntArray:
+        """Block ids as the vector :meth:`num_evictable` and :meth:`touch` take (convert once, use twice)."""
+        return np.asarray(blocks, dtype=np.int64)
 
     # ---- allocation ---------------------------------------------------------------------------
     def allocate_one(self) -> int:
@@ -157,9 +162,12 @@ class BlockPool:
         self.num_free -= n
         return blocks.tolist()
 
-    def touch(self, blocks: list[int]) -> None:
-        """Take a reference on cached blocks (prefix hits, retention); free ones stop being free."""
-        if not blocks:
+    def touch(self, blocks: list[int] | _IntArray) -> None:
+        """Take a reference on cached blocks (prefix hits, retention); free ones stop being free.
+
+        An int64 array (from :meth:`as_ids`) is used as is, without a second conversion.
+        """
+        if len(blocks) == 0:
             return
         ids = np.asarray(blocks, dtype=np.int64)
         ref = self.ref_cnt

@@ -98,7 +98,7 @@ class KVManager:
         if hit == 0:
             return 0
         chain = self.chains.get(content, self.block_size)
-        return self.pool.num_evictable([self.pool.cached[k] for k in chain.keys[:hit]])
+        return self.pool.num_evictable(list(map(self.pool.cached.__getitem__, chain.keys[:hit])))
 
     # ---- failed admissions ------------------------------------------------------------------
     def blocked_state(
@@ -134,10 +134,11 @@ class KVManager:
         """
         pool = self.pool
         need_new = -(-num_tokens_with_kv // self.block_size) - len(hits)
-        if need_new + pool.num_evictable(hits) > pool.num_free:
+        ids = pool.as_ids(hits)
+        if need_new + pool.num_evictable(ids) > pool.num_free:
             return False
         # Touch hits before allocating so that allocation cannot evict them.
-        pool.touch(hits)
+        pool.touch(ids)
         req.blocks = hits + pool.allocate(need_new) if need_new > 0 else list(hits)
         req.num_keyed_blocks = len(hits)
         return True
@@ -164,8 +165,13 @@ class KVManager:
         chain = req.chain
         if chain is not None and i < chain.num_full_blocks:
             upto = min(full, chain.num_full_blocks)
-            chain.ensure(upto)
-            self.pool.register(req.blocks[i:upto], chain.keys[i:upto])
+            keys = chain.keys
+            if len(keys) < upto:
+                chain.ensure(upto)
+            if upto == i + 1:  # one block filled (a decode step inside the content): no slices
+                self.pool.register_one(req.blocks[i], keys[i])
+            else:
+                self.pool.register(req.blocks[i:upto], keys[i:upto])
             i = upto
         if i + 1 == full:  # one block filled (a decode step): the common case
             self.pool.register_one(req.blocks[i], self.block_key(req, i))
