@@ -58,7 +58,8 @@ def gateway(tmp_path: Path, backends: list[dict[str, str]], routing: dict[str, A
     argv = [sys.executable, "-m", "tokenomy.gateway", "--config", str(cfg), "--log-level", log_level]
     with (
         (tmp_path / "gateway.log").open("ab") as log,
-        serving(argv, url, "the gateway", timeout_s=30, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path),
+        # 90 s: its first health round waits on vLLM CPU, which answers slowly on a loaded machine
+        serving(argv, url, "the gateway", timeout_s=90, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path),
     ):
         yield url, key
 
