@@ -143,6 +143,18 @@ def count(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
+def catch_up(seen: int, total: int | None) -> int:
+    """The output tokens a stream's reported running ``total`` adds to the ``seen`` so far (0 when
+    absent or behind: a reader's own estimate may run ahead of the backend's count)."""
+    return total - seen if total is not None and total >= seen else 0
+
+
+def delta_tokens(chars: int) -> int:
+    """A streamed delta's output tokens before the backend counts them: ~4 characters a token,
+    at least 1 when it carries anything."""
+    return max(1, chars // 4) if chars else 0
+
+
 def sse(name: str, data: dict[str, Any]) -> bytes:
     """One named server-sent event."""
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"

@@ -17,6 +17,7 @@ from tokenomy.gateway.http.adapter import (
     Shape,
     Usage,
     bad,
+    catch_up,
     count,
     int_field,
     json_chars,
@@ -171,11 +172,8 @@ class ChatReader:
             if raw_usage:
                 return 0, HOLD if self.client_wants_usage else None
             return 0, event
-        n = 0
         if isinstance(raw_usage, dict):
-            total = count(raw_usage.get("completion_tokens"))
-            if total is not None and total >= self.seen:
-                n = total - self.seen
+            n = catch_up(self.seen, count(raw_usage.get("completion_tokens")))
         else:
             n = sum(_choice_tokens(c) for c in choices) if isinstance(choices, list) else 0
         self.seen += n

@@ -23,7 +23,9 @@ from tokenomy.gateway.http.adapter import (
     Shape,
     Usage,
     bad,
+    catch_up,
     count,
+    delta_tokens,
     int_field,
     json_chars,
     model_field,
@@ -135,8 +137,7 @@ class MessagesReader:
     def feed(self, name: str | None, obj: dict[str, Any], event: bytes) -> tuple[int, bytes | None]:
         kind = obj.get("type", name)
         if kind == "content_block_delta":
-            chars = _delta_chars(obj.get("delta"))
-            n = max(1, chars // 4) if chars else 0
+            n = delta_tokens(_delta_chars(obj.get("delta")))
             self.seen += n
             return n, event
         if kind == "message_start":
@@ -151,10 +152,9 @@ class MessagesReader:
             if isinstance(u, dict):
                 merged = {**self.start, **{k: v for k, v in u.items() if v is not None}}
                 self.usage = messages_usage(merged)
-                total = count(u.get("output_tokens"))
-                if total is not None and total >= self.seen:
-                    n, self.seen = total - self.seen, total
-                    return n, event
+                n = catch_up(self.seen, count(u.get("output_tokens")))
+                self.seen += n
+                return n, event
             return 0, event
         if kind == "message_stop":
             return 0, HOLD

@@ -22,7 +22,9 @@ from tokenomy.gateway.http.adapter import (
     Shape,
     Usage,
     bad,
+    catch_up,
     count,
+    delta_tokens,
     int_field,
     json_chars,
     model_field,
@@ -101,7 +103,7 @@ class ResponsesReader:
         kind = obj.get("type", name)
         if kind in _TEXT_DELTAS:
             d = obj.get("delta")
-            n = max(1, len(d) // 4) if isinstance(d, str) and d else 0
+            n = delta_tokens(len(d)) if isinstance(d, str) else 0
             self.seen += n
             return n, event
         if kind in _TERMINAL:
@@ -109,10 +111,9 @@ class ResponsesReader:
             if isinstance(resp, dict):
                 self.final = resp
                 self.usage = responses_usage(resp.get("usage"))
-                total = self.usage.output
-                if total is not None and total >= self.seen:
-                    n, self.seen = total - self.seen, total
-                    return n, HOLD
+                n = catch_up(self.seen, self.usage.output)
+                self.seen += n
+                return n, HOLD
             return 0, HOLD
         return 0, event
 
