@@ -69,23 +69,24 @@ class _Instant(asyncio.Protocol):
                 return
             path = head.split(b" ", 2)[1]
             self.buf = self.buf[end + 4 + n:]
-            if path == b"/health":
-                out = _response(b'{"status":"ok"}')
-            elif path == b"/metrics":
-                out = _response(b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
-                                b"vllm:kv_cache_usage_perc 0.1\n", b"text/plain")
-            else:
-                out = _response(_COMPLETION)
-            self.t.write(out)  # type: ignore[attr-defined]
+            self.t.write(self.answer(path))  # type: ignore[attr-defined]
+
+    def answer(self, path: bytes) -> bytes:
+        if path == b"/health":
+            return _response(b'{"status":"ok"}')
+        if path == b"/metrics":
+            return _response(b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+                             b"vllm:kv_cache_usage_perc 0.1\n", b"text/plain")
+        return _response(_COMPLETION)
 
 
-def run_upstream(ports: list[int]) -> None:
+def run_upstream(ports: list[int], server: type[asyncio.Protocol] = _Instant) -> None:
     import uvloop
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for p in ports:
-            await loop.create_server(_Instant, "127.0.0.1", p)
+            await loop.create_server(server, "127.0.0.1", p)
         await asyncio.Event().wait()
 
     uvloop.run(main())

@@ -62,38 +62,14 @@ _REQUESTS = {  # protocol -> (path, body)
 class _Instant(go._Instant):
     """The overhead benchmark's instant server, answering each protocol's path in its shape."""
 
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buf[:end].lower()
-            i = head.find(b"content-length:")
-            n = int(head[i + 15:].split(b"\r\n", 1)[0]) if i >= 0 else 0
-            if len(self.buf) < end + 4 + n:
-                return
-            path = head.split(b" ", 2)[1]
-            self.buf = self.buf[end + 4 + n:]
-            if path == b"/health":
-                out = go._response(b'{"status":"ok"}')
-            elif path == b"/metrics":
-                out = go._response(b"vllm:num_requests_running 0\n", b"text/plain")
-            else:
-                out = go._response(_BODIES.get(path, _BODIES[b"/v1/chat/completions"]))
-            self.t.write(out)  # type: ignore[attr-defined]
+    def answer(self, path: bytes) -> bytes:
+        if path in _BODIES:
+            return go._response(_BODIES[path])
+        return super().answer(path)
 
 
 def run_upstream(ports: list[int]) -> None:
-    import uvloop
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        for p in ports:
-            await loop.create_server(_Instant, "127.0.0.1", p)
-        await asyncio.Event().wait()
-
-    uvloop.run(main())
+    go.run_upstream(ports, _Instant)
 
 
 def _raw(protocol: str, port: int, with_key: bool, i: int) -> bytes:
