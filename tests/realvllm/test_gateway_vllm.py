@@ -61,6 +61,21 @@ def _completion(url: str, prompt: str, headers: dict[str, str] | None = None, ma
     return dict(r.json())
 
 
+def _nixl_handshake(folder: Path, backends: list[dict[str, str]], attempts: int = 3) -> None:
+    """One short P/D request through its own gateway (its own ledger), until one succeeds: the decode
+    side's first request to a prefill instance makes the NIXL handshake, whose reply vLLM 0.32 waits
+    for 5 s at most (a constant in its NIXL worker); on a loaded 2-core machine that first request can
+    fail with a 500 (``handshake_failed``) and the next one succeeds."""
+    folder.mkdir()
+    with gateway(folder, backends, {"mode": "disagg"}) as (url, key):
+        for _ in range(attempts):
+            r = httpx.post(url + "/v1/completions", headers={"authorization": f"Bearer {key}"}, timeout=120,
+                           json={"model": MODEL, "prompt": f"Handshake {uuid.uuid4().hex}.", "max_tokens": 2})
+            if r.status_code == 200:
+                return
+    raise AssertionError(f"no P/D request succeeded in {attempts} attempts: {r.status_code} {r.text}")
+
+
 def test_pd_through_nixl_generates_what_a_mixed_instance_does(vllm_urls: dict[str, str], tmp_path: Path) -> None:
     # a prompt no instance has seen (instances are shared): "Run <hex>." then a fare table
     prompt = f"Run {uuid.uuid4().hex}. " + "The fare table lists every route with its price and its rules. " * 40
@@ -68,6 +83,7 @@ def test_pd_through_nixl_generates_what_a_mixed_instance_does(vllm_urls: dict[st
     _completion(vllm_urls["prefill-0"], prompt[: len(prompt) // 2], max_tokens=1)  # warms the prefill side's cache
     pair = {"prefill-0": vllm_urls["prefill-0"], "decode-0": vllm_urls["decode-0"]}
     backends = [{"id": i, "url": u, "role": i.split("-")[0]} for i, u in pair.items()]
+    _nixl_handshake(tmp_path / "handshake", backends)
     with gateway(tmp_path, backends, {"mode": "disagg"}) as (url, key):
         before = {i: scrape(u) for i, u in pair.items()}
         pd = _completion(url, prompt, {"authorization": f"Bearer {key}"})

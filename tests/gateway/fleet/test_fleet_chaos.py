@@ -53,9 +53,11 @@ def test_the_ledger_never_bills_more_tokens_than_the_engines_computed(result: di
     replica is metered by no one."""
     audit = result["audit"]
     diff = audit["ledger_vs_backends_diff_tokens"]
-    hangups = audit["ledger_outcomes"].get("disconnected", 0)
+    hung_up = audit["ledger_tokens_by_outcome"].get("disconnected", {}).get("prompt", 0)
     assert diff["output"] <= 0 and diff["cached"] <= 0, audit
-    assert diff["prompt"] <= 64 * hangups, audit  # the hang-ups' short prompts, estimated
+    # the only prompt tokens billed beyond the engines' are the hang-ups' estimated prompts (an engine
+    # may have computed none of one); a fixed allowance per hang-up failed on a fresh clone (1772 > 64 x 14)
+    assert diff["prompt"] <= hung_up, audit
 
 
 def test_refusals_are_in_the_protocols_shape_and_unbudgeted_keys_never_wait_for_a_store(result: dict[str, Any]) -> None:
