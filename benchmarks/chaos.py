@@ -6,6 +6,7 @@ alone and overlapping (``tokenomy.chaos``). ``--soak``: no faults, steady load (
 
     python benchmarks/chaos.py --json out/chaos.json              # 10 minutes, seed 0
     python benchmarks/chaos.py --soak --json out/soak.json        # 30 minutes
+    python benchmarks/chaos.py --on-client-disconnect finish --json out/chaos-finish.json  # hang-ups billed in full
 
 Writes ``{"duration_s", "faults", "offered", "served", "lost", "duplicated",
 "ledger_vs_backends_max_diff_tokens", "overspend_usd", "holds_left", "availability_by_window",
@@ -37,11 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the run's directory (logs, outbox files)")
     ap.add_argument("--redis-loses-data", action="store_true",
                     help="run Redis without its append-only file: each restart empties it")
+    ap.add_argument("--on-client-disconnect", choices=("cancel", "finish"), default="cancel",
+                    help="the replicas' policy for a client hanging up mid-stream (default: the gateway's, cancel)")
     args = ap.parse_args(argv)
     duration = args.duration if args.duration is not None else (1800.0 if args.soak else 600.0)
     try:
         opts = ChaosOptions(duration_s=duration, seed=args.seed, soak=args.soak, time_scale=args.time_scale,
-                            keep_dir=args.keep, redis_appendonly=not args.redis_loses_data)
+                            keep_dir=args.keep, redis_appendonly=not args.redis_loses_data,
+                            on_client_disconnect=args.on_client_disconnect)
     except ValueError as e:
         ap.error(str(e))
     result = asyncio.run(run_chaos(opts, log=lambda m: print(m, file=sys.stderr, flush=True)))

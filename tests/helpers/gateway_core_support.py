@@ -41,6 +41,7 @@ class FakeUpstream:
     default_output: int = 8
     block_tokens: int = 4
     token_delay_s: float = 0.0
+    role_first: bool = False  # a stream opens with a role-only chunk (vLLM's, once the prompt is computed)
     response_delay_s: float = 0.0  # before a non-streamed answer
     fail_status: int | None = None
     seen: list[list[str]] = field(default_factory=list)  # prompt + answer tokens of each finished request
@@ -89,6 +90,9 @@ class FakeUpstream:
                 self.running += 1
                 done = False
                 try:
+                    if self.role_first and chat:
+                        role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                        yield f"data: {json.dumps({'id': 'c', 'model': self.model, 'choices': [role]})}\n\n"
                     for i, w in enumerate(words):
                         if self.token_delay_s:
                             await asyncio.sleep(self.token_delay_s)

@@ -32,7 +32,8 @@ class ChaosOptions:
     """``duration_s`` of load (faults unless ``soak``), ``seed`` of the schedule and the workload;
     ``settle_timeout_s`` bounds the wait for outboxes and holds after the load. ``redis_appendonly``
     False: Redis loses its data at each restart (spend is then re-seeded from PostgreSQL, and budgeted
-    keys wait for PostgreSQL when it is away too)."""
+    keys wait for PostgreSQL when it is away too). ``on_client_disconnect``: the replicas' policy for
+    a client hanging up mid-stream (``cancel``, the gateway's default, or ``finish``)."""
 
     duration_s: float = 600.0
     seed: int = 0
@@ -44,8 +45,11 @@ class ChaosOptions:
     settle_timeout_s: float = 240.0
     keep_dir: bool = False
     redis_appendonly: bool = True
+    on_client_disconnect: str = "cancel"
 
     def __post_init__(self) -> None:
+        if self.on_client_disconnect not in ("cancel", "finish"):
+            raise ValueError(f"on_client_disconnect must be cancel or finish, got {self.on_client_disconnect!r}")
         if not (math.isfinite(self.duration_s) and self.duration_s >= 30):
             raise ValueError(f"duration must be at least 30 s, got {self.duration_s:g}")
         for name in ("replicas", "backends"):
@@ -85,7 +89,7 @@ async def _settle(stack: ChaosStack, timeout_s: float) -> dict[str, Any]:
 
 async def run_chaos(opts: ChaosOptions, log: Any = print) -> dict[str, Any]:
     stack = ChaosStack(opts.replicas, opts.backends, opts.time_scale, keep=opts.keep_dir,
-                       redis_appendonly=opts.redis_appendonly)
+                       redis_appendonly=opts.redis_appendonly, on_client_disconnect=opts.on_client_disconnect)
     log(f"starting the fleet in {stack.workdir}")
     try:  # a start that fails half-way stops what it started
         await stack.start()
@@ -138,6 +142,7 @@ async def _drive(stack: ChaosStack, opts: ChaosOptions, log: Any) -> dict[str, A
     rss = rss_growth(samples, warmup_s, 0.3 * opts.duration_s)
     return {
         "duration_s": opts.duration_s, "seed": opts.seed, "soak": opts.soak, "redis_appendonly": opts.redis_appendonly,
+        "on_client_disconnect": opts.on_client_disconnect,
         "faults": [a.to_dict() for a in sorted(injector.applied, key=lambda a: a.start_s)],
         "offered": len(requests), "served": sum(r.complete for r in requests),
         "hung_up": len(load.requests) - len(requests),

@@ -116,6 +116,7 @@ class ChaosStack:
     config_path: Path | None = None
     keep: bool = False  # keep ``workdir`` (logs, outboxes) after ``stop``
     redis_appendonly: bool = True  # a Redis restart keeps its data (as docs/gateway-ops.md advises); False: loses it
+    on_client_disconnect: str = "cancel"  # the replicas' server.on_client_disconnect
 
     async def start(self) -> ChaosStack:
         self.redis = await asyncio.to_thread(start_redis, self.workdir / "redis", None, self.redis_appendonly)
@@ -143,6 +144,7 @@ class ChaosStack:
             "backends": [{"id": e.instance_id, "url": f"http://127.0.0.1:{p.port}", "models": [MODEL]}
                          for e, p in zip(self.emulators, self.backend_proxies, strict=True)],
             "router": {"name": "session_affinity"},
+            "server": {"on_client_disconnect": self.on_client_disconnect},
             "prices": {MODEL: PRICE},
             "ops": {"server_secret": "chaos-secret-" + "c" * 20,
                     "breaker": {"key_tokens_per_min": 50_000_000, "max_turns_per_session": 200},

@@ -152,6 +152,9 @@ class ServerConfig(_Strict):
     # Labelled default (Llama-3.1's 128k): a model's context window when ``context_windows`` names
     # none; a max_tokens above it is refused (400) before anything is reserved for it.
     default_context_window_tokens: int = Field(default=131_072, ge=1)
+    # A client hanging up mid-stream: ``cancel`` stops the backend (bills what was read from it);
+    # ``finish`` reads the answer to its end and bills the backend's usage (docs/gateway.md).
+    on_client_disconnect: Literal["cancel", "finish"] = "cancel"
 
 
 class GatewayConfig(_Strict):

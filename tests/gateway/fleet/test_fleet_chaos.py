@@ -48,9 +48,9 @@ def test_no_budget_is_overspent_and_no_hold_is_left(result: dict[str, Any]) -> N
 
 
 def test_the_ledger_never_bills_more_tokens_than_the_engines_computed(result: dict[str, Any]) -> None:
-    """Equal when no request is cut: a hang-up bills the tokens delivered (the engine generated a few
-    more before it stopped) and the gateway's estimate of its prompt; a request in flight on a killed
-    replica is metered by no one."""
+    """Equal when no request is cut: a hang-up (``cancel``, the default) bills the tokens read from the
+    engine (it generated a few more before it stopped) and the gateway's estimate of its prompt; a
+    request in flight on a killed replica is metered by no one."""
     audit = result["audit"]
     diff = audit["ledger_vs_backends_diff_tokens"]
     hung_up = audit["ledger_tokens_by_outcome"].get("disconnected", {}).get("prompt", 0)

@@ -1,4 +1,5 @@
-"""Streams cut by the guard or left by their client: metered for what was delivered, settled once."""
+"""Streams cut by the guard or left by their client: metered for what was read (``cancel``) or for the
+backend's whole answer (``finish``), settled once."""
 
 from __future__ import annotations
 
@@ -45,11 +46,11 @@ class CappedGuard(AllowAllGuard):
 def make(tmp_path: Path) -> Iterator[Callable[[FakeUpstream, AllowAllGuard], tuple[str, SqlLedger]]]:
     stack: list[Any] = []
 
-    def start(upstream: FakeUpstream, guard: AllowAllGuard) -> tuple[str, SqlLedger]:
+    def start(upstream: FakeUpstream, guard: AllowAllGuard, **server: Any) -> tuple[str, SqlLedger]:
         up = serve(upstream.app())
         up_url = up.__enter__()
         stack.append(up)
-        cfg = config_from_dict({"backends": [{"id": "b1", "url": up_url}],
+        cfg = config_from_dict({"backends": [{"id": "b1", "url": up_url}], "server": server,
                                 "ledger": {"url": f"sqlite:///{tmp_path}/ledger.db"}})
         ledger = SqlLedger(cfg.ledger.url)
         gw = serve(build_app(cfg, guard=guard, ledger=ledger))
@@ -123,3 +124,54 @@ def test_a_client_leaving_before_the_first_token_is_released(make: Any) -> None:
     wait_for(lambda: "early" in guard.released)
     assert guard.released["early"] == "client disconnected" and "early" not in guard.settled
     assert _events(ledger) == []
+
+
+def _leave_after(url: str, rid: str, body: dict[str, Any], events: int) -> None:
+    """Stream ``body`` and hang up after ``events`` data events."""
+    with httpx.Client(base_url=url, timeout=10) as http, http.stream(
+        "POST", "/v1/chat/completions", json=body, headers={"x-request-id": rid}
+    ) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen == events:
+                break
+
+
+def test_a_client_leaving_after_the_backend_answered_is_billed_its_prompt(make: Any) -> None:
+    # The role chunk comes once the prompt is computed: the engine spent it, so the ledger bills it.
+    upstream = FakeUpstream(token_delay_s=0.3, role_first=True)
+    guard = AllowAllGuard()
+    url, ledger = make(upstream, guard)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a b c d e f"}], "max_tokens": 10, "stream": True}
+    _leave_after(url, "answered", body, events=1)
+    [ev] = wait_for(lambda: _events(ledger))
+    assert (ev.outcome, ev.output_tokens) == ("disconnected", 0)
+    assert ev.prompt_tokens > 0 and guard.settled["answered"].prompt_tokens == ev.prompt_tokens
+    wait_for(lambda: upstream.aborted == 1)
+
+
+def test_finish_reads_a_left_stream_to_its_end_and_bills_the_backends_usage(make: Any) -> None:
+    upstream = FakeUpstream(token_delay_s=0.01)
+    guard = AllowAllGuard()
+    url, ledger = make(upstream, guard, on_client_disconnect="finish")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 60, "stream": True}
+    _leave_after(url, "left", body, events=3)
+    [ev] = wait_for(lambda: _events(ledger))
+    [usage] = upstream.usages
+    assert (ev.outcome, ev.status) == ("disconnected", 499)
+    assert (ev.prompt_tokens, ev.output_tokens) == (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        usage["prompt_tokens"], 60)
+    assert guard.settled["left"].output_tokens == 60 and not guard.open
+    assert upstream.aborted == 0  # the backend finished its answer
+
+
+def test_finish_still_cuts_a_left_stream_at_its_cap(make: Any) -> None:
+    upstream = FakeUpstream(token_delay_s=0.01)
+    guard = CappedGuard(cap=10)
+    url, ledger = make(upstream, guard, on_client_disconnect="finish")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "loop"}], "max_tokens": 200, "stream": True}
+    _leave_after(url, "capped", body, events=3)
+    [ev] = wait_for(lambda: _events(ledger))
+    assert (ev.outcome, ev.output_tokens) == ("disconnected", 10)
+    wait_for(lambda: upstream.aborted == 1)

@@ -7,6 +7,17 @@ terminal ``response.*`` event), which are held until the ledger row is durable (
 is dropped when the client did not ask for usage). An event that makes ``guard.on_tokens`` answer
 False is not forwarded: the upstream is closed at once and the client gets the protocol's error
 event (and chat's ``[DONE]``); the ledger row counts the tokens delivered before it.
+
+A client that hangs up mid-stream (``server.on_client_disconnect``):
+
+* ``cancel`` (the default): the upstream connection is closed, so the engine stops generating
+  (vLLM aborts the request). The ledger bills the prompt and every output token the gateway had
+  read from the backend, delivered or not; the few tokens the engine computed after the gateway's
+  last read reach no one and are not billed (nothing can see them: vLLM reports no usage for an
+  aborted request). A client gone before the backend's first event is released unbilled.
+* ``finish``: the gateway reads the backend's stream to its end without a client (hard caps and
+  budgets still cut it), and bills the backend's own usage: the ledger equals the engines' counters
+  to the token, for the price of computing answers nobody reads.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -21,7 +33,7 @@ import orjson
 from starlette.responses import StreamingResponse
 
 from tokenomy.gateway.errors import GatewayError
-from tokenomy.gateway.http.adapter import HOLD, Usage, split_event
+from tokenomy.gateway.http.adapter import HOLD, StreamReader, Usage, split_event
 from tokenomy.gateway.http.flight import Completion, Flight, resolve_usage
 from tokenomy.gateway.routing.upstream import UpstreamError, UpstreamResponseLike
 
@@ -60,22 +72,39 @@ class SseFramer:
             del buf[: i + 2]
 
 
+class _Read:
+    """A stream's read state, kept outside the relay generator: a client that hangs up closes the
+    generator mid-batch, and ``finish`` meters the rest of the backend's stream from here."""
+
+    __slots__ = ("framer", "pending", "reader", "answered")
+
+    def __init__(self, reader: StreamReader) -> None:
+        self.framer = SseFramer()
+        self.pending: deque[bytes] = deque()  # events framed but not yet handled
+        self.reader = reader
+        self.answered = False  # the backend sent a data event: the prompt was computed
+
+
 async def _relay(completion: Completion, flight: Flight, resp: UpstreamResponseLike) -> AsyncIterator[bytes]:
     req = flight.req
     proto = req.protocol
-    reader = proto.reader(req.client_wants_usage)
+    state = _Read(proto.reader(req.client_wants_usage))
+    reader, pending = state.reader, state.pending
     held: list[bytes] = []  # events that tell the client the request is complete: after the ledger
-    framer = SseFramer()
     try:
         try:
             async for raw in resp.aiter_bytes():
-                for event in framer.feed(raw):
+                pending.extend(state.framer.feed(raw))
+                while pending:
+                    event = pending.popleft()
                     name, data = split_event(event)
                     if data is None:
                         yield event  # comments, keep-alives
                         continue
                     if data == b"[DONE]":
+                        pending.clear()
                         break
+                    state.answered = True
                     try:
                         obj = orjson.loads(data)
                     except ValueError:
@@ -123,7 +152,7 @@ async def _relay(completion: Completion, flight: Flight, resp: UpstreamResponseL
         yield proto.terminator
     finally:
         if not flight.ticket.done:  # the client went away (cancelled) before we finished
-            completion.spawn(_abandoned(completion, flight, resp))
+            completion.spawn(_abandoned(completion, flight, resp, state))
 
 
 async def _uncancellable(completion: Completion, coro: Coroutine[Any, Any, Any]) -> None:
@@ -160,21 +189,75 @@ async def _upstream_failed(completion: Completion, flight: Flight, resp: Upstrea
         await completion.release(flight.ticket, f"upstream {type(exc).__name__}")
 
 
-async def _abandoned(completion: Completion, flight: Flight, resp: UpstreamResponseLike) -> None:
-    """The client disconnected: stop the backend, meter what it was sent, or release."""
+async def _abandoned(completion: Completion, flight: Flight, resp: UpstreamResponseLike, state: _Read) -> None:
+    """The client disconnected: stop the backend and meter what it was sent, or (``finish``) read
+    the backend's answer to its end and meter all of it; release when the backend had not answered."""
+    req = flight.req
+    if completion.config.server.on_client_disconnect == "finish" and not flight.ticket.done:
+        with contextlib.suppress(UpstreamError, asyncio.CancelledError):
+            if await _read_to_end(completion, flight, resp, state):
+                await resp.aclose()
+                usage = resolve_usage(state.reader.usage, req.prompt_tokens_estimate, flight.delivered_tokens)
+                flight.backend.finished(req.request_id, req.stream_key, usage.total)
+                await completion.finish(flight, usage, status=499, outcome="disconnected", end_s=time.perf_counter())
+                return
     with contextlib.suppress(UpstreamError, asyncio.CancelledError):
         await resp.aclose()
-    req = flight.req
     flight.backend.finished(req.request_id, None, 0)
     if flight.ticket.done:
         return
-    if flight.delivered_tokens:
-        await completion.finish(flight, _delivered(flight), status=499, outcome="disconnected",
+    if flight.delivered_tokens or state.answered:
+        await completion.finish(flight, _received(flight, state), status=499, outcome="disconnected",
                                 end_s=time.perf_counter())
     else:
         await completion.release(flight.ticket, "client disconnected")
 
 
+async def _read_to_end(completion: Completion, flight: Flight, resp: UpstreamResponseLike, state: _Read) -> bool:
+    """Meter the rest of a stream whose client is gone: True when it ended, False when a hard cap
+    or budget cut it (the caller closes the upstream and bills what was read)."""
+    reader, pending = state.reader, state.pending
+
+    def meter() -> bool | None:
+        while pending:
+            event = pending.popleft()
+            name, data = split_event(event)
+            if data is None:
+                continue
+            if data == b"[DONE]":
+                return True
+            state.answered = True
+            try:
+                obj = orjson.loads(data)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                n, _ = reader.feed(name, obj, event)
+                if n:
+                    if not completion.guard.on_tokens(flight.admission, n):
+                        return False
+                    flight.delivered_tokens += n
+        return None
+
+    done = meter()
+    if done is not None:
+        return done
+    async for raw in resp.aiter_bytes():
+        pending.extend(state.framer.feed(raw))
+        done = meter()
+        if done is not None:
+            return done
+    return True
+
+
 def _delivered(flight: Flight) -> Usage:
     """A stream that ended early: the estimated prompt and the output tokens delivered."""
     return Usage(prompt=flight.req.prompt_tokens_estimate, output=flight.delivered_tokens)
+
+
+def _received(flight: Flight, state: _Read) -> Usage:
+    """A stream its client left: what the backend reported so far (a running usage), else the
+    prompt estimate, and every output token read from the backend."""
+    u = state.reader.usage or Usage()
+    return Usage(prompt=u.prompt if u.prompt is not None else flight.req.prompt_tokens_estimate,
+                 output=max(u.output or 0, flight.delivered_tokens), cached=u.cached, reasoning=u.reasoning)
