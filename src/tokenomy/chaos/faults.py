@@ -140,8 +140,8 @@ class Injector:
 
     async def _restart(self, start: Callable[[], Any], wait_ready: Callable[[float], None], what: str) -> None:
         """Start a process again until it stays up, as a supervisor (Kubernetes, systemd) would: a
-        replica cannot start while PostgreSQL is away, so it is started again every
-        ``RESTART_BACKOFF_S`` until ``RESTART_TIMEOUT_S``."""
+        process that exits at start-up (a replica with neither PostgreSQL nor a tenant snapshot) is
+        started again every ``RESTART_BACKOFF_S`` until ``RESTART_TIMEOUT_S``."""
         deadline = time.monotonic() + RESTART_TIMEOUT_S
         while True:
             start()

@@ -1,7 +1,8 @@
 """A fleet replica with PostgreSQL stopped (``ops.shared.on_outage.ledger: outbox``, the default):
 requests are still served and wait in the replica's outbox, which drains into PostgreSQL once it
 is back, each request id exactly once; a replica killed with a non-empty outbox drains it when it
-starts again from the same disk."""
+starts again from the same disk, and a replica restarted while PostgreSQL is down authenticates
+from the tenant snapshot it left there."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from helpers.servers import postgres_server, redis_server
 from tokenomy.cli.main import main
 from tokenomy.gateway.http.replicas import Replica, start_replicas, stop_all
 from tokenomy.gateway.ops.keys import new_api_key
-from tokenomy.gateway.stores.pg_tenancy import pg_engine
+from tokenomy.gateway.stores.pg_tenancy import TENANT_SNAPSHOT, pg_engine
 from tokenomy.gateway.stores.servers import PostgresServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -133,6 +134,28 @@ def test_a_replica_killed_with_a_queue_drains_it_when_restarted(fleet: OneReplic
     wait_for(lambda: sorted(fleet.ledger_ids("rs-")) == [f"rs-down-{i}" for i in range(3)], timeout_s=60.0,
              interval_s=0.2, what="the dead replica's queue drained")
     assert fleet.outbox()["depth"] == 0
+
+
+def test_a_replica_restarted_while_postgres_is_down_serves_from_its_tenant_snapshot(fleet: OneReplica) -> None:
+    snapshot = fleet.config.parent / TENANT_SNAPSHOT
+    assert snapshot.exists() and snapshot.stat().st_mode & 0o077 == 0  # written at start-up, private
+    assert fleet.key not in snapshot.read_text()  # digests, never the raw key
+    fleet.pg.stop(remove=False)
+    try:
+        fleet.replica.kill()
+        fleet.replica.start().wait_ready()  # no PostgreSQL: the tree comes from the snapshot
+        r = fleet.chat("snap-down-0")
+        assert r.status_code == 200, r.text
+        refused = httpx.post(f"{fleet.replica.url}/v1/chat/completions", timeout=30.0,
+                             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                             headers={"authorization": "Bearer tk-not-a-key"})
+        assert refused.status_code == 401
+        assert fleet.outbox()["depth"] == 1
+    finally:
+        fleet.pg.start()
+    wait_for(lambda: fleet.ledger_ids("snap-") == ["snap-down-0"], timeout_s=60.0, interval_s=0.2,
+             what="the outbox drained once PostgreSQL was back")
+    assert fleet.chat("snap-after").status_code == 200
 
 
 def test_a_replica_that_cannot_reach_postgres_at_start_up_says_so_in_one_line(tmp_path: Path) -> None:

@@ -9,10 +9,13 @@ sessions in its window up to the SQL aggregation itself. Blocking: call from a t
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+
+log = logging.getLogger(__name__)
 
 PAGE_ROWS = 25  # groups per page (sessions, live sessions)
 MAX_TURNS = 500  # turns shown for one session
@@ -76,9 +79,14 @@ class ConsoleQueries:
 
     def prepare(self) -> None:
         """Create the time index the windowed queries use (idempotent; the ledger's own indexes are
-        by session and by tenant path)."""
-        with self.engine.begin() as conn:
-            conn.execute(sa.text("CREATE INDEX IF NOT EXISTS ix_usage_ts ON usage_events (ts_s)"))
+        by session and by tenant path). A database that does not answer (a fleet replica started while
+        PostgreSQL is away) skips it: the replica that started with it made the index."""
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(sa.text("CREATE INDEX IF NOT EXISTS ix_usage_ts ON usage_events (ts_s)"))
+        except sa.exc.OperationalError as e:
+            log.warning("console: the ledger's database did not answer (%s); its time index is not checked",
+                        type(e.orig or e).__name__)
 
     def _bucket(self, since_s: float, bucket_s: float) -> Any:
         offset = (c.ts_s - since_s) / bucket_s

@@ -13,6 +13,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -28,7 +29,7 @@ from tokenomy.gateway.stores.local_state import LocalState
 from tokenomy.gateway.stores.outbox import OutboxCollector, open_outbox
 from tokenomy.gateway.stores.outbox_ledger import OutboxLedger
 from tokenomy.gateway.stores.pg_ledger import PgLedger
-from tokenomy.gateway.stores.pg_tenancy import PgTenantStore, pg_engine, seeding_lock
+from tokenomy.gateway.stores.pg_tenancy import TENANT_SNAPSHOT, PgTenantStore, pg_engine, seeding_lock
 from tokenomy.gateway.stores.redis_state import RedisState, SpendLedger
 from tokenomy.gateway.stores.redis_store import redis_client
 from tokenomy.gateway.stores.reservations import InProcessReservations
@@ -81,19 +82,23 @@ def build_fleet(config: GatewayConfigLike, shared: SharedStoresConfig, *, regist
         raise ValueError("ops.server_secret: a fleet needs one secret shared by every replica")
     engine = pg_engine(shared.postgres_url)
     try:
-        store = PgTenantStore(engine, ops.server_secret.encode(), refresh_s=shared.tenants_refresh_s)
-        with seeding_lock(engine):  # one replica at a time: tenants, the ledger's table and indexes
-            store.reload()
-            apply_seeds(store, ops.tenants)
-            usage_events.metadata.create_all(engine, tables=[usage_events])
-            with engine.begin() as conn:
-                conn.execute(sa.text("CREATE INDEX IF NOT EXISTS ix_usage_ts ON usage_events (ts_s)"))
+        # PostgreSQL away: the tree from this disk's snapshot (written by an earlier start), if any
+        store = PgTenantStore(engine, ops.server_secret.encode(), refresh_s=shared.tenants_refresh_s,
+                              snapshot=Path(shared.outbox_dir) / TENANT_SNAPSHOT)
+        if not store.offline:
+            with seeding_lock(engine):  # one replica at a time: tenants, the ledger's table and indexes
+                store.reload()
+                apply_seeds(store, ops.tenants)
+                usage_events.metadata.create_all(engine, tables=[usage_events])
+                with engine.begin() as conn:
+                    conn.execute(sa.text("CREATE INDEX IF NOT EXISTS ix_usage_ts ON usage_events (ts_s)"))
     except sa.exc.OperationalError as e:  # a replica cannot authenticate anyone without the tenant tree
         engine.dispose()
         why = str(e.orig or e).strip().splitlines()[0]
-        raise ValueError(f"ops.shared.postgres_url: PostgreSQL did not answer at start-up ({why}); a replica "
-                         f"needs it to load the tenant tree (a ledger outbox left in {shared.outbox_dir!r} "
-                         "drains once the replica starts)") from None
+        raise ValueError(f"ops.shared.postgres_url: PostgreSQL did not answer at start-up ({why}) and "
+                         f"{shared.outbox_dir!r} holds no tenant snapshot ({TENANT_SNAPSHOT}, written by a "
+                         "replica that started with PostgreSQL): a replica needs one to authenticate (a "
+                         "ledger outbox left there drains once the replica starts)") from None
     ledger: PgLedger
     if shared.on_outage.ledger == "outbox":  # PostgreSQL away: events wait in this replica's outbox
         outbox = open_outbox(None, shared.outbox_dir)

@@ -11,6 +11,7 @@ deleted as new ones are written.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ import orjson
 import sqlalchemy as sa
 
 from tokenomy.gateway.stores.pg_tenancy import seeding_lock
+
+log = logging.getLogger(__name__)
 
 _metadata = sa.MetaData()
 answers = sa.Table(
@@ -51,11 +54,20 @@ class SqlAnswers:
         self.engine = engine
         self.ttl_s = ttl_s
         self._writes = 0
-        if engine.dialect.name == "postgresql":  # replicas starting together: one creates, the others wait
-            with seeding_lock(engine):
-                _metadata.create_all(engine)
+        self._created = False
+        try:
+            self._create()
+        except sa.exc.OperationalError as e:  # a replica started while PostgreSQL is away: create on first use
+            log.warning("stored answers: the database did not answer (%s); the table is created on first use",
+                        type(e.orig or e).__name__)
+
+    def _create(self) -> None:
+        if self.engine.dialect.name == "postgresql":  # replicas starting together: one creates, the others wait
+            with seeding_lock(self.engine):
+                _metadata.create_all(self.engine)
         else:
-            _metadata.create_all(engine)
+            _metadata.create_all(self.engine)
+        self._created = True
 
     async def save(self, response_id: str, owner: str, input_items: list[Any], output: list[Any]) -> None:
         payload = orjson.dumps({"input": input_items, "output": output}).decode()
@@ -65,6 +77,8 @@ class SqlAnswers:
 
     def _save(self, response_id: str, owner: str, payload: str, prune: bool) -> None:
         now = time.time()
+        if not self._created:
+            self._create()
         with self.engine.begin() as conn:
             conn.execute(sa.delete(answers).where(answers.c.id == response_id))
             conn.execute(sa.insert(answers).values(id=response_id, owner=owner, created_s=now, payload=payload))
@@ -75,6 +89,8 @@ class SqlAnswers:
         return await asyncio.to_thread(self._load, response_id)
 
     def _load(self, response_id: str) -> StoredAnswer | None:
+        if not self._created:
+            self._create()
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(answers.c.owner, answers.c.created_s, answers.c.payload)
                                .where(answers.c.id == response_id)).first()

@@ -62,7 +62,13 @@ class OutboxLedger(PgLedger):
         self.pg_failed_at_s = value
 
     async def start(self) -> OutboxLedger:
-        await super().start()
+        if self._writer is None:
+            try:
+                await asyncio.wait_for(self.create_table(), self.timeout_s)
+            except Exception as e:  # noqa: BLE001 (a replica started while PostgreSQL is away: the outbox serves)
+                log.warning("ledger: PostgreSQL did not answer at start-up (%s); events wait in the outbox "
+                            "until it does", type(e).__name__)
+            self.start_writer()
         if self._drainer is None:
             self._drainer = asyncio.get_running_loop().create_task(self._drain(), name="ledger-outbox-drainer")
             self._kick.set()  # a queue left by a previous run drains now

@@ -81,14 +81,21 @@ class PgLedger:
         """Create the table when missing and start the writer (idempotent)."""
         if self._writer is not None:
             return self
+        await self.create_table()
+        self.start_writer()
+        return self
+
+    async def create_table(self) -> None:
         async with self.engine.begin() as conn:  # replicas starting together: one creates, the others wait
             await conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('tokenomy ledger ddl'))"))
             await conn.run_sync(usage_events.metadata.create_all, tables=[usage_events])
             await conn.run_sync(add_missing_columns)
+
+    def start_writer(self) -> None:
+        """Start the group-commit writer (inside the running loop); the table must exist."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._writer = self._loop.create_task(self._run(), name="pg-ledger-writer")
-        return self
 
     async def record(self, event: UsageEvent, alone: bool = False) -> None:
         """Store ``event`` durably (returns after its commit); a second event with the same id is ignored."""

@@ -9,16 +9,24 @@ plus one PostgreSQL round trip.
 
 Replicas starting together seed the config's tenants one at a time (``seeding_lock``: a
 PostgreSQL advisory lock), so a tenant is never created twice.
+
+Each replica writes the tree it loaded to a snapshot on its own disk (``snapshot``: a JSON file
+beside the ledger outbox, mode 0600, replaced atomically at every change; key digests, never raw
+keys). A replica (re)started while PostgreSQL is unreachable authenticates from that snapshot
+(``offline``) and takes up changes once PostgreSQL answers again; without one it cannot start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,6 +38,29 @@ from tokenomy.gateway.stores.tenancy_sql import META, METADATA, TenantStore
 
 log = logging.getLogger(__name__)
 _SEED_LOCK = 0x746B_7365_6564  # "tkseed": one advisory lock id for the tenant seeding
+TENANT_SNAPSHOT = "tokenomy-tenants.json"
+"""The tenant tree's snapshot file, in ``ops.shared.outbox_dir``."""
+
+
+def write_snapshot(path: Path, version: int, rows: Sequence[Any]) -> None:
+    """The tree's rows at ``version`` into ``path`` (a temporary file renamed over it: never torn)."""
+    data = {"version": version, "rows": [dict(r) for r in rows]}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_snapshot(path: Path) -> tuple[int, list[dict[str, Any]]] | None:
+    """(version, rows) of the snapshot at ``path``; None when there is none or it cannot be read."""
+    try:
+        data = json.loads(path.read_text())
+        return int(data["version"]), [dict(r) for r in data["rows"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def pg_sync_url(url: str) -> str:
@@ -61,7 +92,7 @@ class PgTenantStore(TenantStore):
     """``TenantStore`` on PostgreSQL with a time-gated change check (``refresh_s``)."""
 
     def __init__(self, engine: Engine, server_secret: bytes, refresh_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, snapshot: Path | None = None) -> None:
         # TenantStore.__init__ opens a direct SQLite connection for its per-request version read;
         # here the check is time-gated through the engine instead.
         self.engine = engine
@@ -78,12 +109,34 @@ class PgTenantStore(TenantStore):
         self.clock = clock
         self._next_refresh_s = -float("inf")
         self._refreshing: asyncio.Task[None] | None = None
-        with seeding_lock(engine):
-            METADATA.create_all(engine)
-            with engine.begin() as conn:
-                if conn.execute(sa.select(META.c.version)).first() is None:
-                    conn.execute(META.insert().values(id=1, version=0))
-        self.reload()
+        self.snapshot = snapshot
+        self._snapshot_version = -1
+        self.offline = False  # started from the snapshot: PostgreSQL did not answer
+        try:
+            with seeding_lock(engine):
+                METADATA.create_all(engine)
+                with engine.begin() as conn:
+                    if conn.execute(sa.select(META.c.version)).first() is None:
+                        conn.execute(META.insert().values(id=1, version=0))
+            self.reload()
+        except sa.exc.OperationalError:
+            saved = read_snapshot(snapshot) if snapshot is not None else None
+            if saved is None:
+                raise
+            log.warning("tenant tree: PostgreSQL did not answer; authenticating from the snapshot %s "
+                        "(version %d) until it does", snapshot, saved[0])
+            self.offline = True
+            self._snapshot_version = saved[0]
+            self._apply(*saved)
+
+    def _apply(self, version: int, rows: Sequence[Any]) -> None:
+        super()._apply(version, rows)
+        if self.snapshot is not None and version != self._snapshot_version:
+            try:
+                write_snapshot(self.snapshot, version, rows)
+                self._snapshot_version = version
+            except OSError as e:  # the snapshot only helps a restart: never fail a reload over it
+                log.warning("tenant tree: cannot write the snapshot %s (%s)", self.snapshot, e)
 
     def refresh_if_changed(self) -> None:
         now = self._clock()

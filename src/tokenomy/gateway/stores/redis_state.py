@@ -94,7 +94,12 @@ class RedisState:
         return seeded
 
     async def start(self, now_s: float) -> None:
-        await self._call(self.seed(now_s))
+        """Seed the budgets; a store away at start-up (a replica restarted during an outage) leaves
+        it to the first admission that finds Redis unseeded, as when Redis comes back empty."""
+        try:
+            await self._call(self.seed(now_s))
+        except StoreUnavailable as e:
+            log.warning("fleet budgets: not seeded at start-up (%s); the first admission that needs it will", e)
 
     async def _call(self, call: Awaitable[Any]) -> Any:
         try:
