@@ -51,6 +51,7 @@ class OutboxLedger(PgLedger):
         self.pg_failed_at_s: float | None = None  # PostgreSQL's own health (for logs and tests)
         self._kick = asyncio.Event()
         self._drainer: asyncio.Task[None] | None = None
+        self._table_checked = False  # the ledger's table made sure of (at start, or before the first drain)
 
     @property
     def failed_at_s(self) -> float | None:
@@ -65,6 +66,7 @@ class OutboxLedger(PgLedger):
         if self._writer is None:
             try:
                 await asyncio.wait_for(self.create_table(), self.timeout_s)
+                self._table_checked = True
             except Exception as e:  # noqa: BLE001 (a replica started while PostgreSQL is away: the outbox serves)
                 log.warning("ledger: PostgreSQL did not answer at start-up (%s); events wait in the outbox "
                             "until it does", type(e).__name__)
@@ -93,6 +95,9 @@ class OutboxLedger(PgLedger):
                 try:
                     batch = await self.outbox.oldest(self.drain_batch)
                     if batch:
+                        if not self._table_checked:  # started while PostgreSQL was away
+                            await asyncio.wait_for(self.create_table(), self.timeout_s)
+                            self._table_checked = True
                         await asyncio.wait_for(self._insert([e for _, e in batch]), self.timeout_s)
                         await self.outbox.delete([s for s, _ in batch])
                         log.info("ledger outbox: drained %d events, %d left", len(batch), self.outbox.depth)
