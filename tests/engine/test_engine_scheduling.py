@@ -143,19 +143,6 @@ def test_a_request_chunk_cap_limits_only_that_request() -> None:
         engine.add_request(Request("c", 0.0, 10, 1), 0.0, max_chunk_tokens=-1)
 
 
-def test_an_instance_wide_prefill_cap_limits_every_request_and_a_tighter_own_cap_wins() -> None:
-    perf = FakePerf()
-    engine = create_engine(perf, max_num_batched_tokens=1000)
-    engine.set_prefill_chunk_cap(50)  # a prefill instance decoding borrowed turns
-    engine.add_request(Request("a", 0.0, 100, 1), 0.0, max_chunk_tokens=30)
-    engine.add_request(Request("b", 0.0, 100, 1), 0.0)
-    run(engine)
-    # a: 30 + 30 + 30 + 10 (its own cap), b: 50 + 50 (the instance's)
-    assert [s.prefill_tokens for s in perf.shapes] == [80, 80, 30, 10]
-    with pytest.raises(ValueError, match="cap"):
-        engine.set_prefill_chunk_cap(-1)
-
-
 def test_chunked_prefill_splits_a_prompt_over_the_budget() -> None:
     perf = FakePerf()
     engine = create_engine(perf, max_num_batched_tokens=64)

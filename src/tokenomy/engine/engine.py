@@ -171,13 +171,6 @@ class Engine:
             self._tracer.finished(record)
         return record
 
-    def set_prefill_chunk_cap(self, tokens: int) -> None:
-        """Cap the prompt tokens any request computes per step (0: none beyond each request's own
-        ``max_chunk_tokens``): a prefill instance decoding borrowed turns keeps its steps short."""
-        if tokens < 0:
-            raise ValueError(f"prefill chunk cap must be >= 0, got {tokens}")
-        self._sched.prefill_cap = tokens
-
     def set_chunk_cap(self, request_id: str, tokens: int) -> int:
         """Re-cap ``request_id``'s chunks as ``max_chunk_tokens`` does; its prompt tokens left (0: none)."""
         req = self._requests.get(request_id)

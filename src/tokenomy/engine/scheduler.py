@@ -71,13 +71,6 @@ class Scheduler:
         self.kv = kv
         self.stats = stats
         self.queues = queues
-        # > 0: the most prompt tokens any request computes per step (Engine.set_prefill_chunk_cap)
-        self.prefill_cap = 0
-
-    def _cap(self, req: RequestState) -> int:
-        """The most prompt tokens ``req`` computes this step (0: no cap)."""
-        cap, own = self.prefill_cap, req.chunk_cap
-        return own if not cap or (own and own < cap) else cap
 
     def _preempt_last(self) -> RequestState:
         """Preempt the most recently admitted running request and drop its KV (blocks stay cached)."""
@@ -124,7 +117,7 @@ class Scheduler:
             n = req.num_tokens - nc
             if threshold and n > threshold:
                 n = threshold
-            cap = self._cap(req)
+            cap = req.chunk_cap  # the most prompt tokens it computes a step (0: no cap)
             if cap and n > cap:
                 n = cap
             if n > budget:
@@ -149,7 +142,7 @@ class Scheduler:
             n = req.num_tokens - start
             if cfg.long_prefill_token_threshold and n > cfg.long_prefill_token_threshold:
                 n = cfg.long_prefill_token_threshold
-            cap = self._cap(req)
+            cap = req.chunk_cap  # the most prompt tokens it computes a step (0: no cap)
             if cap and n > cap:
                 n = cap
             if n > budget and not cfg.enable_chunked_prefill:
