@@ -33,10 +33,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT / ".." / "shared" / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"
 RUNS = ("mooncake", "gaia_ampd")
+BASELINE_AMPD = "ampd-bank-turn"
+"""1728e6a's name for today's default ``ampd`` (the variants were reduced to one default since; see
+``tests/sim/test_identical_results.py``)."""
 
 
-def _simulate(run: str, trace: Path) -> dict[str, Any]:
-    """One replay in this process, on whichever ``tokenomy`` is first on the path."""
+def _simulate(run: str, trace: Path, ampd: str) -> dict[str, Any]:
+    """One replay in this process, on whichever ``tokenomy`` is first on the path (``ampd``: the
+    name that tree gives the default AMPD deployment)."""
     import time
 
     from tokenomy.core import SLO
@@ -49,7 +53,7 @@ def _simulate(run: str, trace: Path) -> dict[str, Any]:
         sessions = load_workload(str(trace), rate_per_s=0.0, duration_s=math.inf, seed=0)
         config, slo = SimConfig(deployment="colocated", model="llama-3.1-8b", gpu="h100", instances=8), SLO()
     else:
-        dep = DeploymentSpec("ampd")
+        dep = DeploymentSpec(ampd)
         spec = ExperimentSpec(workload=WorkloadSpec("gaia", rate_per_s=3.0, duration_s=120.0, seed=0),
                               cluster=ClusterSpec(gpus="h100:8", gpus_per_node=8), deployments=(dep,),
                               slo=SLO(2.0, 0.1))
@@ -62,9 +66,9 @@ def _simulate(run: str, trace: Path) -> dict[str, Any]:
             "events": result.events, "slo_attainment": result.summary.slo_attainment}
 
 
-def _replay(src: Path, run: str, trace: Path) -> dict[str, Any]:
+def _replay(src: Path, run: str, trace: Path, ampd: str = "ampd") -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(src))
-    out = subprocess.run([sys.executable, __file__, "--worker", run, "--trace", str(trace)], env=env,
+    out = subprocess.run([sys.executable, __file__, "--worker", run, "--trace", str(trace), "--ampd", ampd], env=env,
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 
@@ -97,10 +101,14 @@ def main() -> int:
                     help="where the baseline's worktree is made (default: the temp dir)")
     ap.add_argument("--repeats", type=int, default=3, help="replays per side; the median CPU time counts")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--baseline-ampd", default=BASELINE_AMPD,
+                    help="the baseline's name for today's default AMPD deployment (default: %(default)s, "
+                         "1728e6a's name for it)")
     ap.add_argument("--worker", choices=RUNS, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--ampd", default="ampd", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(_simulate(args.worker, args.trace)))
+        print(json.dumps(_simulate(args.worker, args.trace, args.ampd)))
         return 0
     runs = args.runs.split(",")
     unknown = [r for r in runs if r not in RUNS]
@@ -118,7 +126,7 @@ def main() -> int:
         for _ in range(args.repeats):  # alternating: a noisy minute hits both sides
             mine.append(_replay(ROOT / "src", run, args.trace))
             if base_src is not None:
-                theirs.append(_replay(base_src, run, args.trace))
+                theirs.append(_replay(base_src, run, args.trace, args.baseline_ampd))
         entry = _side(mine)
         if theirs:
             base = _side(theirs)
