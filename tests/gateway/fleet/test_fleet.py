@@ -84,7 +84,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             "prices": {MODEL: {"input_per_mtok": 1.0, "cached_input_per_mtok": 1.0, "output_per_mtok": 2.0}},
             "ops": {"server_secret": SECRET, "admin_key": ADMIN,
                     "shared": {"redis_url": redis.url, "postgres_url": pg.url, "lease_s": LEASE_S, "timeout_s": 5.0,
-                               "on_outage": {"ledger": "refuse"}},  # the outbox: test_fleet_outbox.py
+                               "on_outage": {"ledger": "refuse"}, "outbox_dir": str(tmp)},  # the outbox: test_fleet_outbox.py
                     "breaker": {"max_turns_per_session": 6},
                     "tenants": [{"org": "o", "teams": [{"name": "t", "keys": [
                         {"name": n, "key": keys[n], "limits": NodeLimits(**lim).model_dump(exclude_defaults=True)}
