@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 
 from tokenomy.gateway.errors import GatewayError
 from tokenomy.gateway.http.parse import read_json
@@ -161,20 +162,18 @@ def test_serve_passes_the_concurrency_limit_and_keep_alive_to_uvicorn(tmp_path: 
     assert (seen["limit_concurrency"], seen["timeout_keep_alive"]) == (64, 7)
 
 
-
 def test_a_connection_the_server_dropped_before_the_request_was_written_is_a_connect_error() -> None:
     """An engine killed behind a TCP proxy: the proxy accepts, then drops the connection. When the
     drop lands before the request is written (the pool's connect resumed a loop turn later), the
     write must not reach the closed transport (under uvloop it raised RuntimeError: a 500 to the
     client); it is a connect error, which the proxy answers by trying another backend."""
-    uvloop = pytest.importorskip("uvloop")
-
     async def main() -> None:
         async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             writer.close()
 
         server = await asyncio.start_server(drop, "127.0.0.1", 0)
-        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/x"
+        port = server.sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}/v1/x"
         pool = UpstreamPool(UpstreamTimeouts(connect_s=1.0, headers_s=5.0, chunk_gap_s=5.0))
         connect = pool._connect
 
@@ -186,7 +185,7 @@ def test_a_connection_the_server_dropped_before_the_request_was_written_is_a_con
         pool._connect = connect_then_lose_the_race  # type: ignore[method-assign]
         with pytest.raises(UpstreamConnectError, match="closed the connection before the request"):
             await pool.request("POST", url, b"{}", {})
-        assert pool._open.get(("127.0.0.1", int(url.split(":")[2].split("/")[0])), 0) == 0  # slot returned
+        assert pool._open.get(("127.0.0.1", port), 0) == 0  # the slot is returned
         await pool.aclose()
         server.close()
 

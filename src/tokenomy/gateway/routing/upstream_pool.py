@@ -334,17 +334,13 @@ class UpstreamPool:
     async def _send(self, conn: _Conn, raw: bytes) -> UpstreamResponse:
         transport = conn.transport
         assert transport is not None
-        # The server may have closed the connection since it was opened or left idle (an engine behind
-        # a proxy that accepts, then drops): its transport is closing before ``connection_lost`` ran.
-        # uvloop raises on such a write; either way the server never saw the request: a connect error.
-        if conn.closed or transport.is_closing():
+        # The server may have dropped the connection since it was opened or left idle (an engine behind
+        # a proxy that accepts, then drops); uvloop raises on a write to it. The server never saw the
+        # request: a connect error, which the caller retries.
+        if transport.is_closing():
             conn.close()
             raise UpstreamConnectError(f"upstream closed the connection before the request: {conn.error or 'EOF'}")
-        try:
-            transport.write(raw)
-        except (RuntimeError, OSError) as exc:
-            conn.close()
-            raise UpstreamConnectError(f"upstream closed the connection before the request: {exc}") from None
+        transport.write(raw)
         try:
             while not conn.headers_done:
                 await conn.wait(self.timeouts.headers_s, "the response's status line and headers")
