@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from tokenomy.engine import block_pool
 from tokenomy.engine.block_keys import KeyChain
 from tokenomy.engine.block_pool import BlockPool
 
@@ -157,4 +158,56 @@ def test_pool_matches_the_reference_under_random_operations(seed: int) -> None:
         assert pool.cached == ref.cached
     assert pool.free_order() == list(ref.free)
     assert [int(c) for c in pool.ref_cnt] == ref.ref
+    assert all(pool.key_of(b) == ref.key[b] for b in range(size))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chain_registrations_match_the_reference_as_runs_grow_and_slots_are_collected(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool caches chains by run (slots per run, moved when a longer chain extends a run, dead
+    runs collected when the slot space fills): keys, blocks, lookups and evictions stay what
+    per-key bookkeeping gives."""
+    monkeypatch.setattr(block_pool, "_MIN_SLOTS", 8)  # collect and grow often
+    rng = random.Random(seed)
+    bs = 4
+    # Sessions whose stream grows turn by turn (a run outgrows its slots), sharing a system prompt.
+    contents = [((0, rng.choice([6, 40])), (s, 4 * t + rng.randrange(4))) for s in range(1, 9) for t in (2, 9, 30)]
+    chains = [KeyChain(c, bs) for c in contents]
+    size = 48
+    pool, ref = BlockPool(size), _ReferencePool(size)
+    held: list[list[int]] = []
+    dropped: list[int] = []  # runs each collection dropped
+    collect = BlockPool._collect
+
+    def counting_collect(self: BlockPool, n: int) -> None:
+        before = len(self._runs)
+        collect(self, n)
+        dropped.append(before - len(self._runs))
+
+    monkeypatch.setattr(BlockPool, "_collect", counting_collect)
+    for step in range(1500):
+        if rng.random() < 0.2:  # a new stream: new runs keep coming, old ones die out
+            chains.append(KeyChain(((0, 6), (100 + step, rng.randrange(8, 120))), bs))
+        chain = rng.choice(chains[-30:])
+        if rng.random() < 0.45 and pool.num_free:
+            n = min(rng.randint(1, chain.num_full_blocks), pool.num_free)
+            got = pool.allocate(n)
+            assert got == ref.allocate(n)
+            chain.ensure(n)
+            first = rng.randrange(n)  # register a middle stretch, as prefill chunks do
+            pool.register_chain(got[first:], chain, first)
+            ref.register(got[first:], chain.keys[first:n])
+            held.append(got)
+        elif held and rng.random() < 0.6:
+            blocks = held.pop(rng.randrange(len(held)))
+            pool.release(blocks)
+            ref.release(blocks)
+        limit = rng.randint(0, chain.num_full_blocks)
+        chain.ensure(limit)
+        hit = next((i for i, k in enumerate(chain.keys[:limit]) if k not in ref.cached), limit)
+        assert pool.cached_prefix(chain, limit) == hit
+        assert pool.chain_blocks(chain, hit) == [ref.cached[k] for k in chain.keys[:hit]]
+        assert pool.cached == ref.cached
+    assert len(dropped) > 3 and max(dropped) > 0  # the slot space filled, and dead runs were dropped
     assert all(pool.key_of(b) == ref.key[b] for b in range(size))

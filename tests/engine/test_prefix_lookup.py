@@ -8,7 +8,7 @@ import pytest
 
 from tokenomy.engine.block_keys import KeyChain
 from tokenomy.engine.block_pool import BlockPool
-from tokenomy.engine.prefix_lookup import PrefixLookup, cached_run, common_prefix
+from tokenomy.engine.prefix_lookup import PrefixLookup, common_prefix
 
 
 def test_common_prefix_of_chained_keys() -> None:
@@ -40,10 +40,12 @@ def test_lookups_match_fresh_scans_under_registrations_and_evictions(seed: int) 
             if n:
                 chain.ensure(n)
                 blocks = pool.allocate(n)
-                pool.register(blocks, chain.keys[:n])
+                pool.register_chain(blocks, chain, 0)
                 held.append(blocks)
         elif op < 0.6 and held:
             pool.release(held.pop(rng.randrange(len(held))))
         max_blocks = rng.randrange(0, chain.num_full_blocks + 1)
         chain.ensure(max_blocks)
-        assert lookup.run(chain, max_blocks) == cached_run(pool.cached, chain.keys, max_blocks)
+        cached = pool.cached  # every key and its block, as ints: the scan written the obvious way
+        fresh = next((i for i, key in enumerate(chain.keys[:max_blocks]) if key not in cached), max_blocks)
+        assert lookup.run(chain, max_blocks) == pool.cached_prefix(chain, max_blocks) == fresh

@@ -24,6 +24,7 @@ share mutable state they did not agree to share.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 
 from tokenomy.core import Segment
@@ -40,7 +41,8 @@ _MEMO_MAX_ENTRIES = 256  # in-flight router lookups; requests keep their own cha
 class KeyChain:
     """Keys of the full blocks of one content tuple; ``keys[i]`` is block ``i``'s key once computed."""
 
-    __slots__ = ("block_size", "num_full_blocks", "keys", "_pieces", "_piece", "_used")
+    __slots__ = ("block_size", "num_full_blocks", "keys", "run_first", "run_base", "run_count", "_pieces", "_piece",
+                 "_used")
 
     def __init__(self, content: tuple[Segment, ...], block_size: int) -> None:
         # Absolute pieces (stream, stream_offset, n_tokens); contiguous pieces of one stream are
@@ -61,6 +63,12 @@ class KeyChain:
         self.block_size = block_size
         self.num_full_blocks = sum(p[2] for p in pieces) // block_size
         self.keys: list[int] = []
+        # The keys as runs: run r keys blocks run_first[r] .. run_first[r] + run_count[r] - 1 as
+        # run_base[r] + offset (a block straddling pieces is a run of one, its key its base). The
+        # pool indexes its prefix cache by run, so a run's blocks are looked up in one probe.
+        self.run_first: list[int] = []
+        self.run_base: list[int] = []
+        self.run_count: list[int] = []
         self._pieces = pieces
         self._piece = 0  # index of the piece the next block starts in
         self._used = 0  # tokens of that piece already covered by earlier blocks
@@ -87,6 +95,9 @@ class KeyChain:
                 # callers asked.
                 count = avail // bs
                 base = hash((parent, stream, start + used)) & _RUN_BASE_MASK
+                self.run_first.append(len(keys))
+                self.run_base.append(base)
+                self.run_count.append(count)
                 keys += range(base, base + count)
                 used += count * bs
             else:
@@ -101,10 +112,19 @@ class KeyChain:
                     need -= take
                     if used == length:
                         piece, used = piece + 1, 0
-                keys.append(hash(tuple(parts)))
+                key = hash(tuple(parts))
+                self.run_first.append(len(keys))
+                self.run_base.append(key)
+                self.run_count.append(1)
+                keys.append(key)
             if piece < len(pieces) and used == pieces[piece][2]:
                 piece, used = piece + 1, 0
         self._piece, self._used = piece, used
+
+    def ref(self, index: int) -> tuple[int, int, int]:
+        """Block ``index``'s key as ``(run base, offset, run length)`` (computed: ``index < len(keys)``)."""
+        r = bisect_right(self.run_first, index) - 1
+        return self.run_base[r], index - self.run_first[r], self.run_count[r]
 
 
 class KeyChainCache:

@@ -1,4 +1,4 @@
-"""The pool of KV blocks: reference counts, the LRU free queue and the prefix-cache map.
+"""The pool of KV blocks: reference counts, the LRU free queue and the prefix cache.
 
 Invariants:
 
@@ -6,7 +6,7 @@ Invariants:
 * a free block may still carry a key (it is *cached*): a later request with the same prefix
   takes it back (``touch``) instead of recomputing;
 * allocation takes the least recently freed block first and drops its key then (eviction);
-* ``cached[key] == block`` exactly when ``key_of(block) == key``.
+* a key is held by at most one block, and a block holds at most one key.
 
 The free queue is a FIFO of block ids with lazy deletion, as in vLLM's free-block queue but
 flat: freeing appends at the tail, taking a cached free block back leaves its entry behind, and
@@ -17,25 +17,43 @@ allocated yet are the queue's front in id order (vLLM starts with every block fr
 they are kept as a counter (``_fresh``), not as entries, so a pool of millions of blocks costs
 nothing to create.
 
+The prefix cache is indexed by *run*, not by key. A key chain (``engine/block_keys.py``) keys a
+run of blocks ``base + 0, base + 1, ...``; the pool gives each run it caches a range of *slots*
+(``_runs[base] = (first slot, capacity)``) and ``_slot_block[slot]`` is the block caching that key
+(-1: none). A single key (a block straddling pieces, a request's own block) is a run of one,
+its key its base. So a prompt's hundreds of blocks are looked up, registered and evicted as a
+few vector operations on slots, without a dictionary operation per block; a run whose blocks
+were all evicted keeps its slots until the slot space fills, when live runs are moved to its
+front (``_collect``). Keys as ints (``key = base + offset``) remain the pool's public view
+(:meth:`key_of`, :attr:`cached`), for tests and debugging.
+
 Per-block state lives in numpy arrays and a call's blocks are handled as one vector: a prompt
-is hundreds of blocks (a Mooncake prompt averages ~750 blocks of 16 tokens), and these four
-calls run for each of them, so this module bounds the simulator's speed. Callers pass and get
-plain ``list[int]`` block ids; the blocks of one call are distinct (a request never holds a block
+is hundreds of blocks (a Mooncake prompt averages ~750 blocks of 16 tokens), and these calls run
+for each of them, so this module bounds the simulator's speed. Callers pass and get plain
+``list[int]`` block ids; the blocks of one call are distinct (a request never holds a block
 twice). The single-block paths (decode growth, one filled block) skip numpy's vector overhead.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from bisect import bisect_right
 
 import numpy as np
 import numpy.typing as npt
 
+from tokenomy.engine.block_keys import KeyChain
+
 _IntArray = npt.NDArray[np.int64]
+
+_MIN_SLOTS = 4096
+"""The slot space's size at first: it doubles as runs need it (after :meth:`BlockPool._collect`)."""
+
+_SCAN_AS_LIST = 64
+"""Runs shorter than this are scanned as a Python list (numpy's per-call cost is higher there)."""
 
 
 class BlockPool:
-    """Reference-counted KV blocks with an LRU free queue and a key -> block map."""
+    """Reference-counted KV blocks with an LRU free queue and a prefix cache indexed by key run."""
 
     __slots__ = (
         "num_blocks",
@@ -43,25 +61,24 @@ class BlockPool:
         "num_evicted",
         "version",
         "ref_cnt",
-        "cached",
-        "_key",
-        "_has_key",
+        "_key_slot",
         "_queue",
         "_head",
         "_tail",
         "_last_pos",
         "_fresh",
+        "_runs",
+        "_slot_block",
+        "_slot_top",
     )
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.num_free = num_blocks
         self.num_evicted = 0  # cached blocks whose key allocation dropped, ever (read by traces)
-        self.version = 0  # changes whenever ``cached`` gains or loses a key (lookups memoise on it)
+        self.version = 0  # changes whenever the cache gains or loses a key (lookups memoise on it)
         self.ref_cnt: _IntArray = np.zeros(num_blocks, dtype=np.int64)
-        self.cached: dict[int, int] = {}
-        self._key: _IntArray = np.zeros(num_blocks, dtype=np.int64)  # valid where _has_key
-        self._has_key = np.zeros(num_blocks, dtype=np.bool_)
+        self._key_slot: _IntArray = np.full(num_blocks, -1, dtype=np.int64)  # the slot of its key, -1: none
         capacity = 4 * num_blocks + 1024  # compaction runs after about 3 * num_blocks frees
         self._queue: _IntArray = np.zeros(capacity, dtype=np.int64)  # (zeros: no page is touched until used)
         self._head = 0  # entries before it were consumed
@@ -70,11 +87,31 @@ class BlockPool:
         # every entry is written together with it).
         self._last_pos: _IntArray = np.zeros(num_blocks, dtype=np.int64)
         self._fresh = 0  # blocks _fresh.. were never allocated: they come first, in id order
+        self._runs: dict[int, tuple[int, int]] = {}  # run base -> (first slot, capacity)
+        self._slot_block: _IntArray = np.full(_MIN_SLOTS, -1, dtype=np.int64)
+        self._slot_top = 0  # slots from here on were never given to a run
 
     # ---- inspection ---------------------------------------------------------------------------
     def key_of(self, block: int) -> int | None:
-        """The key ``block`` is cached under, or None."""
-        return int(self._key[block]) if self._has_key[block] else None
+        """The key ``block`` is cached under, or None (a scan of the runs: for tests and debugging)."""
+        slot = int(self._key_slot[block])
+        if slot < 0:
+            return None
+        for base, (start, cap) in self._runs.items():
+            if start <= slot < start + cap:
+                return base + slot - start
+        raise AssertionError(f"block {block} holds slot {slot}, which no run owns")
+
+    @property
+    def cached(self) -> dict[int, int]:
+        """Every cached key and its block, as a new dict (a scan of the runs: for tests and debugging)."""
+        out: dict[int, int] = {}
+        sb = self._slot_block
+        for base, (start, cap) in self._runs.items():
+            for off, block in enumerate(sb[start : start + cap].tolist()):
+                if block >= 0:
+                    out[base + off] = block
+        return out
 
     def free_order(self) -> list[int]:
         """Free blocks, next to be evicted first (for tests and debugging)."""
@@ -113,9 +150,10 @@ class BlockPool:
             head += 1
             block = queue.item(head)
         self._head = head + 1
-        if self._has_key.item(block):
-            del self.cached[self._key.item(block)]
-            self._has_key[block] = False
+        slot = self._key_slot.item(block)
+        if slot >= 0:
+            self._slot_block[slot] = -1
+            self._key_slot[block] = -1
             self.num_evicted += 1
             self.version += 1
         self.ref_cnt[block] = 1
@@ -150,13 +188,13 @@ class BlockPool:
             want -= len(batch)
         self._head = head
         blocks = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        keyed = self._has_key[blocks]
+        slots = self._key_slot[blocks]
+        keyed = slots >= 0
         if keyed.any():
             # Evict: these blocks' contents are about to be overwritten.
-            evicted = blocks[keyed]
-            deque(map(self.cached.__delitem__, self._key[evicted].tolist()), maxlen=0)  # a C-level loop
-            self._has_key[evicted] = False
-            self.num_evicted += len(evicted)
+            self._slot_block[slots[keyed]] = -1
+            self._key_slot[blocks[keyed]] = -1
+            self.num_evicted += int(np.count_nonzero(keyed))
             self.version += 1
         self.ref_cnt[blocks] = 1
         self.num_free -= n
@@ -222,34 +260,172 @@ class BlockPool:
         self._last_pos[valid] = np.arange(n)
         self._head, self._tail = 0, n
 
-    # ---- prefix cache -------------------------------------------------------------------------
-    def register_one(self, block: int, key: int) -> None:
-        """:meth:`register` of one block (a decode step filled it)."""
-        cached = self.cached
-        if key not in cached:
-            cached[key] = block
-            self._key[block] = key
-            self._has_key[block] = True
+    # ---- prefix cache: lookups ------------------------------------------------------------------
+    def block_of(self, base: int, offset: int = 0) -> int | None:
+        """The block caching key ``base + offset`` of the run ``base``, or None (a single key: ``base``)."""
+        entry = self._runs.get(base)
+        if entry is None or offset >= entry[1]:
+            return None
+        block: int = self._slot_block.item(entry[0] + offset)
+        return block if block >= 0 else None
+
+    def cached_prefix(self, chain: KeyChain, limit: int, start: int = 0) -> int:
+        """Length of the longest cached prefix of the chain's first ``limit`` keys, given that its
+        first ``start`` are cached (``start <= limit``; the chain has computed ``limit`` keys)."""
+        if start >= limit:
+            return limit
+        firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
+        runs, sb = self._runs, self._slot_block
+        r = bisect_right(firsts, start) - 1
+        n = start
+        while n < limit:
+            first = firsts[r]
+            entry = runs.get(bases[r])
+            if entry is None:
+                return n
+            slot, cap = entry
+            run_end = first + counts[r]
+            end = min(run_end, limit, first + cap)
+            if end > n:
+                seg = sb[slot + n - first : slot + end - first]
+                if end - n < _SCAN_AS_LIST:
+                    held = seg.tolist()
+                    if -1 in held:
+                        return n + held.index(-1)
+                elif seg.min() < 0:
+                    return n + int(np.argmax(seg < 0))
+                n = end
+            if n < limit and n < run_end:
+                return n  # the run's slots end before the chain's run: the next key is not cached
+            r += 1
+        return limit
+
+    def chain_block_ids(self, chain: KeyChain, n: int) -> _IntArray:
+        """The blocks caching the chain's first ``n`` keys (all cached: ``cached_prefix >= n``)."""
+        firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
+        runs, sb = self._runs, self._slot_block
+        parts: list[_IntArray] = []
+        r = 0
+        while r < len(firsts) and firsts[r] < n:
+            slot = runs[bases[r]][0]
+            parts.append(sb[slot : slot + min(counts[r], n - firsts[r])])
+            r += 1
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def chain_blocks(self, chain: KeyChain, n: int) -> list[int]:
+        """:meth:`chain_block_ids` as a list."""
+        ids: list[int] = self.chain_block_ids(chain, n).tolist()
+        return ids
+
+    # ---- prefix cache: registration -------------------------------------------------------------
+    def register_one(self, block: int, base: int, offset: int = 0, run_count: int = 1) -> None:
+        """Make a just-filled block findable under key ``base + offset`` of its run (``run_count``
+        keys long; a single key: ``base``). A key cached already keeps its block."""
+        slot = self._intern(base, max(run_count, offset + 1)) + offset
+        if self._slot_block.item(slot) < 0:
+            self._slot_block[slot] = block
+            self._key_slot[block] = slot
             self.version += 1
 
     def register(self, blocks: list[int], keys: list[int]) -> None:
-        """Make just-filled blocks findable under their keys.
+        """:meth:`register_one` of each block under a single key (no run): for tests and callers
+        without a chain."""
+        for block, key in zip(blocks, keys, strict=True):
+            self.register_one(block, key)
+
+    def register_chain(self, blocks: list[int], chain: KeyChain, index: int) -> None:
+        """Make just-filled blocks findable as the chain's keys ``index, index + 1, ...`` (computed).
 
         When a key is already cached (two requests computed the same prefix at once), the block
         registered first keeps it and the newcomer stays unkeyed.
         """
-        if len(keys) == 1:
-            self.register_one(blocks[0], keys[0])
+        firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
+        r = bisect_right(firsts, index) - 1
+        n = len(blocks)
+        if n == 1:
+            self.register_one(blocks[0], bases[r], index - firsts[r], counts[r])
             return
-        cached = self.cached
-        # One probe per key: ``setdefault`` keeps a key that is cached already and answers its block.
-        got = list(map(cached.setdefault, keys, blocks))
-        if got != blocks:
-            fresh = [(b, k) for b, k, g in zip(blocks, keys, got, strict=True) if g == b]
-            if not fresh:
-                return
-            blocks, keys = [b for b, _ in fresh], [k for _, k in fresh]
-        self.version += 1
+        # Room for every run first: a collection while interning would move slots already computed.
+        last = bisect_right(firsts, index + n - 1)
+        self._reserve(sum(counts[r:last]))
+        # One vector of slots for all the blocks (a run's slots are consecutive), then one update.
+        shifts: list[int] = []  # slot minus block index, per run
+        takes: list[int] = []
+        i, end = index, index + n
+        while i < end:
+            first, count = firsts[r], counts[r]
+            take = min(first + count, end) - i
+            shifts.append(self._intern(bases[r], count) - first)
+            takes.append(take)
+            i += take
+            r += 1
+        if len(takes) == 1:
+            slots = np.arange(index + shifts[0], end + shifts[0], dtype=np.int64)
+        else:
+            slots = np.repeat(np.array(shifts, dtype=np.int64), takes) + np.arange(index, end, dtype=np.int64)
         ids = np.asarray(blocks, dtype=np.int64)
-        self._key[ids] = keys
-        self._has_key[ids] = True
+        sb = self._slot_block
+        held = sb[slots]
+        fresh = (held < 0) | (held == ids)
+        if not fresh.all():
+            ids, slots = ids[fresh], slots[fresh]
+            if not len(ids):
+                return
+        sb[slots] = ids
+        self._key_slot[ids] = slots
+        self.version += 1
+
+    # ---- slots ----------------------------------------------------------------------------------
+    def _intern(self, base: int, cap: int) -> int:
+        """The first slot of run ``base``, given at least ``cap`` slots (a run outgrowing its slots
+        moves to new ones, its cached blocks with it)."""
+        entry = self._runs.get(base)
+        if entry is not None and entry[1] >= cap:
+            return entry[0]
+        self._reserve(cap)
+        entry = self._runs.get(base)  # (a collection may have moved it)
+        start = self._slot_top
+        self._slot_top = start + cap
+        sb = self._slot_block
+        if entry is not None:
+            old, old_cap = entry
+            seg = sb[old : old + old_cap].copy()
+            sb[start : start + old_cap] = seg
+            sb[old : old + old_cap] = -1
+            held = np.flatnonzero(seg >= 0)
+            self._key_slot[seg[held]] = held + start
+        self._runs[base] = (start, cap)
+        return start
+
+    def _reserve(self, n: int) -> None:
+        """Make room for ``n`` more slots: collect dead runs when full, and grow if that is not enough."""
+        if self._slot_top + n > len(self._slot_block):
+            self._collect(n)
+
+    def _collect(self, n: int) -> None:
+        """Move the runs that cache a block to the slot space's front (dropping the rest), and
+        size the space to at least four times what they and ``n`` more slots need."""
+        sb = self._slot_block
+        bases = list(self._runs)
+        spans = list(self._runs.values())
+        starts = np.array([s for s, _ in spans], dtype=np.int64)
+        caps = np.array([c for _, c in spans], dtype=np.int64)
+        held = np.concatenate(([0], np.cumsum(sb[: self._slot_top] >= 0)))
+        live = np.flatnonzero(held[starts + caps] - held[starts] > 0)
+        starts, caps = starts[live], caps[live]
+        total = int(caps.sum())
+        new_starts = np.cumsum(caps) - caps
+        size = len(sb)
+        while size < 4 * (total + n):  # a quarter in use at most: collections stay rare
+            size *= 2
+        new_sb = np.full(size, -1, dtype=np.int64)
+        if total:
+            new_sb[:total] = sb[np.repeat(starts - new_starts, caps) + np.arange(total)]
+        slots = np.flatnonzero(new_sb[:total] >= 0)
+        self._key_slot[new_sb[slots]] = slots
+        self._runs = dict(zip([bases[i] for i in live.tolist()],
+                              zip(new_starts.tolist(), caps.tolist(), strict=True), strict=True))
+        self._slot_block = new_sb
+        self._slot_top = total

@@ -237,28 +237,23 @@ class DecodeRunner:
             for i in {i for _, i in commits}:
                 if reqs[i].num_keyed_blocks != (nc0[i] + first) // bs:
                     return False  # a lagging commit would register several blocks at once
-            block_key = kv.block_key
-            keys = [block_key(reqs[i], (nc0[i] + j + 1) // bs - 1) for j, i in commits]
-            if not pool.cached.keys().isdisjoint(keys):
+            block_ref = kv.block_ref
+            refs = [block_ref(reqs[i], (nc0[i] + j + 1) // bs - 1) for j, i in commits]
+            block_of = pool.block_of
+            if any(block_of(base, off) is not None for base, off, _ in refs):
                 return False
         if allocs:
             blocks = pool.allocate(len(allocs))
             for (_, i), block in zip(allocs, blocks, strict=True):
                 reqs[i].blocks.append(block)
         if commits:
-            seen: set[int] = set()
-            new_blocks: list[int] = []
-            new_keys: list[int] = []
-            for (j, i), key in zip(commits, keys, strict=True):
+            register = pool.register_one
+            for (j, i), (base, off, count) in zip(commits, refs, strict=True):
                 r = reqs[i]
                 full = (nc0[i] + j + 1) // bs
                 r.num_computed = nc0[i] + j + 1
                 r.num_keyed_blocks = full
-                if key not in seen:
-                    seen.add(key)
-                    new_keys.append(key)
-                    new_blocks.append(r.blocks[full - 1])
-            pool.register(new_blocks, new_keys)
+                register(r.blocks[full - 1], base, off, count)  # of two commits of one key, the first keeps it
         return True
 
     @staticmethod

@@ -6,16 +6,15 @@ for hits, for room to grow, and hands requests back when they stop; the pool sta
 
 from __future__ import annotations
 
-from typing import cast
-
 from tokenomy.core import Segment
 from tokenomy.engine.block_keys import ROOT_KEY, KeyChainCache, unique_key
 from tokenomy.engine.block_pool import BlockPool
 from tokenomy.engine.prefix_lookup import PrefixLookup
 from tokenomy.engine.request_state import RequestState
 
-BlockedAdmission = tuple[int, int | None, int, bool]
-"""When admission failed: (free blocks, key of the first missing block or None, chunk, over budget)."""
+BlockedAdmission = tuple[int, tuple[int, int, int] | None, int, bool]
+"""When admission failed: (free blocks, key of the first missing block (:meth:`KVManager.block_ref`) or
+None, chunk, over budget)."""
 
 
 class KVManager:
@@ -56,6 +55,15 @@ class KVManager:
             own.append(unique_key(parent, req.uid))
         return own[index - covered]
 
+    def block_ref(self, req: RequestState, index: int) -> tuple[int, int, int]:
+        """Key of the request's block ``index`` as the pool indexes it: ``(run base, offset, run length)``."""
+        chain = req.chain
+        if chain is not None and index < chain.num_full_blocks:
+            if index >= len(chain.keys):
+                chain.ensure(index + 1)
+            return chain.ref(index)
+        return self.block_key(req, index), 0, 1
+
     # ---- lookups ----------------------------------------------------------------------------
     def find_hits(self, req: RequestState) -> list[int]:
         """Cached blocks of the request's longest cached prefix, leaving at least one token to compute.
@@ -65,19 +73,19 @@ class KVManager:
         if not self.caching:
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
-        get = self.pool.cached.get
+        pool = self.pool
         chain = req.chain
         covered = 0
         if chain is not None:
             covered = min(max_blocks, chain.num_full_blocks)
             n = self._lookup.run(chain, covered)
-            hits = cast(list[int], list(map(get, chain.keys[:n])))
+            hits = pool.chain_blocks(chain, n)
             if n < covered:
                 return hits
         else:
             hits = []
         for i in range(covered, max_blocks):
-            block = get(self.block_key(req, i))
+            block = pool.block_of(self.block_key(req, i))
             if block is None:
                 break
             hits.append(block)
@@ -98,7 +106,7 @@ class KVManager:
         if hit == 0:
             return 0
         chain = self.chains.get(content, self.block_size)
-        return self.pool.num_evictable(list(map(self.pool.cached.__getitem__, chain.keys[:hit])))
+        return self.pool.num_evictable(self.pool.chain_block_ids(chain, hit))
 
     # ---- failed admissions ------------------------------------------------------------------
     def blocked_state(
@@ -106,7 +114,7 @@ class KVManager:
     ) -> BlockedAdmission:
         """Remember why the waiting head did not fit (its ``n``-token chunk), to skip hopeless retries."""
         max_blocks = (req.num_tokens - 1) // self.block_size if self.caching else 0
-        next_key = self.block_key(req, num_hits) if num_hits < max_blocks else None
+        next_key = self.block_ref(req, num_hits) if num_hits < max_blocks else None
         return (self.pool.num_free, next_key, n, over_budget)
 
     def still_blocked(self, blocked: BlockedAdmission, budget: int) -> bool:
@@ -120,7 +128,7 @@ class KVManager:
         budget or a longer cached prefix helps.
         """
         free_then, next_key, n_then, over_budget = blocked
-        if next_key is not None and next_key in self.pool.cached:
+        if next_key is not None and self.pool.block_of(next_key[0], next_key[1]) is not None:
             return False
         if over_budget:
             return budget < n_then
@@ -165,13 +173,9 @@ class KVManager:
         chain = req.chain
         if chain is not None and i < chain.num_full_blocks:
             upto = min(full, chain.num_full_blocks)
-            keys = chain.keys
-            if len(keys) < upto:
+            if len(chain.keys) < upto:
                 chain.ensure(upto)
-            if upto == i + 1:  # one block filled (a decode step inside the content): no slices
-                self.pool.register_one(req.blocks[i], keys[i])
-            else:
-                self.pool.register(req.blocks[i:upto], keys[i:upto])
+            self.pool.register_chain(req.blocks[i:upto], chain, i)
             i = upto
         if i + 1 == full:  # one block filled (a decode step): the common case
             self.pool.register_one(req.blocks[i], self.block_key(req, i))

@@ -21,24 +21,6 @@ from tokenomy.engine.block_pool import BlockPool
 _MEMO_MAX = 64  # chains remembered (requests in flight on one instance)
 
 
-def cached_run(cached: dict[int, int], keys: list[int], limit: int, start: int = 0) -> int:
-    """Length of the longest prefix of ``keys[:limit]`` present in ``cached``, given that
-    ``keys[:start]`` are (``start <= limit``).
-
-    Scans in geometrically growing chunks with C-level ``map``: most lookups miss early (the
-    router asks every instance about every request), and long hits cost about one full pass.
-    """
-    contains = cached.__contains__
-    n, chunk = start, 8
-    while n < limit:
-        found = list(map(contains, keys[n : min(limit, n + chunk)]))
-        if False in found:
-            return n + found.index(False)
-        n += len(found)
-        chunk *= 4
-    return limit
-
-
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
     """The largest ``m <= limit`` with ``a[:m] == b[:m]``, for key lists of chained keys (equal at
     ``i`` implies equal before ``i``); both must hold ``limit`` keys."""
@@ -68,7 +50,7 @@ class PrefixLookup:
         self._latest: tuple[KeyChain | None, int, int] = (None, -1, 0)  # (chain, evictions, blocks hit)
 
     def run(self, chain: KeyChain, max_blocks: int) -> int:
-        """``cached_run`` of the chain's first ``max_blocks`` keys (``max_blocks <= num_full_blocks``)."""
+        """``BlockPool.cached_prefix`` of the chain's first ``max_blocks`` keys (``max_blocks <= num_full_blocks``)."""
         pool = self.pool
         version, evicted = pool.version, pool.num_evicted
         memo = self._memo
@@ -85,7 +67,7 @@ class PrefixLookup:
         other, other_evicted, other_hit = self._latest
         if other is not None and other is not chain and other_evicted == evicted and other_hit > start:
             start = max(start, common_prefix(chain.keys, other.keys, min(max_blocks, other_hit)))
-        hit = cached_run(pool.cached, chain.keys, max_blocks, start)
+        hit = pool.cached_prefix(chain, max_blocks, start)
         if len(memo) >= _MEMO_MAX and id(chain) not in memo:
             memo.clear()
         memo[id(chain)] = (chain, version, evicted, max_blocks, hit)

@@ -89,7 +89,7 @@ class RequestState:
         self.preempted_recompute_tokens = 0
         self.num_preemptions = 0
         self.continuation = False  # queued ahead of not-yet-started requests (Engine.add_request)
-        self.admit_blocked: tuple[int, int | None, int, bool] | None = None  # see KVManager.still_blocked
+        self.admit_blocked: tuple[int, tuple[int, int, int] | None, int, bool] | None = None  # see KVManager.still_blocked
         self.chunk_cap = chunk_cap  # > 0: most prompt tokens computed per step (Engine.add_request)
 
     @property
