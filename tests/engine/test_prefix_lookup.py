@@ -12,12 +12,12 @@ from tokenomy.engine.prefix_lookup import PrefixLookup, common_prefix
 
 
 def test_common_prefix_of_chained_keys() -> None:
-    a = [1, 2, 3, 4, 5]
-    assert common_prefix(a, [1, 2, 3, 9, 9], 5) == 3
-    assert common_prefix(a, [1, 2, 3, 4, 5], 5) == 5
-    assert common_prefix(a, [7, 2, 3, 4, 5], 5) == 0
-    assert common_prefix(a, [1, 9, 9, 9, 9], 4) == 1
-    assert common_prefix(a, [1, 2, 3, 4, 9], 4) == 4
+    a = [1, 2, 3, 4, 5].__getitem__
+    assert common_prefix(a, [1, 2, 3, 9, 9].__getitem__, 5) == 3
+    assert common_prefix(a, [1, 2, 3, 4, 5].__getitem__, 5) == 5
+    assert common_prefix(a, [7, 2, 3, 4, 5].__getitem__, 5) == 0
+    assert common_prefix(a, [1, 9, 9, 9, 9].__getitem__, 4) == 1
+    assert common_prefix(a, [1, 2, 3, 4, 9].__getitem__, 4) == 4
     assert common_prefix(a, a, 0) == 0
 
 

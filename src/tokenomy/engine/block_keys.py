@@ -39,10 +39,10 @@ _MEMO_MAX_ENTRIES = 256  # in-flight router lookups; requests keep their own cha
 
 
 class KeyChain:
-    """Keys of the full blocks of one content tuple; ``keys[i]`` is block ``i``'s key once computed."""
+    """Keys of the full blocks of one content tuple, as runs; ``key(i)`` is block ``i``'s key once computed."""
 
-    __slots__ = ("block_size", "num_full_blocks", "keys", "run_first", "run_base", "run_count", "_pieces", "_piece",
-                 "_used")
+    __slots__ = ("block_size", "num_full_blocks", "num_keys", "run_first", "run_base", "run_count", "_pieces",
+                 "_piece", "_used")
 
     def __init__(self, content: tuple[Segment, ...], block_size: int) -> None:
         # Absolute pieces (stream, stream_offset, n_tokens); contiguous pieces of one stream are
@@ -62,10 +62,11 @@ class KeyChain:
                 pieces.append((stream, start, n))
         self.block_size = block_size
         self.num_full_blocks = sum(p[2] for p in pieces) // block_size
-        self.keys: list[int] = []
+        self.num_keys = 0  # blocks whose keys are computed
         # The keys as runs: run r keys blocks run_first[r] .. run_first[r] + run_count[r] - 1 as
         # run_base[r] + offset (a block straddling pieces is a run of one, its key its base). The
-        # pool indexes its prefix cache by run, so a run's blocks are looked up in one probe.
+        # pool indexes its prefix cache by run, so a run's blocks are looked up in one probe, and
+        # no list of per-block keys is ever built.
         self.run_first: list[int] = []
         self.run_base: list[int] = []
         self.run_count: list[int] = []
@@ -74,16 +75,16 @@ class KeyChain:
         self._used = 0  # tokens of that piece already covered by earlier blocks
 
     def ensure(self, num_blocks: int) -> None:
-        """Compute keys until ``len(keys) >= min(num_blocks, num_full_blocks)`` (maybe more)."""
-        keys = self.keys
+        """Compute keys until ``num_keys >= min(num_blocks, num_full_blocks)`` (maybe more)."""
         target = min(num_blocks, self.num_full_blocks)
-        if len(keys) >= target:
+        n = self.num_keys
+        if n >= target:
             return
         bs = self.block_size
         pieces = self._pieces
         piece, used = self._piece, self._used
-        while len(keys) < target:
-            parent = keys[-1] if keys else ROOT_KEY
+        while n < target:
+            parent = self.run_base[-1] + self.run_count[-1] - 1 if n else ROOT_KEY  # the last key
             stream, start, length = pieces[piece]
             avail = length - used
             if avail >= bs:
@@ -95,10 +96,10 @@ class KeyChain:
                 # callers asked.
                 count = avail // bs
                 base = hash((parent, stream, start + used)) & _RUN_BASE_MASK
-                self.run_first.append(len(keys))
+                self.run_first.append(n)
                 self.run_base.append(base)
                 self.run_count.append(count)
-                keys += range(base, base + count)
+                n += count
                 used += count * bs
             else:
                 # A block straddling pieces: chain it on its parent and its pieces.
@@ -112,17 +113,27 @@ class KeyChain:
                     need -= take
                     if used == length:
                         piece, used = piece + 1, 0
-                key = hash(tuple(parts))
-                self.run_first.append(len(keys))
-                self.run_base.append(key)
+                self.run_first.append(n)
+                self.run_base.append(hash(tuple(parts)))
                 self.run_count.append(1)
-                keys.append(key)
+                n += 1
             if piece < len(pieces) and used == pieces[piece][2]:
                 piece, used = piece + 1, 0
         self._piece, self._used = piece, used
+        self.num_keys = n
+
+    def key(self, index: int) -> int:
+        """Block ``index``'s key (computed: ``index < num_keys``)."""
+        r = bisect_right(self.run_first, index) - 1
+        return self.run_base[r] + index - self.run_first[r]
+
+    @property
+    def keys(self) -> list[int]:
+        """Every computed key, as a new list (for tests and debugging)."""
+        return [base + j for base, count in zip(self.run_base, self.run_count, strict=True) for j in range(count)]
 
     def ref(self, index: int) -> tuple[int, int, int]:
-        """Block ``index``'s key as ``(run base, offset, run length)`` (computed: ``index < len(keys)``)."""
+        """Block ``index``'s key as ``(run base, offset, run length)`` (computed: ``index < num_keys``)."""
         r = bisect_right(self.run_first, index) - 1
         return self.run_base[r], index - self.run_first[r], self.run_count[r]
 

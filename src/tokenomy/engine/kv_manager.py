@@ -38,9 +38,9 @@ class KVManager:
         covered = chain.num_full_blocks if chain is not None else 0
         if index < covered:
             assert chain is not None
-            if index >= len(chain.keys):
+            if index >= chain.num_keys:
                 chain.ensure(index + 1)
-            return chain.keys[index]
+            return chain.key(index)
         own = req.own_keys
         while covered + len(own) <= index:
             j = covered + len(own)
@@ -49,7 +49,7 @@ class KVManager:
             elif j > 0:
                 assert chain is not None
                 chain.ensure(j)
-                parent = chain.keys[j - 1]
+                parent = chain.key(j - 1)
             else:
                 parent = ROOT_KEY
             own.append(unique_key(parent, req.uid))
@@ -59,7 +59,7 @@ class KVManager:
         """Key of the request's block ``index`` as the pool indexes it: ``(run base, offset, run length)``."""
         chain = req.chain
         if chain is not None and index < chain.num_full_blocks:
-            if index >= len(chain.keys):
+            if index >= chain.num_keys:
                 chain.ensure(index + 1)
             return chain.ref(index)
         return self.block_key(req, index), 0, 1
@@ -173,7 +173,7 @@ class KVManager:
         chain = req.chain
         if chain is not None and i < chain.num_full_blocks:
             upto = min(full, chain.num_full_blocks)
-            if len(chain.keys) < upto:
+            if chain.num_keys < upto:
                 chain.ensure(upto)
             self.pool.register_chain(req.blocks[i:upto], chain, i)
             i = upto

@@ -15,23 +15,25 @@ holds, with exactly the answer a fresh scan gives:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tokenomy.engine.block_keys import KeyChain
 from tokenomy.engine.block_pool import BlockPool
 
 _MEMO_MAX = 64  # chains remembered (requests in flight on one instance)
 
 
-def common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """The largest ``m <= limit`` with ``a[:m] == b[:m]``, for key lists of chained keys (equal at
-    ``i`` implies equal before ``i``); both must hold ``limit`` keys."""
-    if limit <= 0 or a[0] != b[0]:
+def common_prefix(a: Callable[[int], int], b: Callable[[int], int], limit: int) -> int:
+    """The largest ``m <= limit`` with ``a(i) == b(i)`` for every ``i < m``, for keys of chained keys
+    (equal at ``i`` implies equal before ``i``) given by index; both must have ``limit`` keys."""
+    if limit <= 0 or a(0) != b(0):
         return 0
-    if a[limit - 1] == b[limit - 1]:
+    if a(limit - 1) == b(limit - 1):
         return limit
-    lo, hi = 1, limit - 1  # a[lo - 1] == b[lo - 1], a[hi] != b[hi]
+    lo, hi = 1, limit - 1  # a(lo - 1) == b(lo - 1), a(hi) != b(hi)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[mid - 1] == b[mid - 1]:
+        if a(mid - 1) == b(mid - 1):
             lo = mid
         else:
             hi = mid - 1
@@ -66,7 +68,7 @@ class PrefixLookup:
         chain.ensure(max_blocks)
         other, other_evicted, other_hit = self._latest
         if other is not None and other is not chain and other_evicted == evicted and other_hit > start:
-            start = max(start, common_prefix(chain.keys, other.keys, min(max_blocks, other_hit)))
+            start = max(start, common_prefix(chain.key, other.key, min(max_blocks, other_hit)))
         hit = pool.cached_prefix(chain, max_blocks, start)
         if len(memo) >= _MEMO_MAX and id(chain) not in memo:
             memo.clear()
