@@ -52,6 +52,11 @@ _SCAN_AS_LIST = 64
 """Runs shorter than this are scanned as a Python list (numpy's per-call cost is higher there)."""
 
 
+def _ids(blocks: list[int]) -> _IntArray:
+    """Block ids as an int64 vector (``fromiter`` converts a list about twice as fast as ``asarray``)."""
+    return np.fromiter(blocks, dtype=np.int64, count=len(blocks))
+
+
 class BlockPool:
     """Reference-counted KV blocks with an LRU free queue and a prefix cache indexed by key run."""
 
@@ -132,7 +137,7 @@ class BlockPool:
     @staticmethod
     def as_ids(blocks: list[int]) -> _IntArray:
         """Block ids as the vector :meth:`num_evictable` and :meth:`touch` take (convert once, use twice)."""
-        return np.asarray(blocks, dtype=np.int64)
+        return _ids(blocks)
 
     # ---- allocation ---------------------------------------------------------------------------
     def allocate_one(self) -> int:
@@ -207,7 +212,7 @@ class BlockPool:
         """
         if len(blocks) == 0:
             return
-        ids = np.asarray(blocks, dtype=np.int64)
+        ids = blocks if isinstance(blocks, np.ndarray) else _ids(blocks)
         ref = self.ref_cnt
         counts = ref[ids]
         was_free = counts == 0
@@ -227,7 +232,7 @@ class BlockPool:
         """
         if not blocks:
             return
-        ids = np.asarray(blocks[::-1], dtype=np.int64)
+        ids = _ids(blocks)[::-1]
         ref = self.ref_cnt
         counts = ref[ids] - 1
         ref[ids] = counts
@@ -365,7 +370,7 @@ class BlockPool:
             slots = np.arange(index + shifts[0], end + shifts[0], dtype=np.int64)
         else:
             slots = np.repeat(np.array(shifts, dtype=np.int64), takes) + np.arange(index, end, dtype=np.int64)
-        ids = np.asarray(blocks, dtype=np.int64)
+        ids = _ids(blocks)
         sb = self._slot_block
         held = sb[slots]
         fresh = (held < 0) | (held == ids)
