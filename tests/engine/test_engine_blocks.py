@@ -8,7 +8,7 @@ import pytest
 
 from tokenomy.engine import block_pool
 from tokenomy.engine.block_keys import KeyChain
-from tokenomy.engine.block_pool import BlockPool
+from tokenomy.engine.block_pool import BlockIds, BlockPool
 
 
 def test_allocation_takes_least_recently_freed_first() -> None:
@@ -211,3 +211,19 @@ def test_chain_registrations_match_the_reference_as_runs_grow_and_slots_are_coll
         assert pool.cached == ref.cached
     assert len(dropped) > 3 and max(dropped) > 0  # the slot space filled, and dead runs were dropped
     assert all(pool.key_of(b) == ref.key[b] for b in range(size))
+
+
+def test_a_requests_block_ids_grow_in_order_and_copy_what_they_are_given() -> None:
+    pool = BlockPool(64)
+    given = pool.allocate_ids(5)
+    ids = BlockIds(given)
+    given[0] = 99  # the pool's vector is the caller's: the request kept its own copy
+    for _ in range(20):  # past the first capacity
+        ids.append(pool.allocate_one())
+    ids.extend(pool.allocate_ids(3))
+    assert list(ids) == list(range(28)) and len(ids) == 28
+    assert (ids[0], ids[-1]) == (0, 27)
+    with pytest.raises(IndexError):
+        ids[28]
+    pool.release(ids.ids())
+    assert pool.num_free == 64 and pool.free_order()[-28:] == list(range(27, -1, -1))

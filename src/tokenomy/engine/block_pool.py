@@ -37,6 +37,7 @@ twice). The single-block paths (decode growth, one filled block) skip numpy's ve
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +45,11 @@ import numpy.typing as npt
 from tokenomy.engine.block_keys import KeyChain
 
 _IntArray = npt.NDArray[np.int64]
+BlockVector = _IntArray
+"""Block ids as an int64 vector (what the pool's vector calls take and give)."""
+
+NO_BLOCKS: BlockVector = np.zeros(0, dtype=np.int64)
+NO_BLOCKS.flags.writeable = False
 
 _MIN_SLOTS = 4096
 """The slot space's size at first: it doubles as runs need it (after :meth:`BlockPool._collect`)."""
@@ -55,6 +61,60 @@ _SCAN_AS_LIST = 64
 def _ids(blocks: list[int]) -> _IntArray:
     """Block ids as an int64 vector (``fromiter`` converts a list about twice as fast as ``asarray``)."""
     return np.fromiter(blocks, dtype=np.int64, count=len(blocks))
+
+
+class BlockIds:
+    """A request's blocks, in order: a growable int64 vector, so the pool's vector calls take a
+    request's blocks without converting a list (a long prompt holds thousands of blocks)."""
+
+    __slots__ = ("_buf", "_n")
+
+    def __init__(self, *parts: _IntArray) -> None:
+        n = sum(len(p) for p in parts)
+        self._buf: _IntArray = np.empty(max(8, n + n // 4), dtype=np.int64)
+        self._n = n
+        if len(parts) == 1:
+            self._buf[:n] = parts[0]
+        elif parts:
+            np.concatenate(parts, out=self._buf[:n])
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: int) -> int:
+        if not -self._n <= index < self._n:
+            raise IndexError(f"block index {index} out of range for {self._n} blocks")
+        block: int = self._buf.item(index if index >= 0 else self._n + index)
+        return block
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids().tolist())
+
+    def __repr__(self) -> str:
+        return f"BlockIds({self.ids().tolist()})"
+
+    def ids(self) -> _IntArray:
+        """The blocks as a vector (a view: valid until the next append)."""
+        return self._buf[: self._n]
+
+    def append(self, block: int) -> None:
+        n = self._n
+        if n == len(self._buf):
+            self._grow(n + 1)
+        self._buf[n] = block
+        self._n = n + 1
+
+    def extend(self, blocks: _IntArray) -> None:
+        n, m = self._n, len(blocks)
+        if n + m > len(self._buf):
+            self._grow(n + m)
+        self._buf[n : n + m] = blocks
+        self._n = n + m
+
+    def _grow(self, need: int) -> None:
+        buf = np.empty(max(need, 2 * len(self._buf)), dtype=np.int64)
+        buf[: self._n] = self._buf[: self._n]
+        self._buf = buf
 
 
 class BlockPool:
@@ -169,8 +229,13 @@ class BlockPool:
         """Take ``n`` blocks off the LRU front (the caller checked ``num_free >= n``)."""
         if n == 1:
             return [self.allocate_one()]
+        ids: list[int] = self.allocate_ids(n).tolist()
+        return ids
+
+    def allocate_ids(self, n: int) -> _IntArray:
+        """:meth:`allocate` as a vector (a new one: the caller may keep it)."""
         if n <= 0:
-            return []
+            return NO_BLOCKS
         queue, last_pos = self._queue, self._last_pos
         head = self._head
         parts: list[_IntArray] = []
@@ -203,7 +268,7 @@ class BlockPool:
             self.version += 1
         self.ref_cnt[blocks] = 1
         self.num_free -= n
-        return blocks.tolist()
+        return blocks if blocks.base is None else blocks.copy()  # never a view of the queue
 
     def touch(self, blocks: list[int] | _IntArray) -> None:
         """Take a reference on cached blocks (prefix hits, retention); free ones stop being free.
@@ -224,15 +289,15 @@ class BlockPool:
             self.num_free -= n_free
         ref[ids] = counts + 1
 
-    def release(self, blocks: list[int]) -> None:
+    def release(self, blocks: list[int] | _IntArray) -> None:
         """Drop one reference on each block, in reverse order.
 
         Reverse order puts a request's tail blocks in the queue first, so they are evicted before
         its head blocks: the head is the prefix other requests are most likely to share.
         """
-        if not blocks:
+        if len(blocks) == 0:
             return
-        ids = _ids(blocks)[::-1]
+        ids = (blocks if isinstance(blocks, np.ndarray) else _ids(blocks))[::-1]
         ref = self.ref_cnt
         counts = ref[ids] - 1
         ref[ids] = counts
@@ -306,7 +371,8 @@ class BlockPool:
         return limit
 
     def chain_block_ids(self, chain: KeyChain, n: int) -> _IntArray:
-        """The blocks caching the chain's first ``n`` keys (all cached: ``cached_prefix >= n``)."""
+        """The blocks caching the chain's first ``n`` keys (all cached: ``cached_prefix >= n``), as a
+        vector that may be a view of the cache: copy it before the cache changes."""
         firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
         runs, sb = self._runs, self._slot_block
         parts: list[_IntArray] = []
@@ -316,7 +382,7 @@ class BlockPool:
             parts.append(sb[slot : slot + min(counts[r], n - firsts[r])])
             r += 1
         if not parts:
-            return np.zeros(0, dtype=np.int64)
+            return NO_BLOCKS
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def chain_blocks(self, chain: KeyChain, n: int) -> list[int]:
@@ -340,7 +406,7 @@ class BlockPool:
         for block, key in zip(blocks, keys, strict=True):
             self.register_one(block, key)
 
-    def register_chain(self, blocks: list[int], chain: KeyChain, index: int) -> None:
+    def register_chain(self, blocks: list[int] | _IntArray, chain: KeyChain, index: int) -> None:
         """Make just-filled blocks findable as the chain's keys ``index, index + 1, ...`` (computed).
 
         When a key is already cached (two requests computed the same prefix at once), the block
@@ -350,7 +416,7 @@ class BlockPool:
         r = bisect_right(firsts, index) - 1
         n = len(blocks)
         if n == 1:
-            self.register_one(blocks[0], bases[r], index - firsts[r], counts[r])
+            self.register_one(int(blocks[0]), bases[r], index - firsts[r], counts[r])
             return
         # Room for every run first: a collection while interning would move slots already computed.
         last = bisect_right(firsts, index + n - 1)
@@ -370,7 +436,7 @@ class BlockPool:
             slots = np.arange(index + shifts[0], end + shifts[0], dtype=np.int64)
         else:
             slots = np.repeat(np.array(shifts, dtype=np.int64), takes) + np.arange(index, end, dtype=np.int64)
-        ids = _ids(blocks)
+        ids = blocks if isinstance(blocks, np.ndarray) else _ids(blocks)
         sb = self._slot_block
         held = sb[slots]
         fresh = (held < 0) | (held == ids)

@@ -6,9 +6,11 @@ for hits, for room to grow, and hands requests back when they stop; the pool sta
 
 from __future__ import annotations
 
+import numpy as np
+
 from tokenomy.core import Segment
 from tokenomy.engine.block_keys import ROOT_KEY, KeyChainCache, unique_key
-from tokenomy.engine.block_pool import BlockPool
+from tokenomy.engine.block_pool import NO_BLOCKS, BlockIds, BlockPool, BlockVector
 from tokenomy.engine.prefix_lookup import PrefixLookup
 from tokenomy.engine.request_state import RequestState
 
@@ -65,31 +67,30 @@ class KVManager:
         return self.block_key(req, index), 0, 1
 
     # ---- lookups ----------------------------------------------------------------------------
-    def find_hits(self, req: RequestState) -> list[int]:
+    def find_hits(self, req: RequestState) -> BlockVector:
         """Cached blocks of the request's longest cached prefix, leaving at least one token to compute.
 
         Read-only: no reference is taken and the LRU order is unchanged.
         """
         if not self.caching:
-            return []
-        max_blocks = (req.num_tokens - 1) // self.block_size
+            return NO_BLOCKS
         pool = self.pool
+        max_blocks = (req.num_tokens - 1) // self.block_size
         chain = req.chain
         covered = 0
+        hits = NO_BLOCKS
         if chain is not None:
             covered = min(max_blocks, chain.num_full_blocks)
-            n = self._lookup.run(chain, covered)
-            hits = pool.chain_blocks(chain, n)
-            if n < covered:
+            hits = pool.chain_block_ids(chain, self._lookup.run(chain, covered))
+            if len(hits) < covered:
                 return hits
-        else:
-            hits = []
+        own: list[int] = []
         for i in range(covered, max_blocks):
             block = pool.block_of(self.block_key(req, i))
             if block is None:
                 break
-            hits.append(block)
-        return hits
+            own.append(block)
+        return np.concatenate((hits, np.array(own, dtype=np.int64))) if own else hits
 
     def cached_prefix_tokens(self, content: tuple[Segment, ...], prompt_tokens: int) -> int:
         """Prompt tokens of a request with this content that would hit now (read-only)."""
@@ -135,19 +136,18 @@ class KVManager:
         return budget >= n_then and self.pool.num_free <= free_then
 
     # ---- allocation -------------------------------------------------------------------------
-    def admit(self, req: RequestState, hits: list[int], num_tokens_with_kv: int) -> bool:
+    def admit(self, req: RequestState, hits: BlockVector, num_tokens_with_kv: int) -> bool:
         """Give a waiting request its hit blocks plus room for ``num_tokens_with_kv`` tokens.
 
         False (and no change) when the free pool cannot cover it.
         """
         pool = self.pool
         need_new = -(-num_tokens_with_kv // self.block_size) - len(hits)
-        ids = pool.as_ids(hits)
-        if need_new + pool.num_evictable(ids) > pool.num_free:
+        if need_new + pool.num_evictable(hits) > pool.num_free:
             return False
         # Touch hits before allocating so that allocation cannot evict them.
-        pool.touch(ids)
-        req.blocks = hits + pool.allocate(need_new) if need_new > 0 else list(hits)
+        pool.touch(hits)
+        req.blocks = BlockIds(hits, pool.allocate_ids(need_new)) if need_new > 0 else BlockIds(hits)
         req.num_keyed_blocks = len(hits)
         return True
 
@@ -161,7 +161,7 @@ class KVManager:
         if need == 1:
             req.blocks.append(self.pool.allocate_one())
         else:
-            req.blocks += self.pool.allocate(need)
+            req.blocks.extend(self.pool.allocate_ids(need))
         return True
 
     def commit_full_blocks(self, req: RequestState) -> None:
@@ -175,25 +175,25 @@ class KVManager:
             upto = min(full, chain.num_full_blocks)
             if chain.num_keys < upto:
                 chain.ensure(upto)
-            self.pool.register_chain(req.blocks[i:upto], chain, i)
+            self.pool.register_chain(req.blocks.ids()[i:upto], chain, i)
             i = upto
         if i + 1 == full:  # one block filled (a decode step): the common case
             self.pool.register_one(req.blocks[i], self.block_key(req, i))
         elif i < full:
-            self.pool.register(req.blocks[i:full], [self.block_key(req, j) for j in range(i, full)])
+            self.pool.register(req.blocks.ids()[i:full].tolist(), [self.block_key(req, j) for j in range(i, full)])
         req.num_keyed_blocks = full
 
-    def free(self, req: RequestState) -> list[int]:
+    def free(self, req: RequestState) -> BlockIds:
         """Drop the request's references (blocks stay cached); returns the blocks it held."""
         blocks = req.blocks
-        self.pool.release(blocks)
-        req.blocks = []
+        self.pool.release(blocks.ids())
+        req.blocks = BlockIds()
         req.num_keyed_blocks = 0
         return blocks
 
-    def pin(self, blocks: list[int]) -> None:
+    def pin(self, blocks: BlockIds) -> None:
         """Take one more reference on blocks (retention)."""
-        self.pool.touch(blocks)
+        self.pool.touch(blocks.ids())
 
-    def unpin(self, blocks: list[int]) -> None:
-        self.pool.release(blocks)
+    def unpin(self, blocks: BlockIds) -> None:
+        self.pool.release(blocks.ids())

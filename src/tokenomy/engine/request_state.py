@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tokenomy.core import Request
 from tokenomy.engine.block_keys import KeyChain
+from tokenomy.engine.block_pool import BlockIds
 
 
 class RequestState:
@@ -67,7 +68,7 @@ class RequestState:
         final = request.prompt_tokens + request.max_output_tokens
         self.max_num_tokens = min(final, self.num_tokens + 1) if prefill_only else final
         self.num_computed = 0
-        self.blocks: list[int] = []
+        self.blocks = BlockIds()
         self.num_keyed_blocks = 0  # leading blocks already registered in the prefix cache
         self.chain = chain
         self.own_keys: list[int] = []  # keys of full blocks past the content's coverage

@@ -7,6 +7,7 @@ become free-cached and LRU eviction may take them.
 
 from __future__ import annotations
 
+from tokenomy.engine.block_pool import BlockIds
 from tokenomy.engine.kv_manager import KVManager
 from tokenomy.engine.request_state import RequestState
 
@@ -18,10 +19,10 @@ class Retention:
 
     def __init__(self, kv: KVManager) -> None:
         self._kv = kv
-        self._pinned: dict[str, list[int]] = {}
+        self._pinned: dict[str, BlockIds] = {}
         # Blocks freed by the latest step's finishes. No allocation happens between steps, so they
         # still hold the request's KV and can be pinned again by a late ``retain``.
-        self._recent: dict[str, list[int]] = {}
+        self._recent: dict[str, BlockIds] = {}
         self.num_blocks = 0
 
     def holds(self, request_id: str) -> bool:
@@ -32,7 +33,7 @@ class Retention:
         if req.retain:
             self._pinned[req.request_id] = req.blocks
             self.num_blocks += len(req.blocks)
-            req.blocks = []
+            req.blocks = BlockIds()
         else:
             self._recent[req.request_id] = self._kv.free(req)
 
