@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from helpers.calibrated_sim import STEPS, calibration, run_calibrated, three_turn_sessions
-from tokenomy.core import RequestRecord, Session
+from tokenomy.core import RequestRecord, Session, StepShape
 from tokenomy.perf.engine_calibration import (
+    CalibratedPerfModel,
     EngineCalibration,
     fit_step_scale,
     frontend_latency,
@@ -21,6 +22,9 @@ from tokenomy.perf.engine_calibration import (
     mean_token_gap,
     pool_calibrations,
 )
+from tokenomy.perf.hardware import get_gpu
+from tokenomy.perf.model import PerfModel
+from tokenomy.perf.models import get_model
 from tokenomy.perf.stepfit import Measurement, decode_step, prefill_steps
 
 
@@ -132,3 +136,13 @@ def test_step_scale_round_trips_old_files_read_one_and_bad_values_are_refused(tm
                    for kind, steps in [*(("prefill", prefill_steps(n, 2048)) for n in (32, 128, 512, 1024, 3000)),
                                        *(("decode", (decode_step(b, b * c),)) for b in (1, 4, 16) for c in (128, 1024))])
     assert pool_calibrations([dataclasses.replace(cal, measurements=probes)] * 2).step_scale == 1.0
+
+
+def test_a_calibrated_model_prices_a_prefill_with_its_calibration_not_the_roofline() -> None:
+    """Policies price prefills with ``prefill_time_s``: on a calibrated model that is the calibration's step."""
+    cal = calibration(step_scale=1.5)
+    model = CalibratedPerfModel(get_model("llama-3.1-8b"), get_gpu("h100"), 1, cal)
+    shape = StepShape(prefill_tokens=200, prefill_seqs=1, prefill_attn_pairs=StepShape.chunk_attn_pairs(200, 100),
+                      prefill_context_tokens=300)
+    assert model.prefill_time_s(200, 100) == cal.step_time_s(shape) == model.step_time_s(shape)
+    assert model.prefill_time_s(200, 100) != PerfModel.from_names("llama-3.1-8b", "h100").prefill_time_s(200, 100)

@@ -292,6 +292,11 @@ class CalibratedPerfModel(PerfModel):
     def step_time_s(self, shape: StepShape) -> float:
         return self.calibration.step_time_s(shape)
 
+    def _step_time_s(self, n_prefill: int, prefill_seqs: int, prefill_attn_pairs: float, prefill_context_tokens: int,
+                     n_decode: int, decode_context_tokens: int) -> float:
+        return self.calibration.step_time_s(StepShape(n_prefill, prefill_seqs, prefill_attn_pairs,
+                                                      prefill_context_tokens, n_decode, decode_context_tokens))
+
     def decode_run(self, batch: int, first_context_tokens: int, num_steps: int) -> tuple[list[float], list[float]]:
         """Same contract as :meth:`PerfModel.decode_run`: step ``j`` reads ``first + batch * j`` tokens."""
         if batch < 1 or num_steps < 1:

@@ -130,8 +130,12 @@ class PerfModel:
     # --- hot path --------------------------------------------------------------------------
     def step_time_s(self, shape: StepShape) -> float:
         """Wall time of one iteration; 0.0 for an empty batch."""
-        n_prefill = shape.prefill_tokens
-        n_decode = shape.decode_seqs
+        return self._step_time_s(shape.prefill_tokens, shape.prefill_seqs, shape.prefill_attn_pairs,
+                                 shape.prefill_context_tokens, shape.decode_seqs, shape.decode_context_tokens)
+
+    def _step_time_s(self, n_prefill: int, prefill_seqs: int, prefill_attn_pairs: float, prefill_context_tokens: int,
+                     n_decode: int, decode_context_tokens: int) -> float:
+        """:meth:`step_time_s` of the shape with these fields (policies price prefills without building one)."""
         t = n_prefill + n_decode
         if t == 0:
             return 0.0
@@ -142,17 +146,17 @@ class PerfModel:
             mm = m0 + m1 * t
             layer += lat + (cc if cc > mm else mm)
         if n_prefill:
-            cc = self._prefill_pair_s * shape.prefill_attn_pairs
-            mm = self._kv_read_s * shape.prefill_context_tokens
+            cc = self._prefill_pair_s * prefill_attn_pairs
+            mm = self._kv_read_s * prefill_context_tokens
             layer += self._attn_lat_s + (cc if cc > mm else mm)
         if n_decode:
-            ctx = shape.decode_context_tokens
+            ctx = decode_context_tokens
             cc = self._decode_pair_s * ctx
             mm = self._kv_read_s * ctx
             layer += self._attn_lat_s + (cc if cc > mm else mm)
         total = layer * self._n_layers
         total += self._ffn_s(t)
-        n_out = shape.prefill_seqs + n_decode
+        n_out = prefill_seqs + n_decode
         ac, m0, m1 = self._head
         cc = ac * n_out
         mm = m0 + m1 * n_out
@@ -223,11 +227,10 @@ class PerfModel:
     # --- convenience -----------------------------------------------------------------------
     def prefill_time_s(self, n_new_tokens: int, n_cached_tokens: int = 0) -> float:
         """One step computing a whole prompt of ``n_new_tokens`` after ``n_cached_tokens`` of prefix."""
-        return self.step_time_s(StepShape(
-            prefill_tokens=n_new_tokens, prefill_seqs=1 if n_new_tokens else 0,
-            prefill_attn_pairs=StepShape.chunk_attn_pairs(n_new_tokens, n_cached_tokens),
-            prefill_context_tokens=n_cached_tokens + n_new_tokens if n_new_tokens else 0,
-        ))
+        if not n_new_tokens:
+            return self._step_time_s(0, 0, StepShape.chunk_attn_pairs(0, n_cached_tokens), 0, 0, 0)
+        return self._step_time_s(n_new_tokens, 1, StepShape.chunk_attn_pairs(n_new_tokens, n_cached_tokens),
+                                 n_cached_tokens + n_new_tokens, 0, 0)
 
     def decode_step_time_s(self, batch_size: int, mean_context_tokens: float) -> float:
         """One decode step of ``batch_size`` sequences with this mean context length."""
