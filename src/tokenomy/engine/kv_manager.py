@@ -175,7 +175,10 @@ class KVManager:
             upto = min(full, chain.num_full_blocks)
             if chain.num_keys < upto:
                 chain.ensure(upto)
-            self.pool.register_chain(req.blocks.ids()[i:upto], chain, i)
+            if upto == i + 1:  # one block filled (a decode step inside the content)
+                self.pool.register_one(req.blocks[i], *chain.ref(i))
+            else:
+                self.pool.register_chain(req.blocks.ids()[i:upto], chain, i)
             i = upto
         if i + 1 == full:  # one block filled (a decode step): the common case
             self.pool.register_one(req.blocks[i], self.block_key(req, i))
