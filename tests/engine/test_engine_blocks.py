@@ -6,9 +6,10 @@ import random
 
 import pytest
 
-from tokenomy.engine import block_pool
+from tokenomy.engine import run_slots
+from tokenomy.engine.block_ids import BlockIds
 from tokenomy.engine.block_keys import KeyChain
-from tokenomy.engine.block_pool import BlockIds, BlockPool
+from tokenomy.engine.block_pool import BlockPool
 
 
 def test_allocation_takes_least_recently_freed_first() -> None:
@@ -168,7 +169,7 @@ def test_chain_registrations_match_the_reference_as_runs_grow_and_slots_are_coll
     """The pool caches chains by run (slots per run, moved when a longer chain extends a run, dead
     runs collected when the slot space fills): keys, blocks, lookups and evictions stay what
     per-key bookkeeping gives."""
-    monkeypatch.setattr(block_pool, "_MIN_SLOTS", 8)  # collect and grow often
+    monkeypatch.setattr(run_slots, "_MIN_SLOTS", 8)  # collect and grow often
     rng = random.Random(seed)
     bs = 4
     # Sessions whose stream grows turn by turn (a run outgrows its slots), sharing a system prompt.
@@ -178,14 +179,14 @@ def test_chain_registrations_match_the_reference_as_runs_grow_and_slots_are_coll
     pool, ref = BlockPool(size), _ReferencePool(size)
     held: list[list[int]] = []
     dropped: list[int] = []  # runs each collection dropped
-    collect = BlockPool._collect
+    collect = run_slots.RunSlots._collect
 
-    def counting_collect(self: BlockPool, n: int) -> None:
+    def counting_collect(self: run_slots.RunSlots, n: int) -> None:
         before = len(self._runs)
         collect(self, n)
         dropped.append(before - len(self._runs))
 
-    monkeypatch.setattr(BlockPool, "_collect", counting_collect)
+    monkeypatch.setattr(run_slots.RunSlots, "_collect", counting_collect)
     for step in range(1500):
         if rng.random() < 0.2:  # a new stream: new runs keep coming, old ones die out
             chains.append(KeyChain(((0, 6), (100 + step, rng.randrange(8, 120))), bs))
@@ -206,8 +207,8 @@ def test_chain_registrations_match_the_reference_as_runs_grow_and_slots_are_coll
         limit = rng.randint(0, chain.num_full_blocks)
         chain.ensure(limit)
         hit = next((i for i, k in enumerate(chain.keys[:limit]) if k not in ref.cached), limit)
-        assert pool.cached_prefix(chain, limit) == hit
-        assert pool.chain_blocks(chain, hit) == [ref.cached[k] for k in chain.keys[:hit]]
+        assert pool.slots.cached_prefix(chain, limit) == hit
+        assert pool.slots.chain_blocks(chain, hit) == [ref.cached[k] for k in chain.keys[:hit]]
         assert pool.cached == ref.cached
     assert len(dropped) > 3 and max(dropped) > 0  # the slot space filled, and dead runs were dropped
     assert all(pool.key_of(b) == ref.key[b] for b in range(size))

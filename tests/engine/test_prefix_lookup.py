@@ -48,4 +48,4 @@ def test_lookups_match_fresh_scans_under_registrations_and_evictions(seed: int) 
         chain.ensure(max_blocks)
         cached = pool.cached  # every key and its block, as ints: the scan written the obvious way
         fresh = next((i for i, key in enumerate(chain.keys[:max_blocks]) if key not in cached), max_blocks)
-        assert lookup.run(chain, max_blocks) == pool.cached_prefix(chain, max_blocks) == fresh
+        assert lookup.run(chain, max_blocks) == pool.slots.cached_prefix(chain, max_blocks) == fresh

@@ -17,15 +17,10 @@ allocated yet are the queue's front in id order (vLLM starts with every block fr
 they are kept as a counter (``_fresh``), not as entries, so a pool of millions of blocks costs
 nothing to create.
 
-The prefix cache is indexed by *run*, not by key. A key chain (``engine/block_keys.py``) keys a
-run of blocks ``base + 0, base + 1, ...``; the pool gives each run it caches a range of *slots*
-(``_runs[base] = (first slot, capacity)``) and ``_slot_block[slot]`` is the block caching that key
-(-1: none). A single key (a block straddling pieces, a request's own block) is a run of one,
-its key its base. So a prompt's hundreds of blocks are looked up, registered and evicted as a
-few vector operations on slots, without a dictionary operation per block; a run whose blocks
-were all evicted keeps its slots until the slot space fills, when live runs are moved to its
-front (``_collect``). Keys as ints (``key = base + offset``) remain the pool's public view
-(:meth:`key_of`, :attr:`cached`), for tests and debugging.
+The prefix cache is indexed by key run, not by key (:mod:`tokenomy.engine.run_slots`): each
+block holds the slot of its key (``_key_slot``), so an allocation evicts its blocks' keys with one
+vector write. Keys as ints (``key = base + offset``) remain the pool's public view (:meth:`key_of`,
+:attr:`cached`), for tests and debugging.
 
 Per-block state lives in numpy arrays and a call's blocks are handled as one vector: a prompt
 is hundreds of blocks (a Mooncake prompt averages ~750 blocks of 16 tokens), and these calls run
@@ -36,85 +31,13 @@ twice). The single-block paths (decode growth, one filled block) skip numpy's ve
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Iterator
-
 import numpy as np
-import numpy.typing as npt
 
+from tokenomy.engine.block_ids import NO_BLOCKS, BlockVector, as_vector
 from tokenomy.engine.block_keys import KeyChain
+from tokenomy.engine.run_slots import RunSlots
 
-_IntArray = npt.NDArray[np.int64]
-BlockVector = _IntArray
-"""Block ids as an int64 vector (what the pool's vector calls take and give)."""
-
-NO_BLOCKS: BlockVector = np.zeros(0, dtype=np.int64)
-NO_BLOCKS.flags.writeable = False
-
-_MIN_SLOTS = 4096
-"""The slot space's size at first: it doubles as runs need it (after :meth:`BlockPool._collect`)."""
-
-_SCAN_AS_LIST = 64
-"""Runs shorter than this are scanned as a Python list (numpy's per-call cost is higher there)."""
-
-
-def _ids(blocks: list[int]) -> _IntArray:
-    """Block ids as an int64 vector (``fromiter`` converts a list about twice as fast as ``asarray``)."""
-    return np.fromiter(blocks, dtype=np.int64, count=len(blocks))
-
-
-class BlockIds:
-    """A request's blocks, in order: a growable int64 vector, so the pool's vector calls take a
-    request's blocks without converting a list (a long prompt holds thousands of blocks)."""
-
-    __slots__ = ("_buf", "_n")
-
-    def __init__(self, *parts: _IntArray) -> None:
-        n = sum(len(p) for p in parts)
-        self._buf: _IntArray = np.empty(max(8, n + n // 4), dtype=np.int64)
-        self._n = n
-        if len(parts) == 1:
-            self._buf[:n] = parts[0]
-        elif parts:
-            np.concatenate(parts, out=self._buf[:n])
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, index: int) -> int:
-        if not -self._n <= index < self._n:
-            raise IndexError(f"block index {index} out of range for {self._n} blocks")
-        block: int = self._buf.item(index if index >= 0 else self._n + index)
-        return block
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.ids().tolist())
-
-    def __repr__(self) -> str:
-        return f"BlockIds({self.ids().tolist()})"
-
-    def ids(self) -> _IntArray:
-        """The blocks as a vector (a view: valid until the next append)."""
-        return self._buf[: self._n]
-
-    def append(self, block: int) -> None:
-        n = self._n
-        if n == len(self._buf):
-            self._grow(n + 1)
-        self._buf[n] = block
-        self._n = n + 1
-
-    def extend(self, blocks: _IntArray) -> None:
-        n, m = self._n, len(blocks)
-        if n + m > len(self._buf):
-            self._grow(n + m)
-        self._buf[n : n + m] = blocks
-        self._n = n + m
-
-    def _grow(self, need: int) -> None:
-        buf = np.empty(max(need, 2 * len(self._buf)), dtype=np.int64)
-        buf[: self._n] = self._buf[: self._n]
-        self._buf = buf
+_IntArray = BlockVector
 
 
 class BlockPool:
@@ -132,9 +55,7 @@ class BlockPool:
         "_tail",
         "_last_pos",
         "_fresh",
-        "_runs",
-        "_slot_block",
-        "_slot_top",
+        "slots",
     )
 
     def __init__(self, num_blocks: int) -> None:
@@ -152,31 +73,18 @@ class BlockPool:
         # every entry is written together with it).
         self._last_pos: _IntArray = np.zeros(num_blocks, dtype=np.int64)
         self._fresh = 0  # blocks _fresh.. were never allocated: they come first, in id order
-        self._runs: dict[int, tuple[int, int]] = {}  # run base -> (first slot, capacity)
-        self._slot_block: _IntArray = np.full(_MIN_SLOTS, -1, dtype=np.int64)
-        self._slot_top = 0  # slots from here on were never given to a run
+        self.slots = RunSlots(self._key_slot)  # the prefix cache's index (lookups go to it directly)
 
     # ---- inspection ---------------------------------------------------------------------------
     def key_of(self, block: int) -> int | None:
         """The key ``block`` is cached under, or None (a scan of the runs: for tests and debugging)."""
         slot = int(self._key_slot[block])
-        if slot < 0:
-            return None
-        for base, (start, cap) in self._runs.items():
-            if start <= slot < start + cap:
-                return base + slot - start
-        raise AssertionError(f"block {block} holds slot {slot}, which no run owns")
+        return None if slot < 0 else self.slots.key_at(slot)
 
     @property
     def cached(self) -> dict[int, int]:
-        """Every cached key and its block, as a new dict (a scan of the runs: for tests and debugging)."""
-        out: dict[int, int] = {}
-        sb = self._slot_block
-        for base, (start, cap) in self._runs.items():
-            for off, block in enumerate(sb[start : start + cap].tolist()):
-                if block >= 0:
-                    out[base + off] = block
-        return out
+        """Every cached key and its block, as a new dict (for tests and debugging)."""
+        return self.slots.cached()
 
     def free_order(self) -> list[int]:
         """Free blocks, next to be evicted first (for tests and debugging)."""
@@ -197,7 +105,7 @@ class BlockPool:
     @staticmethod
     def as_ids(blocks: list[int]) -> _IntArray:
         """Block ids as the vector :meth:`num_evictable` and :meth:`touch` take (convert once, use twice)."""
-        return _ids(blocks)
+        return as_vector(blocks)
 
     # ---- allocation ---------------------------------------------------------------------------
     def allocate_one(self) -> int:
@@ -217,7 +125,7 @@ class BlockPool:
         self._head = head + 1
         slot = self._key_slot.item(block)
         if slot >= 0:
-            self._slot_block[slot] = -1
+            self.slots.slot_block[slot] = -1
             self._key_slot[block] = -1
             self.num_evicted += 1
             self.version += 1
@@ -262,7 +170,7 @@ class BlockPool:
         keyed = slots >= 0
         if keyed.any():
             # Evict: these blocks' contents are about to be overwritten.
-            self._slot_block[slots[keyed]] = -1
+            self.slots.slot_block[slots[keyed]] = -1
             self._key_slot[blocks[keyed]] = -1
             self.num_evicted += int(np.count_nonzero(keyed))
             self.version += 1
@@ -277,7 +185,7 @@ class BlockPool:
         """
         if len(blocks) == 0:
             return
-        ids = blocks if isinstance(blocks, np.ndarray) else _ids(blocks)
+        ids = as_vector(blocks)
         ref = self.ref_cnt
         counts = ref[ids]
         was_free = counts == 0
@@ -297,7 +205,7 @@ class BlockPool:
         """
         if len(blocks) == 0:
             return
-        ids = (blocks if isinstance(blocks, np.ndarray) else _ids(blocks))[::-1]
+        ids = as_vector(blocks)[::-1]
         ref = self.ref_cnt
         counts = ref[ids] - 1
         ref[ids] = counts
@@ -330,73 +238,14 @@ class BlockPool:
         self._last_pos[valid] = np.arange(n)
         self._head, self._tail = 0, n
 
-    # ---- prefix cache: lookups ------------------------------------------------------------------
-    def block_of(self, base: int, offset: int = 0) -> int | None:
-        """The block caching key ``base + offset`` of the run ``base``, or None (a single key: ``base``)."""
-        entry = self._runs.get(base)
-        if entry is None or offset >= entry[1]:
-            return None
-        block: int = self._slot_block.item(entry[0] + offset)
-        return block if block >= 0 else None
-
-    def cached_prefix(self, chain: KeyChain, limit: int, start: int = 0) -> int:
-        """Length of the longest cached prefix of the chain's first ``limit`` keys, given that its
-        first ``start`` are cached (``start <= limit``; the chain has computed ``limit`` keys)."""
-        if start >= limit:
-            return limit
-        firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
-        runs, sb = self._runs, self._slot_block
-        r = bisect_right(firsts, start) - 1
-        n = start
-        while n < limit:
-            first = firsts[r]
-            entry = runs.get(bases[r])
-            if entry is None:
-                return n
-            slot, cap = entry
-            run_end = first + counts[r]
-            end = min(run_end, limit, first + cap)
-            if end > n:
-                seg = sb[slot + n - first : slot + end - first]
-                if end - n < _SCAN_AS_LIST:
-                    held = seg.tolist()
-                    if -1 in held:
-                        return n + held.index(-1)
-                elif seg.min() < 0:
-                    return n + int(np.argmax(seg < 0))
-                n = end
-            if n < limit and n < run_end:
-                return n  # the run's slots end before the chain's run: the next key is not cached
-            r += 1
-        return limit
-
-    def chain_block_ids(self, chain: KeyChain, n: int) -> _IntArray:
-        """The blocks caching the chain's first ``n`` keys (all cached: ``cached_prefix >= n``), as a
-        vector that may be a view of the cache: copy it before the cache changes."""
-        firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
-        runs, sb = self._runs, self._slot_block
-        parts: list[_IntArray] = []
-        r = 0
-        while r < len(firsts) and firsts[r] < n:
-            slot = runs[bases[r]][0]
-            parts.append(sb[slot : slot + min(counts[r], n - firsts[r])])
-            r += 1
-        if not parts:
-            return NO_BLOCKS
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-    def chain_blocks(self, chain: KeyChain, n: int) -> list[int]:
-        """:meth:`chain_block_ids` as a list."""
-        ids: list[int] = self.chain_block_ids(chain, n).tolist()
-        return ids
-
-    # ---- prefix cache: registration -------------------------------------------------------------
+    # ---- prefix cache: registration (lookups: :attr:`slots`) --------------------------------------
     def register_one(self, block: int, base: int, offset: int = 0, run_count: int = 1) -> None:
         """Make a just-filled block findable under key ``base + offset`` of its run (``run_count``
         keys long; a single key: ``base``). A key cached already keeps its block."""
-        slot = self._intern(base, max(run_count, offset + 1)) + offset
-        if self._slot_block.item(slot) < 0:
-            self._slot_block[slot] = block
+        slots = self.slots
+        slot = slots.intern(base, max(run_count, offset + 1)) + offset
+        if slots.slot_block.item(slot) < 0:
+            slots.slot_block[slot] = block
             self._key_slot[block] = slot
             self.version += 1
 
@@ -412,32 +261,12 @@ class BlockPool:
         When a key is already cached (two requests computed the same prefix at once), the block
         registered first keeps it and the newcomer stays unkeyed.
         """
-        firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
-        r = bisect_right(firsts, index) - 1
-        n = len(blocks)
-        if n == 1:
-            self.register_one(int(blocks[0]), bases[r], index - firsts[r], counts[r])
+        if len(blocks) == 1:
+            self.register_one(int(blocks[0]), *chain.ref(index))
             return
-        # Room for every run first: a collection while interning would move slots already computed.
-        last = bisect_right(firsts, index + n - 1)
-        self._reserve(sum(counts[r:last]))
-        # One vector of slots for all the blocks (a run's slots are consecutive), then one update.
-        shifts: list[int] = []  # slot minus block index, per run
-        takes: list[int] = []
-        i, end = index, index + n
-        while i < end:
-            first, count = firsts[r], counts[r]
-            take = min(first + count, end) - i
-            shifts.append(self._intern(bases[r], count) - first)
-            takes.append(take)
-            i += take
-            r += 1
-        if len(takes) == 1:
-            slots = np.arange(index + shifts[0], end + shifts[0], dtype=np.int64)
-        else:
-            slots = np.repeat(np.array(shifts, dtype=np.int64), takes) + np.arange(index, end, dtype=np.int64)
-        ids = blocks if isinstance(blocks, np.ndarray) else _ids(blocks)
-        sb = self._slot_block
+        slots = self.slots.chain_slots(chain, index, len(blocks))
+        ids = as_vector(blocks)
+        sb = self.slots.slot_block
         held = sb[slots]
         fresh = (held < 0) | (held == ids)
         if not fresh.all():
@@ -447,56 +276,3 @@ class BlockPool:
         sb[slots] = ids
         self._key_slot[ids] = slots
         self.version += 1
-
-    # ---- slots ----------------------------------------------------------------------------------
-    def _intern(self, base: int, cap: int) -> int:
-        """The first slot of run ``base``, given at least ``cap`` slots (a run outgrowing its slots
-        moves to new ones, its cached blocks with it)."""
-        entry = self._runs.get(base)
-        if entry is not None and entry[1] >= cap:
-            return entry[0]
-        self._reserve(cap)
-        entry = self._runs.get(base)  # (a collection may have moved it)
-        start = self._slot_top
-        self._slot_top = start + cap
-        sb = self._slot_block
-        if entry is not None:
-            old, old_cap = entry
-            seg = sb[old : old + old_cap].copy()
-            sb[start : start + old_cap] = seg
-            sb[old : old + old_cap] = -1
-            held = np.flatnonzero(seg >= 0)
-            self._key_slot[seg[held]] = held + start
-        self._runs[base] = (start, cap)
-        return start
-
-    def _reserve(self, n: int) -> None:
-        """Make room for ``n`` more slots: collect dead runs when full, and grow if that is not enough."""
-        if self._slot_top + n > len(self._slot_block):
-            self._collect(n)
-
-    def _collect(self, n: int) -> None:
-        """Move the runs that cache a block to the slot space's front (dropping the rest), and
-        size the space to at least four times what they and ``n`` more slots need."""
-        sb = self._slot_block
-        bases = list(self._runs)
-        spans = list(self._runs.values())
-        starts = np.array([s for s, _ in spans], dtype=np.int64)
-        caps = np.array([c for _, c in spans], dtype=np.int64)
-        held = np.concatenate(([0], np.cumsum(sb[: self._slot_top] >= 0)))
-        live = np.flatnonzero(held[starts + caps] - held[starts] > 0)
-        starts, caps = starts[live], caps[live]
-        total = int(caps.sum())
-        new_starts = np.cumsum(caps) - caps
-        size = len(sb)
-        while size < 4 * (total + n):  # a quarter in use at most: collections stay rare
-            size *= 2
-        new_sb = np.full(size, -1, dtype=np.int64)
-        if total:
-            new_sb[:total] = sb[np.repeat(starts - new_starts, caps) + np.arange(total)]
-        slots = np.flatnonzero(new_sb[:total] >= 0)
-        self._key_slot[new_sb[slots]] = slots
-        self._runs = dict(zip([bases[i] for i in live.tolist()],
-                              zip(new_starts.tolist(), caps.tolist(), strict=True), strict=True))
-        self._slot_block = new_sb
-        self._slot_top = total

@@ -239,7 +239,7 @@ class DecodeRunner:
                     return False  # a lagging commit would register several blocks at once
             block_ref = kv.block_ref
             refs = [block_ref(reqs[i], (nc0[i] + j + 1) // bs - 1) for j, i in commits]
-            block_of = pool.block_of
+            block_of = pool.slots.block_of
             if any(block_of(base, off) is not None for base, off, _ in refs):
                 return False
         if allocs:

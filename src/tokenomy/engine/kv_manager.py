@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from tokenomy.core import Segment
+from tokenomy.engine.block_ids import NO_BLOCKS, BlockIds, BlockVector
 from tokenomy.engine.block_keys import ROOT_KEY, KeyChainCache, unique_key
-from tokenomy.engine.block_pool import NO_BLOCKS, BlockIds, BlockPool, BlockVector
+from tokenomy.engine.block_pool import BlockPool
 from tokenomy.engine.prefix_lookup import PrefixLookup
 from tokenomy.engine.request_state import RequestState
 
@@ -81,12 +82,12 @@ class KVManager:
         hits = NO_BLOCKS
         if chain is not None:
             covered = min(max_blocks, chain.num_full_blocks)
-            hits = pool.chain_block_ids(chain, self._lookup.run(chain, covered))
+            hits = pool.slots.chain_block_ids(chain, self._lookup.run(chain, covered))
             if len(hits) < covered:
                 return hits
         own: list[int] = []
         for i in range(covered, max_blocks):
-            block = pool.block_of(self.block_key(req, i))
+            block = pool.slots.block_of(self.block_key(req, i))
             if block is None:
                 break
             own.append(block)
@@ -107,7 +108,7 @@ class KVManager:
         if hit == 0:
             return 0
         chain = self.chains.get(content, self.block_size)
-        return self.pool.num_evictable(self.pool.chain_block_ids(chain, hit))
+        return self.pool.num_evictable(self.pool.slots.chain_block_ids(chain, hit))
 
     # ---- failed admissions ------------------------------------------------------------------
     def blocked_state(
@@ -129,7 +130,7 @@ class KVManager:
         budget or a longer cached prefix helps.
         """
         free_then, next_key, n_then, over_budget = blocked
-        if next_key is not None and self.pool.block_of(next_key[0], next_key[1]) is not None:
+        if next_key is not None and self.pool.slots.block_of(next_key[0], next_key[1]) is not None:
             return False
         if over_budget:
             return budget < n_then

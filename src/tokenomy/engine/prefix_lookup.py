@@ -69,7 +69,7 @@ class PrefixLookup:
         other, other_evicted, other_hit = self._latest
         if other is not None and other is not chain and other_evicted == evicted and other_hit > start:
             start = max(start, common_prefix(chain.key, other.key, min(max_blocks, other_hit)))
-        hit = pool.cached_prefix(chain, max_blocks, start)
+        hit = pool.slots.cached_prefix(chain, max_blocks, start)
         if len(memo) >= _MEMO_MAX and id(chain) not in memo:
             memo.clear()
         memo[id(chain)] = (chain, version, evicted, max_blocks, hit)

@@ -9,8 +9,8 @@ and ``num_computed`` (tokens whose KV is in the blocks). A step computes up to
 from __future__ import annotations
 
 from tokenomy.core import Request
+from tokenomy.engine.block_ids import BlockIds
 from tokenomy.engine.block_keys import KeyChain
-from tokenomy.engine.block_pool import BlockIds
 
 
 class RequestState:

@@ -7,7 +7,7 @@ become free-cached and LRU eviction may take them.
 
 from __future__ import annotations
 
-from tokenomy.engine.block_pool import BlockIds
+from tokenomy.engine.block_ids import BlockIds
 from tokenomy.engine.kv_manager import KVManager
 from tokenomy.engine.request_state import RequestState
 
