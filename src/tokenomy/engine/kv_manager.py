@@ -168,22 +168,26 @@ class KVManager:
     def commit_full_blocks(self, req: RequestState) -> None:
         """Register the blocks that filled since the last call under their keys."""
         full = req.num_computed // self.block_size
-        if not self.caching or full <= req.num_keyed_blocks:
-            return
         i = req.num_keyed_blocks
+        if full <= i or not self.caching:
+            return
         chain = req.chain
+        if full == i + 1:  # one block filled (a decode step): the common case
+            if chain is not None and i < chain.num_full_blocks:
+                if chain.num_keys <= i:
+                    chain.ensure(full)
+                self.pool.register_one(req.blocks[i], *chain.ref(i))
+            else:
+                self.pool.register_one(req.blocks[i], self.block_key(req, i))
+            req.num_keyed_blocks = full
+            return
         if chain is not None and i < chain.num_full_blocks:
             upto = min(full, chain.num_full_blocks)
             if chain.num_keys < upto:
                 chain.ensure(upto)
-            if upto == i + 1:  # one block filled (a decode step inside the content)
-                self.pool.register_one(req.blocks[i], *chain.ref(i))
-            else:
-                self.pool.register_chain(req.blocks.ids()[i:upto], chain, i)
+            self.pool.register_chain(req.blocks.ids()[i:upto], chain, i)
             i = upto
-        if i + 1 == full:  # one block filled (a decode step): the common case
-            self.pool.register_one(req.blocks[i], self.block_key(req, i))
-        elif i < full:
+        if i < full:
             self.pool.register(req.blocks.ids()[i:full].tolist(), [self.block_key(req, j) for j in range(i, full)])
         req.num_keyed_blocks = full
 
