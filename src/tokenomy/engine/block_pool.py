@@ -14,8 +14,8 @@ allocation skips entries that are no longer a free block's newest one (the entry
 ``p`` is valid iff ``last_pos[block] == p``; taking a free block back sets ``last_pos`` to -1).
 When the buffer fills up, the valid entries are moved to its front (``_compact``). Blocks never
 allocated yet are the queue's front in id order (vLLM starts with every block free, in order):
-they are kept as a counter (``_fresh``), not as entries, so a pool of millions of blocks costs
-nothing to create.
+they are kept as a counter (``_fresh``), not as entries, so creating a pool of millions of blocks
+writes no queue entry.
 
 The prefix cache is indexed by key run, not by key (:mod:`tokenomy.engine.run_slots`): each
 block holds the slot of its key (``_key_slot``), so an allocation evicts its blocks' keys with one
@@ -24,9 +24,11 @@ vector write. Keys as ints (``key = base + offset``) remain the pool's public vi
 
 Per-block state lives in numpy arrays and a call's blocks are handled as one vector: a prompt
 is hundreds of blocks (a Mooncake prompt averages ~750 blocks of 16 tokens), and these calls run
-for each of them, so this module bounds the simulator's speed. Callers pass and get plain
-``list[int]`` block ids; the blocks of one call are distinct (a request never holds a block
-twice). The single-block paths (decode growth, one filled block) skip numpy's vector overhead.
+for each of them, so this module bounds the simulator's speed. Callers pass block ids as an int64
+vector (:mod:`tokenomy.engine.block_ids`; a list is converted) and get one from
+:meth:`BlockPool.allocate_ids` (:meth:`BlockPool.allocate` gives a list); the blocks of one call are
+distinct (a request never holds a block twice). The single-block paths (decode growth, one filled
+block) skip numpy's vector overhead.
 """
 
 from __future__ import annotations
