@@ -124,8 +124,8 @@ class KeyChain:
 
     def key(self, index: int) -> int:
         """Block ``index``'s key (computed: ``index < num_keys``)."""
-        r = bisect_right(self.run_first, index) - 1
-        return self.run_base[r] + index - self.run_first[r]
+        base, offset, _ = self.ref(index)
+        return base + offset
 
     @property
     def keys(self) -> list[int]:

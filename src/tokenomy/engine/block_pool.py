@@ -39,8 +39,6 @@ from tokenomy.engine.block_ids import NO_BLOCKS, BlockVector, as_vector
 from tokenomy.engine.block_keys import KeyChain
 from tokenomy.engine.run_slots import RunSlots
 
-_IntArray = BlockVector
-
 
 class BlockPool:
     """Reference-counted KV blocks with an LRU free queue and a prefix cache indexed by key run."""
@@ -65,15 +63,15 @@ class BlockPool:
         self.num_free = num_blocks
         self.num_evicted = 0  # cached blocks whose key allocation dropped, ever (read by traces)
         self.version = 0  # changes whenever the cache gains or loses a key (lookups memoise on it)
-        self.ref_cnt: _IntArray = np.zeros(num_blocks, dtype=np.int64)
-        self._key_slot: _IntArray = np.full(num_blocks, -1, dtype=np.int64)  # the slot of its key, -1: none
+        self.ref_cnt: BlockVector = np.zeros(num_blocks, dtype=np.int64)
+        self._key_slot: BlockVector = np.full(num_blocks, -1, dtype=np.int64)  # the slot of its key, -1: none
         capacity = 4 * num_blocks + 1024  # compaction runs after about 3 * num_blocks frees
-        self._queue: _IntArray = np.zeros(capacity, dtype=np.int64)  # (zeros: no page is touched until used)
+        self._queue: BlockVector = np.zeros(capacity, dtype=np.int64)  # (zeros: no page is touched until used)
         self._head = 0  # entries before it were consumed
         self._tail = 0  # next free slot
         # Position of each block's newest entry (meaningful only for blocks that have an entry:
         # every entry is written together with it).
-        self._last_pos: _IntArray = np.zeros(num_blocks, dtype=np.int64)
+        self._last_pos: BlockVector = np.zeros(num_blocks, dtype=np.int64)
         self._fresh = 0  # blocks _fresh.. were never allocated: they come first, in id order
         self.slots = RunSlots(self._key_slot)  # the prefix cache's index (lookups go to it directly)
 
@@ -92,22 +90,17 @@ class BlockPool:
         """Free blocks, next to be evicted first (for tests and debugging)."""
         return list(range(self._fresh, self.num_blocks)) + self._valid_entries().tolist()
 
-    def _valid_entries(self) -> _IntArray:
+    def _valid_entries(self) -> BlockVector:
         """The queue's live entries (freed blocks, LRU first), skipping consumed and stale ones."""
         head, tail = self._head, self._tail
         entries = self._queue[head:tail]
         return entries[self._last_pos[entries] == np.arange(head, tail)]
 
-    def num_evictable(self, blocks: list[int] | _IntArray) -> int:
+    def num_evictable(self, blocks: list[int] | BlockVector) -> int:
         """How many of these cached blocks are free (taking them costs free blocks)."""
         if len(blocks) == 0:
             return 0
         return int(np.count_nonzero(self.ref_cnt[blocks] == 0))
-
-    @staticmethod
-    def as_ids(blocks: list[int]) -> _IntArray:
-        """Block ids as the vector :meth:`num_evictable` and :meth:`touch` take (convert once, use twice)."""
-        return as_vector(blocks)
 
     # ---- allocation ---------------------------------------------------------------------------
     def allocate_one(self) -> int:
@@ -142,13 +135,13 @@ class BlockPool:
         ids: list[int] = self.allocate_ids(n).tolist()
         return ids
 
-    def allocate_ids(self, n: int) -> _IntArray:
+    def allocate_ids(self, n: int) -> BlockVector:
         """:meth:`allocate` as a vector (a new one: the caller may keep it)."""
         if n <= 0:
             return NO_BLOCKS
         queue, last_pos = self._queue, self._last_pos
         head = self._head
-        parts: list[_IntArray] = []
+        parts: list[BlockVector] = []
         want = n
         fresh = self._fresh
         if fresh < self.num_blocks:
@@ -180,10 +173,10 @@ class BlockPool:
         self.num_free -= n
         return blocks if blocks.base is None else blocks.copy()  # never a view of the queue
 
-    def touch(self, blocks: list[int] | _IntArray) -> None:
+    def touch(self, blocks: list[int] | BlockVector) -> None:
         """Take a reference on cached blocks (prefix hits, retention); free ones stop being free.
 
-        An int64 array (from :meth:`as_ids`) is used as is, without a second conversion.
+        An int64 vector is used as is, without a conversion.
         """
         if len(blocks) == 0:
             return
@@ -199,7 +192,7 @@ class BlockPool:
             self.num_free -= n_free
         ref[ids] = counts + 1
 
-    def release(self, blocks: list[int] | _IntArray) -> None:
+    def release(self, blocks: list[int] | BlockVector) -> None:
         """Drop one reference on each block, in reverse order.
 
         Reverse order puts a request's tail blocks in the queue first, so they are evicted before
@@ -257,7 +250,7 @@ class BlockPool:
         for block, key in zip(blocks, keys, strict=True):
             self.register_one(block, key)
 
-    def register_chain(self, blocks: list[int] | _IntArray, chain: KeyChain, index: int) -> None:
+    def register_chain(self, blocks: list[int] | BlockVector, chain: KeyChain, index: int) -> None:
         """Make just-filled blocks findable as the chain's keys ``index, index + 1, ...`` (computed).
 
         When a key is already cached (two requests computed the same prefix at once), the block

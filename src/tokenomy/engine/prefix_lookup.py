@@ -52,7 +52,7 @@ class PrefixLookup:
         self._latest: tuple[KeyChain | None, int, int] = (None, -1, 0)  # (chain, evictions, blocks hit)
 
     def run(self, chain: KeyChain, max_blocks: int) -> int:
-        """``BlockPool.cached_prefix`` of the chain's first ``max_blocks`` keys (``max_blocks <= num_full_blocks``)."""
+        """``RunSlots.cached_prefix`` of the chain's first ``max_blocks`` keys (``max_blocks <= num_full_blocks``)."""
         pool = self.pool
         version, evicted = pool.version, pool.num_evicted
         memo = self._memo

@@ -114,11 +114,6 @@ class RunSlots:
             return NO_BLOCKS
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def chain_blocks(self, chain: KeyChain, n: int) -> list[int]:
-        """:meth:`chain_block_ids` as a list."""
-        ids: list[int] = self.chain_block_ids(chain, n).tolist()
-        return ids
-
     def chain_slots(self, chain: KeyChain, index: int, n: int) -> BlockVector:
         """The slots of the chain's keys ``index .. index + n - 1`` (computed), its runs given slots
         where they had none: one vector across runs (a run's slots are consecutive)."""
