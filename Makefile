@@ -2,17 +2,27 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck clean
+.PHONY: install native demo test lint typecheck clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,eaas]'
-	touch $(STAMP)
+	touch $(STAMP) $(NATIVE)
 
-install: $(STAMP)
+# The simulator's compiled core (mypyc; src/tokenomy/_native.py lists its modules): pip builds it
+# with the package, this rebuilds it in place after an edit (a stale one is skipped, with a warning).
+NATIVE := $(VENV)/.native
+NATIVE_SRC := $(addprefix src/,$(shell python3 src/tokenomy/_native.py))
+$(NATIVE): $(NATIVE_SRC) | $(STAMP)
+	$(PY) setup.py --quiet build_ext --inplace --force
+	touch $(NATIVE)
 
-demo: $(STAMP)
+install: $(STAMP) $(NATIVE)
+
+native: $(NATIVE)
+
+demo: install
 	$(VENV)/bin/tokenomy demo
 
 lint: $(STAMP)
@@ -21,11 +31,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy src
 
-test: $(STAMP) lint typecheck
+test: install lint typecheck
 	$(VENV)/bin/pytest -q
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	find src -name '*.so' -delete
 
 # redis-server and PostgreSQL for the shared-store and fleet tests (tests/gateway/stores, fleet):
 # Debian's packages, installed as root (CI); a developer without root can instead

@@ -164,12 +164,11 @@ def test_pool_matches_the_reference_under_random_operations(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_chain_registrations_match_the_reference_as_runs_grow_and_slots_are_collected(
-    seed: int, monkeypatch: pytest.MonkeyPatch
+    seed: int,
 ) -> None:
     """The pool caches chains by run (slots per run, moved when a longer chain extends a run, dead
     runs collected when the slot space fills): keys, blocks, lookups and evictions stay what
     per-key bookkeeping gives."""
-    monkeypatch.setattr(run_slots, "_MIN_SLOTS", 8)  # collect and grow often
     rng = random.Random(seed)
     bs = 4
     # Sessions whose stream grows turn by turn (a run outgrows its slots), sharing a system prompt.
@@ -177,16 +176,8 @@ def test_chain_registrations_match_the_reference_as_runs_grow_and_slots_are_coll
     chains = [KeyChain(c, bs) for c in contents]
     size = 48
     pool, ref = BlockPool(size), _ReferencePool(size)
+    pool.slots = run_slots.RunSlots(pool.slots.key_slot, min_slots=8)  # collect and grow often
     held: list[list[int]] = []
-    dropped: list[int] = []  # runs each collection dropped
-    collect = run_slots.RunSlots._collect
-
-    def counting_collect(self: run_slots.RunSlots, n: int) -> None:
-        before = len(self._runs)
-        collect(self, n)
-        dropped.append(before - len(self._runs))
-
-    monkeypatch.setattr(run_slots.RunSlots, "_collect", counting_collect)
     for step in range(1500):
         if rng.random() < 0.2:  # a new stream: new runs keep coming, old ones die out
             chains.append(KeyChain(((0, 6), (100 + step, rng.randrange(8, 120))), bs))
@@ -210,7 +201,7 @@ def test_chain_registrations_match_the_reference_as_runs_grow_and_slots_are_coll
         assert pool.slots.cached_prefix(chain, limit) == hit
         assert pool.slots.chain_block_ids(chain, hit).tolist() == [ref.cached[k] for k in chain.keys[:hit]]
         assert pool.cached == ref.cached
-    assert len(dropped) > 3 and max(dropped) > 0  # the slot space filled, and dead runs were dropped
+    assert pool.slots.collections > 3 and pool.slots.runs_dropped > 0  # the space filled, dead runs were dropped
     assert all(pool.key_of(b) == ref.key[b] for b in range(size))
 
 

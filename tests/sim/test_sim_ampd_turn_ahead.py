@@ -6,12 +6,12 @@ forward-looking TPOT bank, a young stream counting the tokens it is still expect
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from tokenomy.core import SLO, Session, Turn
+from tokenomy.core import SLO, Request, Session, Turn
+from tokenomy.engine.request_state import RequestState
 from tokenomy.engine.tpot_bank import tpot_bank_s
 from tokenomy.perf import PerfModel
 from tokenomy.sim import SimConfig, simulate
@@ -55,9 +55,11 @@ def test_a_turn_queued_behind_a_prefill_moves_to_an_idle_instance_and_its_histor
     assert on[("w", 1)].decode_instance == "decode-0"  # the turn in front stays where its history is
 
 
-def _bank(**stream: float) -> float:
-    s = SimpleNamespace(first_token_s=0.0, prompt_tokens=100, **stream)
-    return tpot_bank_s([s], at=1.0, ran=0, tpot_s=0.1, expected_tokens=100, itl_s=0.04)  # type: ignore[list-item]
+def _bank(num_tokens: int) -> float:
+    s = RequestState(Request("r", 0.0, 100, 1_000), 0, chain=None, preloaded_tokens=0, emitted_tokens=0,
+                     prefill_only=False)
+    s.first_token_s, s.num_tokens = 0.0, num_tokens
+    return tpot_bank_s([s], at=1.0, ran=0, tpot_s=0.1, expected_tokens=100, itl_s=0.04)
 
 
 def test_the_forward_bank_counts_only_the_tokens_a_stream_is_still_expected_to_emit() -> None:

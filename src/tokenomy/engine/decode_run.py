@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import operator
 from itertools import accumulate
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast
 
 from tokenomy.core import StepShape, StepTimeModel
 from tokenomy.engine.config import EngineConfig
@@ -27,7 +27,6 @@ from tokenomy.engine.request_state import RequestState
 from tokenomy.engine.results import EngineStats, StepResult
 
 
-@runtime_checkable
 class DecodeRunModel(Protocol):
     """A performance model that prices a whole run of decode steps in one call (optional)."""
 
@@ -107,8 +106,8 @@ class DecodeRunner:
         self._kv = kv
         self._stats = stats
         self._perf = perf
-        # Checked once: isinstance against a runtime Protocol costs microseconds per call.
-        self._run_model = perf if isinstance(perf, DecodeRunModel) else None
+        # Looked up once, by name: a runtime-checkable Protocol does not survive mypyc (tokenomy._native).
+        self._run_model = cast(DecodeRunModel, perf) if callable(getattr(perf, "decode_run", None)) else None
 
     # ---- planning ---------------------------------------------------------------------------
     def plan(self, now: float, max_steps: int) -> DecodeRun | None:

@@ -23,8 +23,8 @@ import numpy as np
 from tokenomy.engine.block_ids import NO_BLOCKS, BlockVector
 from tokenomy.engine.block_keys import KeyChain
 
-_MIN_SLOTS = 4096
-"""The slot space's size at first: it doubles as runs need it (after :meth:`RunSlots._collect`)."""
+MIN_SLOTS = 4096
+"""The slot space's size at first (default): it doubles as runs need it (after :meth:`RunSlots._collect`)."""
 
 _SCAN_AS_LIST = 64
 """Runs shorter than this are scanned as a Python list (numpy's per-call cost is higher there)."""
@@ -34,11 +34,13 @@ class RunSlots:
     """Cached keys by run: ``slot_block`` by slot, each run's slots, and ``key_slot`` (shared with the
     pool, which evicts by it) kept the reverse of ``slot_block``."""
 
-    __slots__ = ("key_slot", "slot_block", "_runs", "_top")
+    __slots__ = ("key_slot", "slot_block", "_runs", "_top", "collections", "runs_dropped")
 
-    def __init__(self, key_slot: BlockVector) -> None:
+    def __init__(self, key_slot: BlockVector, min_slots: int = MIN_SLOTS) -> None:
         self.key_slot = key_slot  # the pool's array: block -> slot of its key, -1: none
-        self.slot_block: BlockVector = np.full(_MIN_SLOTS, -1, dtype=np.int64)
+        self.slot_block: BlockVector = np.full(min_slots, -1, dtype=np.int64)
+        self.collections = 0  # times the slot space filled (read by tests)
+        self.runs_dropped = 0  # runs those collections dropped (no block cached any more)
         self._runs: dict[int, tuple[int, int]] = {}  # run base -> (first slot, capacity)
         self._top = 0  # slots from here on were never given to a run
 
@@ -183,6 +185,8 @@ class RunSlots:
             new_sb[:total] = sb[np.repeat(starts - new_starts, caps) + np.arange(total)]
         slots = np.flatnonzero(new_sb[:total] >= 0)
         self.key_slot[new_sb[slots]] = slots
+        self.collections += 1
+        self.runs_dropped += len(bases) - len(live)
         self._runs = dict(zip([bases[i] for i in live.tolist()],
                               zip(new_starts.tolist(), caps.tolist(), strict=True), strict=True))
         self.slot_block = new_sb

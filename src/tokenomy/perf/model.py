@@ -12,6 +12,7 @@ import math
 from dataclasses import fields
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from tokenomy.core.step import StepShape
 from tokenomy.perf.coefficients import Coefficients, shipped_coefficients
@@ -30,6 +31,7 @@ _CALIBRATION_PROXY = {"H200": "H100-SXM", "H20": "H100-SXM"}
 _Gemm = tuple[float, float, float]  # (s per token compute, s fixed memory, s per token memory)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (tokenomy._native); users subclass it
 class PerfModel:
     """``tokenomy.core.StepTimeModel`` for ``model`` on ``tp`` GPUs of one kind.
 
