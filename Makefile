@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml setup.py
 # with the package, this rebuilds it in place after an edit (a stale one is skipped, with a warning).
 NATIVE := $(VENV)/.native
 NATIVE_SRC := $(addprefix src/,$(shell python3 src/tokenomy/_native.py))
-$(NATIVE): $(NATIVE_SRC) | $(STAMP)
+$(NATIVE): $(NATIVE_SRC) setup.py src/tokenomy/_native.py | $(STAMP)
 	$(PY) setup.py --quiet build_ext --inplace --force
 	touch $(NATIVE)
 

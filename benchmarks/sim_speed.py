@@ -13,6 +13,10 @@ replays run on that commit's ``src`` (a detached git worktree, made once under `
 alternating with this tree's, so drifting load on the machine hits both alike; the headline is the
 median of each side and their ratio. The two sides must simulate the same tokens (checked).
 
+This tree runs its compiled core when it is built (``make install``; ``core`` in the JSON says
+``native``); ``TOKENOMY_PURE=1`` in the environment times its Python sources instead. A baseline
+worktree has no build: it runs its sources (``baseline_core``).
+
     python benchmarks/sim_speed.py --baseline 1728e6a --json out/sim_speed.json
     python benchmarks/sim_speed.py --runs gaia_ampd --repeats 1          # this tree only, one run
 """
@@ -59,11 +63,14 @@ def _simulate(run: str, trace: Path, ampd: str) -> dict[str, Any]:
                               slo=SLO(2.0, 0.1))
         sessions = load_sessions(spec)[0]
         config, slo = spec.sim_config(dep, spec.splits_of(dep)[0]), spec.slo
+    import tokenomy
+
     cpu0 = time.process_time()
     result = simulate(sessions, config, slo)
     cpu = time.process_time() - cpu0
     return {"cpu_s": cpu, "output_tokens": result.output_tokens, "requests": len(result.records),
-            "events": result.events, "slo_attainment": result.summary.slo_attainment}
+            "events": result.events, "slo_attainment": result.summary.slo_attainment,
+            "core": getattr(tokenomy, "NATIVE", "pure")}  # compiled or Python sources (tokenomy._native)
 
 
 def _replay(src: Path, run: str, trace: Path, ampd: str = "ampd") -> dict[str, Any]:
@@ -88,7 +95,8 @@ def _side(replays: list[dict[str, Any]]) -> dict[str, Any]:
     tokens = replays[0]["output_tokens"]
     cpus = [r["cpu_s"] for r in replays]
     return {"output_tokens": tokens, "requests": replays[0]["requests"], "events": replays[0]["events"],
-            "slo_attainment": replays[0]["slo_attainment"], "cpu_s_each": [round(c, 3) for c in cpus],
+            "slo_attainment": replays[0]["slo_attainment"], "core": replays[0]["core"],
+            "cpu_s_each": [round(c, 3) for c in cpus],
             "out_tok_per_cpu_s": round(tokens / statistics.median(cpus), 1)}
 
 
@@ -133,7 +141,7 @@ def main() -> int:
             if base["output_tokens"] != entry["output_tokens"] or base["slo_attainment"] != entry["slo_attainment"]:
                 print(f"{run}: this tree and {args.baseline} simulated different results", file=sys.stderr)
                 return 1
-            entry.update(baseline=args.baseline, baseline_cpu_s_each=base["cpu_s_each"],
+            entry.update(baseline=args.baseline, baseline_core=base["core"], baseline_cpu_s_each=base["cpu_s_each"],
                          baseline_out_tok_per_cpu_s=base["out_tok_per_cpu_s"],
                          ratio=round(entry["out_tok_per_cpu_s"] / base["out_tok_per_cpu_s"], 3))
         payload[run] = entry

@@ -199,8 +199,7 @@ class PerfModel:
         context grows by ``batch`` tokens a step (step ``j`` reads ``first_context_tokens + batch * j``).
 
         Bit-identical to calling :meth:`step_time_s` and :meth:`step_flops` on each step's shape: the
-        batch-dependent terms are folded once and the per-step terms are added in the same order,
-        vectorised (numpy's float64 ufuncs round every operation exactly like Python floats).
+        batch-dependent terms are folded once and the per-step terms are added in the same order.
         """
         if batch < 1 or num_steps < 1:
             raise ValueError(f"batch and num_steps must be >= 1, got {batch} and {num_steps}")
@@ -211,16 +210,25 @@ class PerfModel:
             cc = ac * t
             mm = m0 + m1 * t
             layer += lat + (cc if cc > mm else mm)
-        ctx = np.arange(num_steps, dtype=np.int64) * batch + first_context_tokens
-        attn = np.maximum(self._decode_pair_s * ctx, self._kv_read_s * ctx)
-        total = (layer + (self._attn_lat_s + attn)) * self._n_layers
-        total += self._ffn_s(t)
         ac, m0, m1 = self._head
         cc = ac * t
         mm = m0 + m1 * t
-        times = (((total + self._head_lat_s) + (cc if cc > mm else mm)) + self._step_fixed_s) + self._step_per_token_s * t
-        flops = self._flops_per_token * t + self._flops_per_pair * (0.0 + ctx)
-        return times.tolist(), flops.tolist()
+        head = cc if cc > mm else mm
+        ffn, n_layers, attn_lat_s = self._ffn_s(t), self._n_layers, self._attn_lat_s
+        pair_s, kv_s, head_lat_s, step_fixed_s = self._decode_pair_s, self._kv_read_s, self._head_lat_s, self._step_fixed_s
+        per_token_s = self._step_per_token_s * t
+        flops_t, per_pair = self._flops_per_token * t, self._flops_per_pair
+        times: list[float] = []
+        flops: list[float] = []
+        # A plain loop: runs are a few steps long, where numpy's per-call cost dominates (and the
+        # loop is compiled: tokenomy._native). Same operations, same order, as step_time_s.
+        for j in range(num_steps):
+            ctx = float(first_context_tokens + batch * j)
+            a, b = pair_s * ctx, kv_s * ctx
+            total = (layer + (attn_lat_s + (a if a >= b else b))) * n_layers + ffn
+            times.append((((total + head_lat_s) + head) + step_fixed_s) + per_token_s)
+            flops.append(flops_t + per_pair * ctx)
+        return times, flops
 
     @property
     def peak_flops_per_s(self) -> float:
