@@ -43,6 +43,7 @@ COMPILED: tuple[str, ...] = (
     "tokenomy/engine/tracer.py",
     "tokenomy/engine/update.py",
     "tokenomy/perf/model.py",
+    "tokenomy/policy/ampd/admission.py",
     "tokenomy/sim/loop.py",
     "tokenomy/sim/instance.py",
 )

@@ -86,14 +86,29 @@ class SlackAdmission:
         """
         if not queue:
             return None
-        slacks = [self.slack_s(t, slo, now) for t in queue]
-        index = min(range(len(queue)),
-                    key=lambda i: (slacks[i] < 0, slacks[i] if slacks[i] >= 0 else queue[i].arrival_s, i))
+        # One pass, the least (hopeless, slack or arrival, index) key: the first task of least
+        # slack >= 0, else the first of the oldest hopeless ones. It runs on every pump of a full
+        # decode instance over its whole queue (hundreds of turns under overload), so the slack
+        # of :meth:`slack_s` is computed inline, with the same operations.
+        ttft, prefill_time_s = slo.ttft_s, self.estimator.prefill_time_s
+        ok, ok_key, ok_slack = -1, 0.0, 0.0  # least slack >= 0
+        late, late_arrival, late_slack = -1, 0.0, 0.0  # oldest hopeless (slack < 0)
+        for i, t in enumerate(queue):
+            p = t.prefill_tokens
+            s = t.arrival_s + ttft - now - (prefill_time_s(p, t.cached_tokens) if p else 0.0)
+            if s < 0:
+                if ok < 0 and (late < 0 or t.arrival_s < late_arrival):
+                    late, late_arrival, late_slack = i, t.arrival_s, s
+            else:
+                key = s if s >= 0 else t.arrival_s  # (NaN: ordered by arrival, as the key tuple did)
+                if ok < 0 or key < ok_key:
+                    ok, ok_key, ok_slack = i, key, s
+        index, slack = (ok, ok_slack) if ok >= 0 else (late, late_slack)
         task = queue[index]
         if engine_waiting > 0 and free_blocks < engine_waiting_blocks + task.blocks:
             return None
-        reason = "least slack that can still meet its SLO" if slacks[index] >= 0 else "every waiting turn is late"
-        slack = slacks[index] if math.isfinite(slacks[index]) else 0.0
+        reason = "least slack that can still meet its SLO" if slack >= 0 else "every waiting turn is late"
+        slack = slack if math.isfinite(slack) else 0.0
         decision = AdmissionDecision(index, task.request_id, slack, reason, decode_instance)
         emit(self.trace, "admission", now, decision)
         return decision

@@ -8,12 +8,14 @@ policy evicts, in this order (docs/ampd.md, "KV retention"):
 2. then the least recently stored.
 
 A copy larger than the whole tier is not stored (``store=False``) and nothing is evicted for it.
-The caller lists the instance's copies oldest stored first and applies the decision.
+The caller lists the instance's copies oldest stored first and applies the decision. A caller
+that knows the bytes they hold passes ``used_bytes``; then the copies are only read as far as the
+decision needs (a full tier holds thousands of copies, mostly expired ones stored long ago).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,36 +56,47 @@ class HostEvictionPolicy:
         session_id: str,
         need_bytes: int,
         *,
-        copies: Sequence[HostCopyView],
+        copies: Iterable[HostCopyView],
         capacity_bytes: int,
         now: float,
+        used_bytes: int | None = None,
     ) -> HostEvictionDecision:
         """Make room for ``need_bytes`` among ``copies`` (oldest stored first) in a tier of ``capacity_bytes``.
 
-        The decision goes to the trace sink.
+        ``copies`` is iterated up to twice (a sequence, or a view that iterates afresh each time);
+        ``used_bytes``: their total bytes (default: summed from ``copies``). The decision goes to
+        the trace sink.
         """
-        decision = self._decide(session_id, need_bytes, copies, capacity_bytes, now)
+        decision = self._decide(session_id, need_bytes, copies, capacity_bytes, now, used_bytes)
         emit(self.trace, "host_eviction", now, decision)
         return decision
 
     def _decide(
-        self, session_id: str, need_bytes: int, copies: Sequence[HostCopyView], capacity_bytes: int, now: float
+        self, session_id: str, need_bytes: int, copies: Iterable[HostCopyView], capacity_bytes: int, now: float,
+        used_bytes: int | None,
     ) -> HostEvictionDecision:
         if need_bytes < 0 or capacity_bytes < 0:
             raise ValueError("need_bytes and capacity_bytes must be >= 0")
         if need_bytes > capacity_bytes:
             return HostEvictionDecision(session_id, False, (), "larger than the host tier")
-        free = capacity_bytes - sum(c.kv_bytes for c in copies)
+        free = capacity_bytes - (sum(c.kv_bytes for c in copies) if used_bytes is None else used_bytes)
         if need_bytes <= free:
             return HostEvictionDecision(session_id, True, (), "fits")
-        order = [c for c in copies if c.expire_s < now] + [c for c in copies if c.expire_s >= now]
         evict: list[str] = []
-        for c in order:
+        expired = 0
+        for c in copies:  # expired ones first, oldest stored first
             if need_bytes <= free:
                 break
-            evict.append(c.session_id)
-            free += c.kv_bytes
-        gone = set(evict)
-        expired = sum(1 for c in copies if c.expire_s < now and c.session_id in gone)
+            if c.expire_s < now:
+                evict.append(c.session_id)
+                free += c.kv_bytes
+                expired += 1
+        if need_bytes > free:
+            for c in copies:  # then the least recently stored
+                if need_bytes <= free:
+                    break
+                if c.expire_s >= now:
+                    evict.append(c.session_id)
+                    free += c.kv_bytes
         why = f"host tier full: evict {expired} expired, {len(evict) - expired} least recently stored"
         return HostEvictionDecision(session_id, True, tuple(evict), why)

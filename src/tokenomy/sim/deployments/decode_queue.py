@@ -8,19 +8,12 @@ It is pumped when a turn is pushed and whenever a request on the instance finish
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from tokenomy.core import SLO
 from tokenomy.policy.ampd import AdmissionTask, SlackAdmission
 from tokenomy.sim.instance import SimInstance
 
 Submit = Callable[[float], None]
-
-
-@dataclass(slots=True)
-class _Held:
-    task: AdmissionTask
-    submit: Submit
 
 
 class DecodeAdmissionQueue:
@@ -30,41 +23,46 @@ class DecodeAdmissionQueue:
         self.instance = instance
         self._slo = slo
         self._policy = policy
-        self._items: list[_Held] = []
+        # Held turns, oldest first: their tasks (what the policy reads, passed as is) and how to
+        # release each, side by side.
+        self._tasks: list[AdmissionTask] = []
+        self._submits: list[Submit] = []
         self._released_blocks = 0  # blocks of turns released since the engine last had none waiting
         self.reordered = 0  # releases that overtook an older held turn
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._tasks)
 
     def push(self, task: AdmissionTask, submit: Submit, now: float) -> None:
-        self._items.append(_Held(task, submit))
+        self._tasks.append(task)
+        self._submits.append(submit)
         self.pump(now)
 
     def pending_blocks(self) -> int:
         """Blocks of the turns held here and of those released that the engine holds unadmitted."""
         waiting = self._released_blocks if self.instance.engine.num_waiting else 0
-        return waiting + sum(h.task.blocks for h in self._items)
+        return waiting + sum(t.blocks for t in self._tasks)
 
     def held(self, request_id: str) -> AdmissionTask | None:
         """The held task of ``request_id`` (None once released or taken)."""
-        return next((h.task for h in self._items if h.task.request_id == request_id), None)
+        return next((t for t in self._tasks if t.request_id == request_id), None)
 
     def take(self, request_id: str) -> bool:
         """Remove the held task of ``request_id`` (another instance serves it); False if not held."""
-        for i, h in enumerate(self._items):
-            if h.task.request_id == request_id:
-                del self._items[i]
+        for i, t in enumerate(self._tasks):
+            if t.request_id == request_id:
+                del self._tasks[i], self._submits[i]
                 return True
         return False
 
     def pump(self, now: float) -> None:
         engine = self.instance.engine
-        while self._items:
+        tasks = self._tasks
+        while tasks:
             if engine.num_waiting == 0:
                 self._released_blocks = 0
             decision = self._policy.decide(
-                [h.task for h in self._items],
+                tasks,
                 engine_waiting=engine.num_waiting,
                 engine_waiting_blocks=self._released_blocks,
                 free_blocks=engine.free_blocks,
@@ -74,7 +72,7 @@ class DecodeAdmissionQueue:
             )
             if decision is None:
                 return
-            held = self._items.pop(decision.index)
+            task, submit = tasks.pop(decision.index), self._submits.pop(decision.index)
             self.reordered += decision.index > 0
-            self._released_blocks += held.task.blocks
-            held.submit(now)
+            self._released_blocks += task.blocks
+            submit(now)

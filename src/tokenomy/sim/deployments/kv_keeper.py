@@ -26,7 +26,7 @@ Without retention (the baseline), every finished turn behaves like DROP.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tokenomy.core import Request
@@ -60,6 +60,22 @@ class _HostCopy:
     ready_s: float = 0.0  # when the copy is usable there (a moved copy is still on the network before)
 
 
+class _CopiesOn:
+    """One instance's host copies as the eviction policy reads them, oldest stored first: views
+    are made as the policy iterates (it stops once it has made room)."""
+
+    __slots__ = ("_copies", "_kv_bytes")
+
+    def __init__(self, copies: dict[str, _HostCopy], kv_bytes: int) -> None:
+        self._copies = copies
+        self._kv_bytes = kv_bytes
+
+    def __iter__(self) -> Iterator[HostCopyView]:
+        kv_bytes = self._kv_bytes
+        for sid, c in self._copies.items():
+            yield HostCopyView(sid, c.kv_tokens * kv_bytes, c.expire_s)
+
+
 class KVKeeper:
     """Retention and the host KV tier of ``decodes`` (the instances that hold sessions' KV)."""
 
@@ -85,7 +101,9 @@ class KVKeeper:
         self._to_host = {d.instance_id: KVLink(bytes_per_s=pcie) for d in decodes}
         self._from_host = {d.instance_id: KVLink(bytes_per_s=pcie) for d in decodes}
         self._pins: dict[str, _Pin] = {}
-        self._host: OrderedDict[str, _HostCopy] = OrderedDict()
+        self._pins_on: dict[str, dict[str, _Pin]] = {d.instance_id: {} for d in decodes}  # by instance, pinned order
+        self._host: dict[str, _HostCopy] = {}  # by session
+        self._host_on: dict[str, dict[str, _HostCopy]] = {d.instance_id: {} for d in decodes}  # by instance, stored order
         self._host_bytes = {d.instance_id: 0 for d in decodes}
         self._host_capacity_bytes = int(cfg.ampd.host_kv_bytes_per_gpu * perf.tp)
         self.decisions: dict[Retention, int] = {r: 0 for r in Retention}
@@ -181,7 +199,7 @@ class KVKeeper:
         self._make_room(sid, new.instance_id, nbytes, now)
         fabric = self.fabric
         copy = _HostCopy(new.instance_id, tokens, expire, ready_s=now + fabric.eta_s(old.instance_id, new.instance_id, nbytes, now))
-        self._host[sid] = copy
+        self._store_host(sid, copy)
 
         def arrived() -> None:
             copy.ready_s = self.ctx.loop.now
@@ -199,13 +217,9 @@ class KVKeeper:
         """Evict host copies on ``instance_id`` as the host-eviction policy decides, for ``nbytes`` more."""
         if self._host_bytes[instance_id] + nbytes <= self._host_capacity_bytes and self._eviction.trace is None:
             return  # it fits: the policy would evict nothing (and no trace wants its decision)
-        kv_bytes = self._kv_bytes
-        copies = [
-            HostCopyView(sid, c.kv_tokens * kv_bytes, c.expire_s)
-            for sid, c in self._host.items()
-            if c.instance_id == instance_id
-        ]
-        room = self._eviction.decide(session_id, nbytes, copies=copies, capacity_bytes=self._host_capacity_bytes, now=now)
+        copies = _CopiesOn(self._host_on[instance_id], self._kv_bytes)
+        room = self._eviction.decide(session_id, nbytes, copies=copies, capacity_bytes=self._host_capacity_bytes, now=now,
+                                     used_bytes=self._host_bytes[instance_id])
         for sid in room.evict:
             self._drop_host(sid)
             self.host_evictions += 1
@@ -235,7 +249,8 @@ class KVKeeper:
         )
         if decision.action is Retention.KEEP:
             engine.retain(request.request_id)
-            self._pins[sid] = _Pin(instance.instance_id, request.request_id, kv_tokens, now + expected)
+            pin = _Pin(instance.instance_id, request.request_id, kv_tokens, now + expected)
+            self._pins[sid] = self._pins_on[pin.instance_id][sid] = pin
             self.ctx.loop.at(now + decision.ttl_s, self._expire, sid, request.request_id)
         self._apply(decision, instance, kv_tokens, now)
         self._relieve(instance, now)
@@ -256,22 +271,22 @@ class KVKeeper:
         self._drop_host(decision.session_id)
         self._make_room(decision.session_id, iid, nbytes, now)
         self._to_host[iid].transfer(now, max(0, kv_tokens - stored) * kv_bytes)
-        self._host[decision.session_id] = _HostCopy(iid, kv_tokens, now + decision.ttl_s, ready_s=ready)
+        self._store_host(decision.session_id, _HostCopy(iid, kv_tokens, now + decision.ttl_s, ready_s=ready))
         self._host_bytes[iid] += nbytes
+
+    def _store_host(self, session_id: str, copy: _HostCopy) -> None:
+        self._host[session_id] = self._host_on[copy.instance_id][session_id] = copy
 
     def _drop_host(self, session_id: str) -> None:
         copy = self._host.pop(session_id, None)
         if copy is not None:
+            del self._host_on[copy.instance_id][session_id]
             self._host_bytes[copy.instance_id] -= copy.kv_tokens * self._kv_bytes
 
     def _relieve(self, instance: SimInstance, now: float) -> None:
         """Under memory pressure, un-pin sessions on this instance as the policy orders."""
         engine = instance.engine
-        pinned = [
-            RetainedKV(sid, p.kv_tokens, p.expected_resume_s)
-            for sid, p in self._pins.items()
-            if p.instance_id == instance.instance_id
-        ]
+        pinned = [RetainedKV(sid, p.kv_tokens, p.expected_resume_s) for sid, p in self._pins_on[instance.instance_id].items()]
         if not pinned:
             return
         capacity = engine.total_blocks * engine.block_size_tokens
@@ -283,6 +298,7 @@ class KVKeeper:
     def _unpin(self, session_id: str) -> None:
         pin = self._pins.pop(session_id, None)
         if pin is not None:
+            del self._pins_on[pin.instance_id][session_id]
             instance = self._by_id[pin.instance_id]
             instance.engine.release(pin.request_id)
             # Freed blocks may unblock a waiting request: an idle engine must be stepped again.
