@@ -48,3 +48,23 @@ def test_the_engine_keeps_one_waiting_turn_until_memory_frees() -> None:
     assert decide(queue, now=5.0, engine_waiting=1, engine_waiting_blocks=10, free_blocks=20) == "a"
     assert decide(queue, now=5.0, engine_waiting=0, free_blocks=0) == "a"  # nothing waits: the engine queues it
     assert decide([], now=5.0) is None
+
+
+def test_the_pick_is_the_least_key_of_hopelessness_slack_or_arrival_and_queue_position() -> None:
+    """The one-pass pick equals the written rule on random queues, ties included (slacks and
+    arrivals drawn from a few values, so equal keys are common): the first of the least slack
+    that can still make it, else the first of the oldest hopeless."""
+    import random
+
+    rng = random.Random(7)
+    admission = SlackAdmission(LinearEstimator())
+    for _ in range(500):
+        queue = [AdmissionTask(f"t{i}", rng.choice([0.0, 1.0, 2.5, 3.0]), rng.choice([0, 0, 5000, 20_000]), 0, 1)
+                 for i in range(rng.randint(1, 12))]
+        now = rng.choice([3.0, 4.0, 6.0])
+        slacks = [admission.slack_s(t, SLO_, now) for t in queue]
+        want = min(range(len(queue)),
+                   key=lambda i: (slacks[i] < 0, slacks[i] if slacks[i] >= 0 else queue[i].arrival_s, i))
+        d = admission.decide(queue, engine_waiting=0, engine_waiting_blocks=0, free_blocks=0, slo=SLO_, now=now)
+        assert d is not None and (d.index, d.request_id) == (want, queue[want].request_id)
+        assert d.slack_s == slacks[want]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -63,6 +64,31 @@ def test_host_eviction_takes_expired_copies_then_the_oldest(need: int, evict: tu
     tier = copies(("a", 20, 50.0), ("b", 20, 5.0), ("c", 20, 50.0))
     d = HostEvictionPolicy().decide("new", need, copies=tier, capacity_bytes=100, now=10.0)
     assert (d.evict, d.store) == (evict, store)
+
+
+class _Counted:
+    """Copies that count how many the policy reads (a caller's lazy view of a full tier)."""
+
+    def __init__(self, views: list[HostCopyView]) -> None:
+        self.views, self.read = views, 0
+
+    def __iter__(self) -> Iterator[HostCopyView]:
+        for v in self.views:
+            self.read += 1
+            yield v
+
+
+def test_host_eviction_told_the_bytes_in_use_reads_copies_only_until_it_has_room() -> None:
+    # A full tier of 1,000 copies, the oldest 10 expired: room for 30 bytes takes the first 3.
+    views = [HostCopyView(f"s{i}", 10, 5.0 if i < 10 else 50.0) for i in range(1000)]
+    policy = HostEvictionPolicy()
+    lazy = _Counted(views)
+    d = policy.decide("new", 30, copies=lazy, capacity_bytes=10_000, now=10.0, used_bytes=10_000)
+    assert d.evict == ("s0", "s1", "s2") and lazy.read == 3
+    assert policy.decide("new", 30, copies=views, capacity_bytes=10_000, now=10.0) == d  # summed: the same
+    # Not enough expired: every expired one, then the oldest others (two passes).
+    d = policy.decide("new", 120, copies=_Counted(views), capacity_bytes=10_000, now=10.0, used_bytes=10_000)
+    assert d.evict == tuple(f"s{i}" for i in range(12)) and "evict 10 expired, 2 least recently stored" in d.reason
 
 
 def tasks(*spec: tuple[str, float, int]) -> list[PrefillTask]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 
-import numpy as np
 from mypy_extensions import mypyc_attr
 
 from tokenomy.core.step import StepShape

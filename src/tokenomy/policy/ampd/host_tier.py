@@ -84,19 +84,19 @@ class HostEvictionPolicy:
             return HostEvictionDecision(session_id, True, (), "fits")
         evict: list[str] = []
         expired = 0
-        for c in copies:  # expired ones first, oldest stored first
-            if need_bytes <= free:
-                break
+        for c in copies:  # expired ones first, oldest stored first (it does not fit: free < need)
             if c.expire_s < now:
                 evict.append(c.session_id)
                 free += c.kv_bytes
                 expired += 1
-        if need_bytes > free:
-            for c in copies:  # then the least recently stored
                 if need_bytes <= free:
                     break
+        if need_bytes > free:
+            for c in copies:  # then the least recently stored
                 if c.expire_s >= now:
                     evict.append(c.session_id)
                     free += c.kv_bytes
+                    if need_bytes <= free:
+                        break
         why = f"host tier full: evict {expired} expired, {len(evict) - expired} least recently stored"
         return HostEvictionDecision(session_id, True, tuple(evict), why)
