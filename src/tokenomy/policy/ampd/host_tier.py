@@ -63,9 +63,9 @@ class HostEvictionPolicy:
     ) -> HostEvictionDecision:
         """Make room for ``need_bytes`` among ``copies`` (oldest stored first) in a tier of ``capacity_bytes``.
 
-        ``copies`` is iterated up to twice (a sequence, or a view that iterates afresh each time);
-        ``used_bytes``: their total bytes (default: summed from ``copies``). The decision goes to
-        the trace sink.
+        ``copies`` may be iterated more than once (a sequence, or a view that iterates afresh each
+        time); ``used_bytes``: their total bytes (default: summed from ``copies``, one more pass).
+        The decision goes to the trace sink.
         """
         decision = self._decide(session_id, need_bytes, copies, capacity_bytes, now, used_bytes)
         emit(self.trace, "host_eviction", now, decision)
