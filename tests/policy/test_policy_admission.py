@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from policy_fakes import LinearEstimator
 
 from tokenomy.core import SLO
@@ -54,8 +56,6 @@ def test_the_pick_is_the_least_key_of_hopelessness_slack_or_arrival_and_queue_po
     """The one-pass pick equals the written rule on random queues, ties included (slacks and
     arrivals drawn from a few values, so equal keys are common): the first of the least slack
     that can still make it, else the first of the oldest hopeless."""
-    import random
-
     rng = random.Random(7)
     admission = SlackAdmission(LinearEstimator())
     for _ in range(500):
