@@ -27,6 +27,15 @@ def test_satisfies_the_core_protocol_and_the_policy_estimator() -> None:
     assert isinstance(pm.kv_bytes_per_token, int)
 
 
+@pytest.mark.parametrize("n, context, seqs, decode_ctx", [(1, 0, 0, 0), (512, 3000, 7, 9000), (8192, 120_000, 64, 2_000_000)])
+def test_a_chunk_step_is_priced_as_its_shape(n: int, context: int, seqs: int, decode_ctx: int) -> None:
+    """``chunk_step_time_s`` (what AMPD's local chunk prices with) is ``step_time_s`` of the same shape, exactly."""
+    pm = _perf()
+    shape = StepShape(prefill_tokens=n, prefill_seqs=1, prefill_attn_pairs=StepShape.chunk_attn_pairs(n, context),
+                      prefill_context_tokens=context + n, decode_seqs=seqs, decode_context_tokens=decode_ctx)
+    assert pm.chunk_step_time_s(n, context, seqs, decode_ctx) == pm.step_time_s(shape) > 0
+
+
 @pytest.mark.parametrize("model", ["Llama-3.1-8B", "Qwen3-30B-A3B", "DeepSeek-V3"])
 def test_empty_step_costs_nothing(model: str) -> None:
     assert _perf(model, tp=8 if model == "DeepSeek-V3" else 1).step_time_s(StepShape()) == 0.0

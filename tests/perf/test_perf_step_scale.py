@@ -146,3 +146,6 @@ def test_a_calibrated_model_prices_a_prefill_with_its_calibration_not_the_roofli
                       prefill_context_tokens=300)
     assert model.prefill_time_s(200, 100) == cal.step_time_s(shape) == model.step_time_s(shape)
     assert model.prefill_time_s(200, 100) != PerfModel.from_names("llama-3.1-8b", "h100").prefill_time_s(200, 100)
+    # AMPD's local chunk: a prefill chunk beside running decodes, priced by the calibration too.
+    mixed = dataclasses.replace(shape, decode_seqs=12, decode_context_tokens=40_000)
+    assert model.chunk_step_time_s(200, 100, 12, 40_000) == cal.step_time_s(mixed) == model.step_time_s(mixed)

@@ -53,6 +53,10 @@ class LinearEstimator:
             + self.decode_s_per_seq * shape.decode_seqs
         )
 
+    def chunk_step_time_s(self, n_new_tokens: int, n_context_tokens: int, decode_seqs: int,
+                          decode_context_tokens: int) -> float:
+        return self.step_time_s(StepShape(prefill_tokens=n_new_tokens, prefill_seqs=1, decode_seqs=decode_seqs))
+
     def kv_transfer_time_s(self, n_tokens: int, link_bytes_per_s: float | None = None) -> float:
         return n_tokens * self.kv_bytes / (link_bytes_per_s or self.link_bytes_per_s)
 

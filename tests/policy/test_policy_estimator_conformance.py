@@ -12,6 +12,7 @@ REQUIRED_METHODS = {
     "prefill_time_s": ["n_new_tokens", "n_cached_tokens"],
     "decode_step_time_s": ["batch_size", "mean_context_tokens"],
     "step_time_s": ["shape"],
+    "chunk_step_time_s": ["n_new_tokens", "n_context_tokens", "decode_seqs", "decode_context_tokens"],
     "kv_transfer_time_s": ["n_tokens", "link_bytes_per_s"],
 }
 

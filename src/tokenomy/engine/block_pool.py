@@ -149,16 +149,26 @@ class BlockPool:
             parts.append(np.arange(fresh, fresh + take, dtype=np.int64))
             self._fresh = fresh + take
             want -= take
+        look = want
         while want:
-            batch = queue[head : head + want]
-            valid = last_pos[batch] == np.arange(head, head + want)
-            head += want
+            # Stale entries (blocks a prefix hit took back) can lie in long stretches: each pass
+            # looks twice as far as the last, so a stretch costs O(log) passes, not O(stretch / n).
+            end = min(head + look, self._tail)
+            batch = queue[head:end]
+            valid = last_pos[batch] == np.arange(head, end)
             if valid.all():
-                parts.append(batch)
+                parts.append(batch[:want])
+                head += want
                 break
-            batch = batch[valid]
-            parts.append(batch)
-            want -= len(batch)
+            at = np.flatnonzero(valid)
+            if len(at) >= want:
+                parts.append(batch[at[:want]])
+                head += int(at[want - 1]) + 1
+                break
+            parts.append(batch[at])
+            want -= len(at)
+            head = end
+            look *= 2
         self._head = head
         blocks = parts[0] if len(parts) == 1 else np.concatenate(parts)
         slots = self._key_slot[blocks]

@@ -241,6 +241,14 @@ class PerfModel:
         return self._step_time_s(n_new_tokens, 1, StepShape.chunk_attn_pairs(n_new_tokens, n_cached_tokens),
                                  n_cached_tokens + n_new_tokens, 0, 0)
 
+    def chunk_step_time_s(self, n_new_tokens: int, n_context_tokens: int, decode_seqs: int,
+                          decode_context_tokens: int) -> float:
+        """One step of one prefill chunk of ``n_new_tokens`` after ``n_context_tokens`` beside
+        ``decode_seqs`` decodes of ``decode_context_tokens`` tokens of context: :meth:`step_time_s` of
+        that shape, without building it (AMPD prices a dozen such steps per local-chunk decision)."""
+        return self._step_time_s(n_new_tokens, 1, StepShape.chunk_attn_pairs(n_new_tokens, n_context_tokens),
+                                 n_context_tokens + n_new_tokens, decode_seqs, decode_context_tokens)
+
     def decode_step_time_s(self, batch_size: int, mean_context_tokens: float) -> float:
         """One decode step of ``batch_size`` sequences with this mean context length."""
         return self.step_time_s(StepShape(

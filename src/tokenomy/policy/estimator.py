@@ -27,6 +27,13 @@ class Estimator(Protocol):
         """Time of one mixed iteration (prefill chunks and decode tokens)."""
         ...
 
+    def chunk_step_time_s(self, n_new_tokens: int, n_context_tokens: int, decode_seqs: int,
+                          decode_context_tokens: int) -> float:
+        """:meth:`step_time_s` of one prefill chunk of ``n_new_tokens`` after ``n_context_tokens`` beside
+        ``decode_seqs`` decodes holding ``decode_context_tokens`` tokens of context, without building
+        the :class:`StepShape` (policies price many such steps per decision)."""
+        ...
+
     def kv_transfer_time_s(self, n_tokens: int, link_bytes_per_s: float | None = None) -> float:
         """Time to move the KV of ``n_tokens`` over a link (the model's default link when None)."""
         ...

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from tokenomy.core import SLO, StepShape
+from tokenomy.core import SLO
 from tokenomy.policy.estimator import Estimator
 
 
@@ -56,14 +56,7 @@ class LocalChunk:
 def local_step_s(estimator: Estimator, n: int, context: int, seqs: int, decode_ctx: int) -> float:
     """One decode-node step: a prefill chunk of ``n`` tokens after ``context``, beside ``seqs``
     decodes holding ``decode_ctx`` tokens of context."""
-    return estimator.step_time_s(StepShape(
-        prefill_tokens=n,
-        prefill_seqs=1,
-        prefill_attn_pairs=StepShape.chunk_attn_pairs(n, context),
-        prefill_context_tokens=context + n,
-        decode_seqs=seqs,
-        decode_context_tokens=decode_ctx,
-    ))
+    return estimator.chunk_step_time_s(n, context, seqs, decode_ctx)
 
 
 def size_local_chunk(estimator: Estimator, cfg: ChunkConfig, slo: SLO, *, todo: int, context: int, seqs: int,
