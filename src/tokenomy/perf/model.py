@@ -246,8 +246,9 @@ class PerfModel:
         """One step of one prefill chunk of ``n_new_tokens`` after ``n_context_tokens`` beside
         ``decode_seqs`` decodes of ``decode_context_tokens`` tokens of context: :meth:`step_time_s` of
         that shape, without building it (AMPD prices a dozen such steps per local-chunk decision)."""
-        return self._step_time_s(n_new_tokens, 1, StepShape.chunk_attn_pairs(n_new_tokens, n_context_tokens),
-                                 n_context_tokens + n_new_tokens, decode_seqs, decode_context_tokens)
+        pairs = n_new_tokens * (n_context_tokens + (n_new_tokens + 1) / 2.0)  # StepShape.chunk_attn_pairs, inline
+        return self._step_time_s(n_new_tokens, 1, pairs, n_context_tokens + n_new_tokens, decode_seqs,
+                                 decode_context_tokens)
 
     def decode_step_time_s(self, batch_size: int, mean_context_tokens: float) -> float:
         """One decode step of ``batch_size`` sequences with this mean context length."""

@@ -83,7 +83,7 @@ class PrefillDispatch:
             return None
         if self.reorder is None:
             return DispatchDecision(0, queue[0].request_id, 0, "fcfs", pid)
-        tasks = list(queue)
+        tasks = queue if isinstance(queue, list) else list(queue)  # pick reads it, and counts deferrals
         index = self.reorder.pick(tasks, now)
         task = tasks[index]
         if index == 0:

@@ -7,18 +7,11 @@ decision (gate on the engine's backlog, look-ahead reordering); this queue only 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from tokenomy.policy.ampd import PrefillDispatch, PrefillTask
 from tokenomy.sim.instance import SimInstance
 
 Dispatch = Callable[[float], None]
-
-
-@dataclass(slots=True)
-class _Queued:
-    task: PrefillTask
-    dispatch: Dispatch
 
 
 class PrefillQueue:
@@ -27,15 +20,18 @@ class PrefillQueue:
     def __init__(self, instance: SimInstance, policy: PrefillDispatch) -> None:
         self.instance = instance
         self._policy = policy
-        self._items: list[_Queued] = []
+        # Parallel lists: the policy reads the tasks as they stand, without a copy per decision.
+        self._tasks: list[PrefillTask] = []
+        self._dispatches: list[Dispatch] = []
         self.queued_tokens = 0
         self.in_flight_tokens = 0  # dispatched, KV of the history still travelling to the engine
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._tasks)
 
     def push(self, task: PrefillTask, dispatch: Dispatch, now: float) -> None:
-        self._items.append(_Queued(task, dispatch))
+        self._tasks.append(task)
+        self._dispatches.append(dispatch)
         self.queued_tokens += task.new_tokens
         self.pump(now)
 
@@ -47,7 +43,7 @@ class PrefillQueue:
         engine = self.instance.engine
         while True:
             decision = self._policy.decide(
-                [q.task for q in self._items],
+                self._tasks,
                 engine_waiting_tokens=engine.num_waiting_tokens,
                 in_flight_tokens=self.in_flight_tokens,
                 now=now,
@@ -55,6 +51,6 @@ class PrefillQueue:
             )
             if decision is None:
                 return
-            item = self._items.pop(decision.index)
-            self.queued_tokens -= item.task.new_tokens
-            item.dispatch(now)
+            task, dispatch = self._tasks.pop(decision.index), self._dispatches.pop(decision.index)
+            self.queued_tokens -= task.new_tokens
+            dispatch(now)
