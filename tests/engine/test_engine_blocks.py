@@ -205,6 +205,17 @@ def test_chain_registrations_match_the_reference_as_runs_grow_and_slots_are_coll
     assert all(pool.key_of(b) == ref.key[b] for b in range(size))
 
 
+def test_a_stream_growing_every_turn_moves_its_slots_a_logarithmic_number_of_times() -> None:
+    """A session's stream is one run, a few keys longer every turn: it moves to new slots when it
+    outgrows them, taking twice the room each time, so 60 turns move it a handful of times (not 60)."""
+    pool = BlockPool(4096)
+    slots = pool.slots
+    starts = [slots.intern(7, 16 + 5 * turn) for turn in range(60)]
+    moves = sum(a != b for a, b in zip(starts, starts[1:], strict=False))
+    assert 1 <= moves <= 5
+    assert slots.intern(7, 16) == starts[-1]  # a shorter chain of the same run stays where it is
+
+
 def test_a_requests_block_ids_grow_in_order_and_copy_what_they_are_given() -> None:
     pool = BlockPool(64)
     given = pool.allocate_ids(5)

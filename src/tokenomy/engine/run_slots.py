@@ -9,7 +9,7 @@ registered and evicted as a few vector operations on slots, without a dictionary
 block.
 
 A run that outgrows its slots (a session's stream, longer every turn) moves to new ones, its
-cached blocks with it. A run whose blocks were all evicted keeps its slots until the slot space
+cached blocks with it, taking twice its old room at least: it moves O(log length) times. A run whose blocks were all evicted keeps its slots until the slot space
 fills; then the live runs move to its front (:meth:`RunSlots._collect`) and the space is sized to
 at least four times what they need, so collections stay rare.
 """
@@ -122,7 +122,7 @@ class RunSlots:
         firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
         r = bisect_right(firsts, index) - 1
         # Room for every run first: a collection while interning would move slots already computed.
-        self.reserve(sum(counts[r : bisect_right(firsts, index + n - 1)]))
+        self.reserve(sum([self._new_cap(bases[k], counts[k]) for k in range(r, bisect_right(firsts, index + n - 1))]))
         shifts: list[int] = []  # slot minus block index, per run
         takes: list[int] = []
         i, end = index, index + n
@@ -138,12 +138,21 @@ class RunSlots:
         return np.repeat(np.array(shifts, dtype=np.int64), takes) + np.arange(index, end, dtype=np.int64)
 
     # ---- slots ----------------------------------------------------------------------------------
+    def _new_cap(self, base: int, cap: int) -> int:
+        """Slots :meth:`intern` takes for run ``base`` to hold ``cap`` keys: 0 when it has them, twice
+        its old capacity at least when it moves (a session's stream, longer every turn, moves
+        O(log length) times instead of every turn, and leaves less dead space to collect)."""
+        entry = self._runs.get(base)
+        if entry is None:
+            return cap
+        return 0 if entry[1] >= cap else max(cap, 2 * entry[1])
+
     def intern(self, base: int, cap: int) -> int:
         """The first slot of run ``base``, given at least ``cap`` slots (a run outgrowing its slots
-        moves to new ones, its cached blocks with it)."""
-        entry = self._runs.get(base)
-        if entry is not None and entry[1] >= cap:
-            return entry[0]
+        moves to new ones, its cached blocks with it: :meth:`_new_cap`)."""
+        cap = self._new_cap(base, cap)
+        if cap == 0:
+            return self._runs[base][0]
         self.reserve(cap)
         entry = self._runs.get(base)  # (a collection may have moved it)
         start = self._top
