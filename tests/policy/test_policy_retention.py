@@ -68,6 +68,8 @@ def test_under_pressure_frees_down_to_the_target(
         RETAINED, kv_usage=kv_usage, capacity_tokens=capacity_tokens, now=100.0
     )
     assert [d.session_id for d in decisions] == expected_ids
+    # the cheap pre-check callers use to skip building the retained list agrees with the decision
+    assert policy().under_pressure_at(kv_usage) == bool(expected_ids)
     assert all(d.action is not Retention.KEEP for d in decisions)
     if expected_ids:
         freed = sum(r.kv_tokens for r in RETAINED if r.session_id in expected_ids)

@@ -150,6 +150,11 @@ class KVRetentionPolicy:
         """Retained sessions, first to evict first: longest expected remaining tool time, more KV, id."""
         return sorted(retained, key=lambda r: (-(r.expected_resume_s - now), -r.kv_tokens, r.session_id))
 
+    def under_pressure_at(self, kv_usage: float) -> bool:
+        """Whether :meth:`under_pressure` would free anything at this usage (``>= high_usage``): a
+        caller may skip building the retained list below it."""
+        return kv_usage >= self.config.high_usage
+
     def under_pressure(
         self, retained: Sequence[RetainedKV], *, kv_usage: float, capacity_tokens: int, now: float
     ) -> list[RetentionDecision]:
@@ -163,7 +168,7 @@ class KVRetentionPolicy:
         if not 0.0 <= kv_usage <= 1.0:
             raise ValueError(f"kv_usage must be in [0, 1], got {kv_usage}")
         cfg = self.config
-        if kv_usage < cfg.high_usage:
+        if not self.under_pressure_at(kv_usage):
             return []
         critical = kv_usage >= cfg.critical_usage
         # whole tokens, so that float noise in the fractions cannot evict one session too many

@@ -286,6 +286,8 @@ class KVKeeper:
     def _relieve(self, instance: SimInstance, now: float) -> None:
         """Under memory pressure, un-pin sessions on this instance as the policy orders."""
         engine = instance.engine
+        if not self.policy.under_pressure_at(engine.kv_usage):
+            return
         pinned = [RetainedKV(sid, p.kv_tokens, p.expected_resume_s) for sid, p in self._pins_on[instance.instance_id].items()]
         if not pinned:
             return
