@@ -44,6 +44,7 @@ COMPILED: tuple[str, ...] = (
     "tokenomy/engine/update.py",
     "tokenomy/perf/model.py",
     "tokenomy/policy/ampd/admission.py",
+    "tokenomy/policy/ampd/local_chunk.py",
     "tokenomy/sim/loop.py",
     "tokenomy/sim/instance.py",
 )
