@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tokenomy.policy.trace import TraceSink, emit, fields_dict
 
 
-@dataclass(frozen=True, slots=True)
-class HostCopyView:
-    """One session's KV copy in host memory: its size and until when the retention policy meant to keep it."""
+class HostCopyView(NamedTuple):
+    """One session's KV copy in host memory: its size and until when the retention policy meant to keep it.
+
+    A named tuple: the simulator makes one per copy the policy reads, thousands per decision on a
+    full tier, and a tuple is made four times faster than a frozen dataclass."""
 
     session_id: str
     kv_bytes: int
