@@ -9,9 +9,10 @@ registered and evicted as a few vector operations on slots, without a dictionary
 block.
 
 A run that outgrows its slots (a session's stream, longer every turn) moves to new ones, its
-cached blocks with it, taking twice its old room at least: it moves O(log length) times. A run whose blocks were all evicted keeps its slots until the slot space
-fills; then the live runs move to its front (:meth:`RunSlots._collect`) and the space is sized to
-at least four times what they need, so collections stay rare.
+cached blocks with it, taking twice its old room at least: it moves O(log length) times. A run
+whose blocks were all evicted keeps its slots until the slot space fills; then the live runs move
+to its front (:meth:`RunSlots._collect`) and the space is sized to at least four times what they
+need, so collections stay rare.
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ class RunSlots:
         firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
         r = bisect_right(firsts, index) - 1
         # Room for every run first: a collection while interning would move slots already computed.
-        self.reserve(sum([self._new_cap(bases[k], counts[k]) for k in range(r, bisect_right(firsts, index + n - 1))]))
+        last = bisect_right(firsts, index + n - 1)
+        self.reserve(sum([self._new_cap(bases[k], counts[k]) for k in range(r, last)]))
         shifts: list[int] = []  # slot minus block index, per run
         takes: list[int] = []
         i, end = index, index + n
