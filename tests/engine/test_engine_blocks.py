@@ -46,6 +46,22 @@ def test_stale_queue_entries_are_compacted_without_changing_lru_order() -> None:
     assert pool.allocate(4) == [0, 2, 3, 1]
 
 
+def test_small_allocations_behind_a_long_stale_stretch_take_the_lru_blocks() -> None:
+    """A retained context taken back after its release leaves a long stretch of stale queue
+    entries; allocations of a few blocks behind it still take the least recently freed blocks."""
+    pool = BlockPool(2000)
+    held = pool.allocate_ids(2000)
+    pool.release(held[:1000])  # a finished context (queued 999, 998, ..., 0)
+    pool.release(held[1000:])  # then another one (queued 1999, ..., 1000)
+    pool.touch(held[50:1000])  # the first is retained again: 950 of its entries go stale
+    expected = pool.free_order()
+    assert expected[:50] == list(range(49, -1, -1)) and len(expected) == 1050
+    got: list[int] = []
+    while len(got) < len(expected):
+        got += pool.allocate(min(3, len(expected) - len(got)))
+    assert got == expected and pool.num_free == 0
+
+
 def test_first_registered_block_keeps_a_key() -> None:
     pool = BlockPool(4)
     a, b = pool.allocate(1), pool.allocate(1)
