@@ -26,7 +26,6 @@ Without retention (the baseline), every finished turn behaves like DROP.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tokenomy.core import Request
@@ -60,22 +59,6 @@ class _HostCopy:
     ready_s: float = 0.0  # when the copy is usable there (a moved copy is still on the network before)
 
 
-class _CopiesOn:
-    """One instance's host copies as the eviction policy reads them, oldest stored first: views
-    are made as the policy iterates (it stops once it has made room)."""
-
-    __slots__ = ("_copies", "_kv_bytes")
-
-    def __init__(self, copies: dict[str, _HostCopy], kv_bytes: int) -> None:
-        self._copies = copies
-        self._kv_bytes = kv_bytes
-
-    def __iter__(self) -> Iterator[HostCopyView]:
-        kv_bytes = self._kv_bytes
-        for sid, c in self._copies.items():
-            yield HostCopyView(sid, c.kv_tokens * kv_bytes, c.expire_s)
-
-
 class KVKeeper:
     """Retention and the host KV tier of ``decodes`` (the instances that hold sessions' KV)."""
 
@@ -103,7 +86,9 @@ class KVKeeper:
         self._pins: dict[str, _Pin] = {}
         self._pins_on: dict[str, dict[str, _Pin]] = {d.instance_id: {} for d in decodes}  # by instance, pinned order
         self._host: dict[str, _HostCopy] = {}  # by session
-        self._host_on: dict[str, dict[str, _HostCopy]] = {d.instance_id: {} for d in decodes}  # by instance, stored order
+        # By instance, in stored order, as the host-eviction policy reads them (made once per copy:
+        # a full tier holds thousands, and the policy reads them at every store that does not fit).
+        self._host_on: dict[str, dict[str, HostCopyView]] = {d.instance_id: {} for d in decodes}
         self._host_bytes = {d.instance_id: 0 for d in decodes}
         self._host_capacity_bytes = int(cfg.ampd.host_kv_bytes_per_gpu * perf.tp)
         self.decisions: dict[Retention, int] = {r: 0 for r in Retention}
@@ -217,8 +202,8 @@ class KVKeeper:
         """Evict host copies on ``instance_id`` as the host-eviction policy decides, for ``nbytes`` more."""
         if self._host_bytes[instance_id] + nbytes <= self._host_capacity_bytes and self._eviction.trace is None:
             return  # it fits: the policy would evict nothing (and no trace wants its decision)
-        copies = _CopiesOn(self._host_on[instance_id], self._kv_bytes)
-        room = self._eviction.decide(session_id, nbytes, copies=copies, capacity_bytes=self._host_capacity_bytes, now=now,
+        room = self._eviction.decide(session_id, nbytes, copies=self._host_on[instance_id].values(),
+                                     capacity_bytes=self._host_capacity_bytes, now=now,
                                      used_bytes=self._host_bytes[instance_id])
         for sid in room.evict:
             self._drop_host(sid)
@@ -275,7 +260,9 @@ class KVKeeper:
         self._host_bytes[iid] += nbytes
 
     def _store_host(self, session_id: str, copy: _HostCopy) -> None:
-        self._host[session_id] = self._host_on[copy.instance_id][session_id] = copy
+        self._host[session_id] = copy
+        self._host_on[copy.instance_id][session_id] = HostCopyView(session_id, copy.kv_tokens * self._kv_bytes,
+                                                                   copy.expire_s)
 
     def _drop_host(self, session_id: str) -> None:
         copy = self._host.pop(session_id, None)
