@@ -238,8 +238,7 @@ class PerfModel:
         """One step computing a whole prompt of ``n_new_tokens`` after ``n_cached_tokens`` of prefix."""
         if not n_new_tokens:
             return self._step_time_s(0, 0, StepShape.chunk_attn_pairs(0, n_cached_tokens), 0, 0, 0)
-        return self._step_time_s(n_new_tokens, 1, StepShape.chunk_attn_pairs(n_new_tokens, n_cached_tokens),
-                                 n_cached_tokens + n_new_tokens, 0, 0)
+        return self.chunk_step_time_s(n_new_tokens, n_cached_tokens, 0, 0)
 
     def chunk_step_time_s(self, n_new_tokens: int, n_context_tokens: int, decode_seqs: int,
                           decode_context_tokens: int) -> float:
