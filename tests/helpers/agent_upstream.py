@@ -51,6 +51,7 @@ class AgentUpstream:
     block_tokens: int = 4
     token_delay_s: float = 0.0
     reasoning_tokens: int = 0  # Responses: output tokens reported as reasoning
+    break_after: int | None = None  # a stream's connection drops after this many events (the engine died)
     seen: list[list[str]] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -71,7 +72,9 @@ class AgentUpstream:
     async def _stream(self, events: list[bytes]) -> AsyncIterator[bytes]:
         sent = bytearray()
         try:
-            for e in events:
+            for i, e in enumerate(events):
+                if i == self.break_after:
+                    raise ConnectionResetError("the engine died mid-stream")
                 if self.token_delay_s:
                     await asyncio.sleep(self.token_delay_s)
                 sent += e

@@ -9,7 +9,10 @@
   with it in flight; the engine may have computed tokens no replica lived to meter).
 * The ledger's tokens per class equal the backends' own counters (vLLM's
   ``prompt_tokens_total``, ``generation_tokens_total``, ``prompt_tokens_cached_total``), summed
-  over each engine process's life (a killed engine's counters are read just before the kill).
+  over each engine process's life (a killed engine's counters are read just before the kill),
+  in all and per backend (``ledger_vs_backends_diff_by_backend``: where a difference lies, with
+  that backend's ledger tokens by outcome; a pre-kill read that failed is named in the run's
+  ``lost_counter_reads``, and that life's tokens are missing from its backend's counters).
 * No budget node's ledger spend exceeds its budget; no hold is left in Redis.
 """
 
@@ -48,6 +51,7 @@ def scrape_counters(url: str) -> dict[str, float]:
 class LedgerRow:
     request_id: str
     tenant_path: str
+    backend: str
     outcome: str
     prompt: int
     output: int
@@ -59,11 +63,12 @@ def read_ledger(pg_url: str) -> list[LedgerRow]:
     engine = pg_engine(pg_url)
     try:
         with engine.connect() as conn:
-            rows = conn.execute(sa.text("SELECT request_id, tenant_path, outcome, prompt_tokens, output_tokens, "
-                                        "cached_tokens, cost_usd FROM usage_events")).all()
+            rows = conn.execute(sa.text("SELECT request_id, tenant_path, backend, outcome, prompt_tokens, "
+                                        "output_tokens, cached_tokens, cost_usd FROM usage_events")).all()
     finally:
         engine.dispose()
-    return [LedgerRow(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), int(r[5]), float(r[6])) for r in rows]
+    return [LedgerRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4]), int(r[5]), int(r[6]), float(r[7]))
+            for r in rows]
 
 
 def read_budgets(pg_url: str) -> dict[str, tuple[str, float]]:
@@ -105,9 +110,18 @@ def outbox_ids(directory: Path) -> list[str]:
     return ids
 
 
+def _tokens_by_outcome(rows: Iterable[LedgerRow]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COUNTERS, 0))
+    for row in rows:
+        for cls, n in (("prompt", row.prompt), ("output", row.output), ("cached", row.cached)):
+            out[row.outcome][cls] += n
+    return dict(out)
+
+
 def audit(requests: Iterable[Request], ledger: list[LedgerRow], budgets: dict[str, tuple[str, float]],
-          counters: dict[str, float], holds: int, queued: list[str]) -> dict[str, Any]:
-    """The audit's figures (see the module docstring); ``counters``: engine totals by ledger class."""
+          counters: dict[str, dict[str, float]], holds: int, queued: list[str]) -> dict[str, Any]:
+    """The audit's figures (see the module docstring); ``counters``: each backend's (by its
+    instance id) engine totals by ledger class, over all its processes' lives."""
     sent = {r.request_id: r for r in requests}
     complete = {rid for rid, r in sent.items() if r.complete}
     per_id = Counter(row.request_id for row in ledger)
@@ -124,11 +138,18 @@ def audit(requests: Iterable[Request], ledger: list[LedgerRow], budgets: dict[st
     unmetered_cut = sorted(rid for rid in cut - set(per_id) if not sent[rid].disconnected)
     ledger_tokens = {"prompt": sum(r.prompt for r in ledger), "output": sum(r.output for r in ledger),
                      "cached": sum(r.cached for r in ledger)}
-    by_outcome: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(COUNTERS, 0))
+    totals = {cls: sum(c.get(cls, 0.0) for c in counters.values()) for cls in COUNTERS}
+    diff = {cls: ledger_tokens[cls] - round(totals[cls]) for cls in COUNTERS}
+    rows_by_backend: dict[str, list[LedgerRow]] = defaultdict(list)
     for row in ledger:
-        for cls, n in (("prompt", row.prompt), ("output", row.output), ("cached", row.cached)):
-            by_outcome[row.outcome][cls] += n
-    diff = {cls: ledger_tokens[cls] - round(counters.get(cls, 0.0)) for cls in COUNTERS}
+        rows_by_backend[row.backend].append(row)
+    by_backend = {}
+    for backend in sorted(set(counters) | set(rows_by_backend)):
+        rows = rows_by_backend.get(backend, [])
+        got = counters.get(backend, {})
+        by_backend[backend] = {
+            "diff": {cls: sum(getattr(r, cls) for r in rows) - round(got.get(cls, 0.0)) for cls in COUNTERS},
+            "ledger_tokens_by_outcome": _tokens_by_outcome(rows)}
     spend: dict[str, float] = defaultdict(float)
     for row in ledger:
         for node in row.tenant_path.split("/"):
@@ -141,8 +162,9 @@ def audit(requests: Iterable[Request], ledger: list[LedgerRow], budgets: dict[st
         "recorded_then_cut": len(recorded_then_cut), "unmetered_cut": len(unmetered_cut),
         "unmetered_cut_ids": unmetered_cut[:20],
         "ledger_events": len(ledger), "ledger_outcomes": dict(Counter(r.outcome for r in ledger)),
-        "ledger_tokens": ledger_tokens, "ledger_tokens_by_outcome": dict(by_outcome), "backend_tokens": {k: round(v) for k, v in counters.items()},
-        "ledger_vs_backends_diff_tokens": diff,
+        "ledger_tokens": ledger_tokens, "ledger_tokens_by_outcome": _tokens_by_outcome(ledger),
+        "backend_tokens": {k: round(v) for k, v in totals.items()},
+        "ledger_vs_backends_diff_tokens": diff, "ledger_vs_backends_diff_by_backend": by_backend,
         "ledger_vs_backends_max_diff_tokens": max(abs(v) for v in diff.values()),
         "overspend_usd": round(sum(over.values()), 9), "overspent_nodes": over,
         "budget_spend_usd": {name: round(spend[node], 6) for node, (name, _) in budgets.items()},

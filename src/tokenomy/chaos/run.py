@@ -101,11 +101,16 @@ async def run_chaos(opts: ChaosOptions, log: Any = print) -> dict[str, Any]:
 async def _drive(stack: ChaosStack, opts: ChaosOptions, log: Any) -> dict[str, Any]:
     assert stack.redis is not None
     faults = [] if opts.soak else schedule(opts.duration_s, opts.seed, opts.replicas, opts.backends)
-    dead_counters: Counter[str] = Counter()
+    counters: dict[str, Counter[str]] = {e.instance_id: Counter() for e in stack.emulators}
+    lost_reads: list[dict[str, Any]] = []  # pre-kill reads that failed: that life's tokens are not in counters
 
     async def on_backend_kill(i: int) -> None:
-        with contextlib.suppress(httpx.HTTPError, OSError):
-            dead_counters.update(await asyncio.to_thread(scrape_counters, stack.emulators[i].url))
+        e = stack.emulators[i]
+        try:
+            counters[e.instance_id].update(await asyncio.to_thread(scrape_counters, e.url))
+        except (httpx.HTTPError, OSError) as exc:  # down already (a restart under way) or not answering
+            lost_reads.append({"backend": e.instance_id, "at_s": round(time.perf_counter() - t0, 2),
+                               "error": f"{type(exc).__name__}: {exc}"})
 
     t0 = time.perf_counter()
     load = Load([r.url for r in stack.replicas], stack.keys, opts.duration_s, f"run{opts.seed}-{int(time.time())}",
@@ -130,13 +135,12 @@ async def _drive(stack: ChaosStack, opts: ChaosOptions, log: Any) -> dict[str, A
             await sampler
     log("load done; waiting for the outboxes to drain and the holds to clear")
     settle = await _settle(stack, opts.settle_timeout_s)
-    counters = Counter(dead_counters)
     for e in stack.emulators:
-        counters.update(await asyncio.to_thread(scrape_counters, e.url))
+        counters[e.instance_id].update(await asyncio.to_thread(scrape_counters, e.url))
     ledger = await asyncio.to_thread(read_ledger, stack.pg_direct_url)
     budgets = await asyncio.to_thread(read_budgets, stack.pg_direct_url)
     holds = await asyncio.to_thread(holds_left, stack.redis.url)
-    found = audit(load.requests, ledger, budgets, dict(counters), holds, outbox_ids(stack.workdir))
+    found = audit(load.requests, ledger, budgets, {b: dict(c) for b, c in counters.items()}, holds, outbox_ids(stack.workdir))
     requests = [r for r in load.requests if not r.disconnected]
     warmup_s = 300.0 if opts.soak and opts.duration_s >= 1200 else 0.1 * opts.duration_s
     rss = rss_growth(samples, warmup_s, 0.3 * opts.duration_s)
@@ -154,7 +158,7 @@ async def _drive(stack: ChaosStack, opts: ChaosOptions, log: Any) -> dict[str, A
         "rss_growth_pct": rss["max_pct"],
         "misrecorded": found["misrecorded"], "extra": found["extra"],
         "recorded_then_cut": found["recorded_then_cut"], "unmetered_cut": found["unmetered_cut"],
-        "audit": found, "errors": error_codes(load.requests), "settle": settle, "failed_restarts": injector.restarts,
+        "lost_counter_reads": lost_reads, "audit": found, "errors": error_codes(load.requests), "settle": settle, "failed_restarts": injector.restarts,
         "rss": {"warmup_s": warmup_s, **rss, "samples": [(round(t, 1), s) for t, s in samples]},
         "latency": latency_drift(requests, opts.duration_s, 300.0 if opts.duration_s >= 1200 else opts.duration_s / 6),
     }

@@ -227,6 +227,28 @@ def test_a_budget_refusal_and_a_cut_stream_in_each_protocol(tmp_path: Path) -> N
     assert outcomes == ["cut", "cut"]
 
 
+def test_a_messages_stream_its_backend_broke_bills_the_backends_prompt_and_cache_hits(tmp_path: Path) -> None:
+    # message_start carries the backend's input and cache-read counts: a stream that breaks after it
+    # is billed those (not the gateway's estimate of the prompt) and the output tokens delivered.
+    upstream = AgentUpstream(default_output=20)
+    with rig(tmp_path, [upstream]) as (url, key, ledger):
+        claude = _claude(url, key, session="broken")
+        long_prompt = [{"role": "user", "content": "the repository has many files " * 40}]
+        claude.messages.create(model=MODEL, max_tokens=4, messages=long_prompt)  # warms the cache
+        upstream.break_after = 8  # message_start, ping, content_block_start, 5 text deltas
+        with pytest.raises(anthropic.APIStatusError) as broke, claude.messages.stream(
+                model=MODEL, max_tokens=20, messages=long_prompt) as stream:
+            for _ in stream.text_stream:
+                pass
+        assert "backend stream broke" in str(broke.value)
+        [_, ev] = sorted(ledger.query(UsageFilter()), key=lambda e: e.ts_s)
+    usage = json.loads(upstream.streamed[-1].split(b"data: ", 1)[1].split(b"\n", 1)[0])["message"]["usage"]
+    assert (ev.outcome, ev.status, ev.output_tokens) == ("upstream_error", 502, 5)
+    assert usage["cache_read_input_tokens"] > 0
+    assert (ev.prompt_tokens, ev.cached_tokens) == (usage["input_tokens"] + usage["cache_read_input_tokens"],
+                                                    usage["cache_read_input_tokens"])
+
+
 def test_a_looping_tool_use_agent_trips_the_breaker(tmp_path: Path) -> None:
     with rig(tmp_path, [AgentUpstream()], breaker={"repeat_limit": 4, "cooldown_s": 60}) as (url, key, ledger):
         claude = _claude(url, key, session="looper")

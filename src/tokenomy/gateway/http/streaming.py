@@ -121,7 +121,7 @@ async def _relay(completion: Completion, flight: Flight, resp: UpstreamResponseL
                             flight.backend.first_token(req.request_id)
                         flight.last_token_s = now
                         if not completion.guard.on_tokens(flight.admission, n):
-                            await _uncancellable(completion, _cut(completion, flight, resp))
+                            await _uncancellable(completion, _cut(completion, flight, resp, state))
                             yield proto.error_event(_cut_error())
                             yield proto.terminator
                             return
@@ -131,7 +131,7 @@ async def _relay(completion: Completion, flight: Flight, resp: UpstreamResponseL
                     elif out is not None:
                         yield out
         except UpstreamError as exc:
-            await _uncancellable(completion, _upstream_failed(completion, flight, resp, exc))
+            await _uncancellable(completion, _upstream_failed(completion, flight, resp, state, exc))
             yield proto.error_event(GatewayError(502, f"backend stream broke: {exc}", "server_error",
                                                  "upstream_error"))
             yield proto.terminator
@@ -170,20 +170,21 @@ def _cut_error() -> GatewayError:
     )
 
 
-async def _cut(completion: Completion, flight: Flight, resp: UpstreamResponseLike) -> None:
+async def _cut(completion: Completion, flight: Flight, resp: UpstreamResponseLike, state: _Read) -> None:
     await resp.aclose()
     req = flight.req
     flight.backend.finished(req.request_id, None, 0)
-    await completion.finish(flight, _delivered(flight), status=200, outcome="cut", end_s=time.perf_counter())
+    await completion.finish(flight, _delivered(flight, state), status=200, outcome="cut", end_s=time.perf_counter())
 
 
-async def _upstream_failed(completion: Completion, flight: Flight, resp: UpstreamResponseLike, exc: Exception) -> None:
+async def _upstream_failed(completion: Completion, flight: Flight, resp: UpstreamResponseLike, state: _Read,
+                           exc: Exception) -> None:
     await resp.aclose()
     req = flight.req
     flight.backend.finished(req.request_id, None, 0)
     completion.metrics.upstream_failures.labels(flight.backend.instance_id).inc()
     if flight.delivered_tokens:
-        await completion.finish(flight, _delivered(flight), status=502, outcome="upstream_error",
+        await completion.finish(flight, _delivered(flight, state), status=502, outcome="upstream_error",
                                 end_s=time.perf_counter())
     else:
         await completion.release(flight.ticket, f"upstream {type(exc).__name__}")
@@ -250,9 +251,13 @@ async def _read_to_end(completion: Completion, flight: Flight, resp: UpstreamRes
     return True
 
 
-def _delivered(flight: Flight) -> Usage:
-    """A stream that ended early: the estimated prompt and the output tokens delivered."""
-    return Usage(prompt=flight.req.prompt_tokens_estimate, output=flight.delivered_tokens)
+def _delivered(flight: Flight, state: _Read) -> Usage:
+    """A stream that ended early (a cap cut it, the backend broke it): the prompt and its cached
+    part as the backend reported them so far (Messages' ``message_start``, a chat stream's running
+    usage), else the prompt estimate; the output tokens delivered."""
+    u = state.reader.usage or Usage()
+    return Usage(prompt=u.prompt if u.prompt is not None else flight.req.prompt_tokens_estimate,
+                 output=flight.delivered_tokens, cached=u.cached, reasoning=min(u.reasoning, flight.delivered_tokens))
 
 
 def _received(flight: Flight, state: _Read) -> Usage:
