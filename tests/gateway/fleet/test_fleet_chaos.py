@@ -59,7 +59,7 @@ def test_the_ledger_never_bills_more_tokens_than_the_engines_computed(result: di
     estimated = sum(by_outcome.get(o, {}).get("prompt", 0) for o in ("disconnected", "upstream_error"))
     assert diff["output"] <= 0 and diff["cached"] <= 0, audit
     # the only prompt tokens billed beyond the engines' are those estimates (an engine may have computed
-    # none of a hang-up's prompt; a broken chat stream's estimate was 1.33x its prompt on a fresh clone)
+    # none of a hang-up's prompt; a broken stream's estimate was 1.33x the engine's count on a fresh clone)
     assert diff["prompt"] <= estimated, audit
     for backend, where in audit["ledger_vs_backends_diff_by_backend"].items():  # and no backend hides another's
         assert where["diff"]["prompt"] <= sum(where["ledger_tokens_by_outcome"].get(o, {}).get("prompt", 0)
