@@ -252,17 +252,20 @@ async def _read_to_end(completion: Completion, flight: Flight, resp: UpstreamRes
 
 
 def _delivered(flight: Flight, state: _Read) -> Usage:
-    """A stream that ended early (a cap cut it, the backend broke it): the prompt and its cached
-    part as the backend reported them so far (Messages' ``message_start``, a chat stream's running
-    usage), else the prompt estimate; the output tokens delivered."""
-    u = state.reader.usage or Usage()
-    return Usage(prompt=u.prompt if u.prompt is not None else flight.req.prompt_tokens_estimate,
-                 output=flight.delivered_tokens, cached=u.cached, reasoning=min(u.reasoning, flight.delivered_tokens))
+    """A stream that ended early (a cap cut it, the backend broke it): :func:`_so_far` with the
+    output tokens delivered."""
+    return _so_far(flight, state, flight.delivered_tokens)
 
 
 def _received(flight: Flight, state: _Read) -> Usage:
-    """A stream its client left: what the backend reported so far (a running usage), else the
-    prompt estimate, and every output token read from the backend."""
+    """A stream its client left: :func:`_so_far` with every output token read from the backend."""
+    reported = (state.reader.usage or Usage()).output or 0
+    return _so_far(flight, state, max(reported, flight.delivered_tokens))
+
+
+def _so_far(flight: Flight, state: _Read, output: int) -> Usage:
+    """The prompt and its cached part as the backend reported them so far (Messages'
+    ``message_start``, a chat stream's running usage), else the prompt estimate; ``output`` tokens."""
     u = state.reader.usage or Usage()
     return Usage(prompt=u.prompt if u.prompt is not None else flight.req.prompt_tokens_estimate,
-                 output=max(u.output or 0, flight.delivered_tokens), cached=u.cached, reasoning=u.reasoning)
+                 output=output, cached=u.cached, reasoning=min(u.reasoning, output))
