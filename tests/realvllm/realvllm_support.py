@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from helpers.launch import serving
+from helpers.polling import wait_for
 from helpers.ports import free_port_base
 from tokenomy.gateway.ops.keys import new_api_key
 from tokenomy.gateway.routing.backends import parse_prometheus
@@ -67,6 +68,22 @@ def gateway(tmp_path: Path, backends: list[dict[str, str]], routing: dict[str, A
 def scrape(url: str) -> dict[str, float]:
     """A server's ``/metrics``, each name summed over its label sets."""
     return parse_prometheus(httpx.get(url + "/metrics", timeout=10).text)
+
+
+def scrape_after(urls: dict[str, str], before: dict[str, dict[str, float]], generated: int,
+                 on: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Every server's :func:`scrape`, once the servers ``on`` have together counted ``generated``
+    more output tokens than in ``before``. vLLM records a request's counters after it answers (its
+    output handler yields to the answering task before recording), so a scrape just after an
+    answer can miss the answer's last tokens on a loaded machine."""
+    name = "vllm:generation_tokens_total"
+
+    def settled() -> dict[str, dict[str, float]] | None:
+        after = {i: scrape(u) for i, u in urls.items()}
+        done = sum(after[i].get(name, 0.0) - before[i].get(name, 0.0) for i in on) >= generated
+        return after if done else None
+
+    return wait_for(settled, timeout_s=30.0, interval_s=0.1, what=f"{generated} generated tokens counted on {on}")
 
 
 def moved(before: dict[str, float], after: dict[str, float], *names: str) -> dict[str, float]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from realvllm_support import MODEL, gateway, gateway_tokens, moved, scrape
+from realvllm_support import MODEL, gateway, gateway_tokens, moved, scrape, scrape_after
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,8 @@ def test_five_turn_openai_session_ledger_equals_vllm_counters(vllm_urls: dict[st
                                                extra_body={"ignore_eos": True})
             usages.append(r.usage)
             messages.append({"role": "assistant", "content": r.choices[0].message.content or ""})
-        engine = moved(before, scrape(backend), *COUNTERS)
+        after = scrape_after({"b": backend}, {"b": before}, 5 * 12, on=("b",))["b"]
+        engine = moved(before, after, *COUNTERS)
         ledger = gateway_tokens(url)
     prompt = sum(u.prompt_tokens for u in usages)
     assert ledger["input"] + ledger.get("incremental_prefill", 0) + ledger["history"] == prompt == engine[PROMPT]
@@ -87,7 +88,7 @@ def test_pd_through_nixl_generates_what_a_mixed_instance_does(vllm_urls: dict[st
     with gateway(tmp_path, backends, {"mode": "disagg"}) as (url, key):
         before = {i: scrape(u) for i, u in pair.items()}
         pd = _completion(url, prompt, {"authorization": f"Bearer {key}"})
-        after = {i: scrape(u) for i, u in pair.items()}
+        after = scrape_after(pair, before, 16, on=("decode-0",))
         ledger = gateway_tokens(url)
     p, d = (moved(before[i], after[i], *COUNTERS, EXTERNAL_HITS) for i in ("prefill-0", "decode-0"))
     n = pd["usage"]["prompt_tokens"]
@@ -121,7 +122,8 @@ def test_live_ampd_session_stays_on_its_decode_instance(vllm_urls: dict[str, str
                 r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 8,
                                                             "ignore_eos": True, "temperature": 0})
                 assert r.status_code == 200, r.text
-                after = {i: scrape(u) for i, u in vllm_urls.items()}
+                # the turn's 8 tokens are decoded somewhere (the prefill side answered before they began)
+                after = scrape_after(vllm_urls, before, 8, on=("decode-0", "decode-1"))
                 per_turn.append({i: moved(before[i], after[i], *COUNTERS, EXTERNAL_HITS) for i in vllm_urls})
                 messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
                 if turn < 4:
@@ -203,8 +205,8 @@ def test_agent_protocols_through_the_gateway_ledger_equals_vllm_counters(vllm_ur
             items += [{"type": "function_call", "call_id": f"call_{turn}", "name": "fares",
                        "arguments": f'{{"city": "city {turn}"}}'},
                       {"type": "function_call_output", "call_id": f"call_{turn}", "output": text}]
-        engine = moved(before, scrape(backend), *COUNTERS)
-        ledger = gateway_tokens(url)
+        ledger = gateway_tokens(url)  # final once each answer ended (the ledger is written before)
+        engine = moved(before, scrape_after({"b": backend}, {"b": before}, ledger["output"], on=("b",))["b"], *COUNTERS)
     import sqlite3
 
     with sqlite3.connect(tmp_path / "ledger.db") as db:
