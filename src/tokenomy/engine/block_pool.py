@@ -156,11 +156,11 @@ class BlockPool:
             end = min(head + look, self._tail)
             batch = queue[head:end]
             valid = last_pos[batch] == np.arange(head, end)
-            if valid.all():
+            if np.count_nonzero(valid) == len(valid):  # (not .all(): numpy's method costs 4x as much)
                 parts.append(batch[:want])
                 head += want
                 break
-            at = np.flatnonzero(valid)
+            at = valid.nonzero()[0]
             if len(at) >= want:
                 parts.append(batch[at[:want]])
                 head += int(at[want - 1]) + 1
@@ -173,11 +173,12 @@ class BlockPool:
         blocks = parts[0] if len(parts) == 1 else np.concatenate(parts)
         slots = self._key_slot[blocks]
         keyed = slots >= 0
-        if keyed.any():
+        n_keyed = int(np.count_nonzero(keyed))
+        if n_keyed:
             # Evict: these blocks' contents are about to be overwritten.
             self.slots.slot_block[slots[keyed]] = -1
             self._key_slot[blocks[keyed]] = -1
-            self.num_evicted += int(np.count_nonzero(keyed))
+            self.num_evicted += n_keyed
             self.version += 1
         self.ref_cnt[blocks] = 1
         self.num_free -= n
@@ -274,7 +275,7 @@ class BlockPool:
         sb = self.slots.slot_block
         held = sb[slots]
         fresh = (held < 0) | (held == ids)
-        if not fresh.all():
+        if np.count_nonzero(fresh) < len(fresh):
             ids, slots = ids[fresh], slots[fresh]
             if not len(ids):
                 return

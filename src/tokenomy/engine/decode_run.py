@@ -10,6 +10,11 @@ changes, in exactly the order, that single :meth:`Engine.step` calls would have 
 A run never contains a finishing step (it stops before the first one) nor a step that would
 have to preempt (it stops before the first block allocation the free pool cannot serve), so
 those steps always run through the ordinary ``step``.
+
+A run is priced lazily too: its length (``limit``) is known at planning, but most runs are cut
+long before it by a request arriving, so only the first ``FIRST_PRICED`` steps are priced then and
+:meth:`DecodeRunner.extend` prices more (twice as many each time) when someone reaches the priced
+end. The prices, and their start times, are the same floats as a run priced whole.
 """
 
 from __future__ import annotations
@@ -35,8 +40,13 @@ class DecodeRunModel(Protocol):
         ...
 
 
+FIRST_PRICED = 16
+"""Steps of a run priced when it is planned (the rest when reached: :meth:`DecodeRunner.extend`)."""
+
+
 class DecodeRun:
-    """A planned run of ``num_steps`` back-to-back decode steps of one batch.
+    """A planned run of up to ``limit`` back-to-back decode steps of one batch, ``num_steps`` of
+    them priced so far.
 
     ``starts[j]`` is when step ``j`` starts and ``starts[j + 1]`` when it ends (each step starts
     exactly when the previous one ends, as the simulator chains them). ``applied`` steps have been
@@ -46,11 +56,12 @@ class DecodeRun:
 
     __slots__ = (
         "requests", "batch", "first_context_tokens", "starts", "durations_s", "flops", "num_steps", "applied",
-        "nc0", "next_event",
+        "nc0", "next_event", "limit",
     )
 
     def __init__(
-        self, requests: list[RequestState], start_s: float, durations_s: list[float], flops: list[float], first_ctx: int
+        self, requests: list[RequestState], start_s: float, durations_s: list[float], flops: list[float], first_ctx: int,
+        limit: int = 0,
     ) -> None:
         self.requests = requests
         self.batch = len(requests)
@@ -59,14 +70,29 @@ class DecodeRun:
         self.flops = flops
         self.starts: list[float] = list(accumulate(durations_s, operator.add, initial=start_s))
         self.num_steps = len(durations_s)
+        self.limit = max(limit, self.num_steps)  # steps the run may be priced up to (DecodeRunner.extend)
         self.applied = 0
         self.nc0 = [r.num_computed for r in requests]  # before step 0
         self.next_event = 0  # no block allocation or commit happens before this step
 
     @property
     def end_s(self) -> float:
-        """End of the run's last step (of its last applied step once the run is closed)."""
+        """End of the run's last priced step (of its last applied step once the run is closed)."""
         return self.starts[self.num_steps]
+
+    @property
+    def priced_all(self) -> bool:
+        """Every step the run may take is priced (:meth:`DecodeRunner.extend` has nothing to add)."""
+        return self.num_steps >= self.limit
+
+    def add_steps(self, durations_s: list[float], flops: list[float]) -> None:
+        """Price the steps after the last priced one (the run is open: nothing was cut off it)."""
+        self.durations_s += durations_s
+        self.flops += flops
+        starts = self.starts
+        starts += accumulate(durations_s, operator.add, initial=starts[-1])
+        starts.pop(self.num_steps + 1)  # the initial value, already there
+        self.num_steps += len(durations_s)
 
     @property
     def next_start_s(self) -> float:
@@ -144,15 +170,23 @@ class DecodeRunner:
             k = lo
             if k < 2:
                 return None
+        durations, flops = self._price(len(running), ctx, min(k, FIRST_PRICED))
+        return DecodeRun(list(running), now, durations, flops, ctx, k)
+
+    def extend(self, run: DecodeRun) -> None:
+        """Price the open run's next steps: as many as are priced already, up to its ``limit``."""
+        n = min(run.limit - run.num_steps, run.num_steps)
+        if n > 0:
+            durations, flops = self._price(run.batch, run.first_context_tokens + run.batch * run.num_steps, n)
+            run.add_steps(durations, flops)
+
+    def _price(self, batch: int, ctx: int, k: int) -> tuple[list[float], list[float]]:
+        """Durations and FLOPs of ``k`` decode steps of ``batch`` requests, the first reading ``ctx`` tokens."""
         if self._run_model is not None:
-            durations, flops = self._run_model.decode_run(len(running), ctx, k)
-        else:
-            perf = self._perf
-            b = len(running)
-            shapes = [StepShape(0, 0, 0.0, 0, b, ctx + b * j) for j in range(k)]
-            durations = [perf.step_time_s(s) for s in shapes]
-            flops = [perf.step_flops(s) for s in shapes]
-        return DecodeRun(list(running), now, durations, flops, ctx)
+            return self._run_model.decode_run(batch, ctx, k)
+        perf = self._perf
+        shapes = [StepShape(0, 0, 0.0, 0, batch, ctx + batch * j) for j in range(k)]
+        return [perf.step_time_s(s) for s in shapes], [perf.step_flops(s) for s in shapes]
 
     # ---- applying ---------------------------------------------------------------------------
     def apply(self, run: DecodeRun, stop: int) -> None:

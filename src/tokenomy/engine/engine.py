@@ -274,6 +274,8 @@ class Engine:
         run = self._run
         if run is None:
             raise ValueError("no open decode run")
+        while now >= run.end_s and not run.priced_all:  # a step not priced yet starts by now
+            self._runner.extend(run)
         if now >= run.next_start_s and run.applied < run.num_steps:
             stop = bisect_right(run.starts, now, run.applied, run.num_steps)
             if self._tracer is None:
@@ -282,6 +284,13 @@ class Engine:
                 self._apply_traced(run, stop)
             self._busy_until = run.starts[stop]
         return run.applied
+
+    def extend_decode_run(self) -> None:
+        """Price more steps of the open run (a driver that reached its priced ``end_s`` while it may
+        go on: ``not run.priced_all``); nothing is applied."""
+        if self._run is None:
+            raise ValueError("no open decode run")
+        self._runner.extend(self._run)
 
     def _apply_traced(self, run: DecodeRun, stop: int) -> None:
         """Apply the run's steps one at a time, tracing each as :meth:`step` would have."""
@@ -300,7 +309,7 @@ class Engine:
         self.advance_decode_run(now)
         run = self._run
         assert run is not None
-        run.num_steps = run.applied
+        run.num_steps = run.limit = run.applied
         self._runner.settle(run)
         self._run = None
         return run

@@ -94,8 +94,11 @@ class RunSlots:
                     held = seg.tolist()
                     if -1 in held:
                         return n + held.index(-1)
-                elif seg.min() < 0:
-                    return n + int(np.argmax(seg < 0))
+                else:
+                    missing = seg < 0  # (not seg.min(): numpy's reductions cost more than argmax)
+                    first_missing = int(missing.argmax())
+                    if missing.item(first_missing):
+                        return n + first_missing
                 n = end
             if n < limit and n < run_end:
                 return n  # the run's slots end before the chain's run: the next key is not cached
@@ -137,7 +140,7 @@ class RunSlots:
             r += 1
         if len(takes) == 1:
             return np.arange(index + shifts[0], end + shifts[0], dtype=np.int64)
-        return np.repeat(np.array(shifts, dtype=np.int64), takes) + np.arange(index, end, dtype=np.int64)
+        return np.array(shifts, dtype=np.int64).repeat(takes) + np.arange(index, end, dtype=np.int64)
 
     # ---- slots ----------------------------------------------------------------------------------
     def _new_cap(self, base: int, cap: int) -> int:
@@ -165,7 +168,7 @@ class RunSlots:
             seg = sb[old : old + old_cap].copy()
             sb[start : start + old_cap] = seg
             sb[old : old + old_cap] = -1
-            held = np.flatnonzero(seg >= 0)
+            held = (seg >= 0).nonzero()[0]
             self.key_slot[seg[held]] = held + start
         self._runs[base] = (start, cap)
         return start
@@ -184,17 +187,18 @@ class RunSlots:
         starts = np.array([s for s, _ in spans], dtype=np.int64)
         caps = np.array([c for _, c in spans], dtype=np.int64)
         held = np.concatenate(([0], np.cumsum(sb[: self._top] >= 0)))
-        live = np.flatnonzero(held[starts + caps] - held[starts] > 0)
+        live = (held[starts + caps] - held[starts] > 0).nonzero()[0]
         starts, caps = starts[live], caps[live]
         total = int(caps.sum())
         new_starts = np.cumsum(caps) - caps
         size = len(sb)
         while size < 4 * (total + n):  # a quarter in use at most: collections stay rare
             size *= 2
-        new_sb = np.full(size, -1, dtype=np.int64)
+        new_sb = np.empty(size, dtype=np.int64)
+        new_sb.fill(-1)
         if total:
-            new_sb[:total] = sb[np.repeat(starts - new_starts, caps) + np.arange(total)]
-        slots = np.flatnonzero(new_sb[:total] >= 0)
+            new_sb[:total] = sb[(starts - new_starts).repeat(caps) + np.arange(total)]
+        slots = (new_sb[:total] >= 0).nonzero()[0]
         self.key_slot[new_sb[slots]] = slots
         self.collections += 1
         self.runs_dropped += len(bases) - len(live)

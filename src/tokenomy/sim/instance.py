@@ -26,7 +26,9 @@ class SimInstance:
 
     Decode fast-forward (``fast_forward=True``, the default): when the engine only decodes, it
     plans a whole run of decode steps (:meth:`Engine.plan_decode_run`) and this instance
-    schedules one private event at the run's end instead of one event per step. The run is
+    schedules one private event at the run's end instead of one event per step. (The run is priced
+    lazily: the event first falls at the end of its priced steps, where the run is priced further
+    and the event moves on, keeping its place among events at the same time, until the run's end.) The run is
     applied lazily, and exactly: the loop syncs this instance (applies the run's steps that
     started by then) before every event that may read or change any engine, and a request
     submitted mid-run cuts the run after the step in progress, from which stepping resumes as
@@ -38,7 +40,7 @@ class SimInstance:
 
     __slots__ = (
         "engine", "_loop", "_on_result", "_on_run", "_busy", "busy_s", "flops", "steps",
-        "fast_forward", "max_run_steps", "_run", "_run_open", "_delivered", "_version",
+        "fast_forward", "max_run_steps", "_run", "_run_open", "_delivered", "_version", "_end_seq",
     )
 
     def __init__(
@@ -67,6 +69,7 @@ class SimInstance:
         self._run_open = False  # the engine's run is open: more of its steps may be applied
         self._delivered = 0  # results of ``_run`` already handed to ``on_result``
         self._version = 0  # bumps invalidate a pending run-end event
+        self._end_seq = 0  # the pending run-end event's place among events at the same time
 
     @property
     def instance_id(self) -> str:
@@ -147,7 +150,15 @@ class SimInstance:
         if version != self._version:
             return  # the run was cut; a later event delivers it
         if self._run_open:
-            self._close(self._loop.now)
+            run = self._run
+            assert run is not None
+            now = self._loop.now
+            if run.end_s <= now and not run.priced_all:
+                self.engine.extend_decode_run()
+            if run.end_s > now:  # the run goes on past its steps priced when this event was set
+                self._loop.at_private_in(run.end_s, self._end_seq, self._end_run, version)
+                return
+            self._close(now)
         run = self._run
         assert run is not None
         self._deliver(run, run.num_steps)
@@ -166,7 +177,8 @@ class SimInstance:
                 self._delivered = 0
                 self._version += 1
                 self._loop.add_lazy(self)
-                self._loop.at_private(run.end_s, self._end_run, self._version)
+                self._end_seq = self._loop.reserve_seq()
+                self._loop.at_private_in(run.end_s, self._end_seq, self._end_run, self._version)
                 return
         result = engine.step(now)
         if result is None:

@@ -49,6 +49,17 @@ class EventLoop:
         """Like :meth:`at`, without syncing lazy objects first (see the module docstring)."""
         heapq.heappush(self._heap, (max(time_s, self.now), next(self._seq), callback, args, True))
 
+    def reserve_seq(self) -> int:
+        """A place in the order of events scheduled for the same time, taken now, for an event whose
+        time is known later (:meth:`at_private_in`)."""
+        return next(self._seq)
+
+    def at_private_in(self, time_s: float, seq: int, callback: Callable[..., None], *args: Any) -> None:
+        """:meth:`at_private` in a place taken by :meth:`reserve_seq`: among events at the same time
+        it runs where an event scheduled when the place was taken would have. At most one event may
+        hold a place in the heap at a time."""
+        heapq.heappush(self._heap, (max(time_s, self.now), seq, callback, args, True))
+
     def add_lazy(self, obj: Lazy) -> None:
         self._lazy[id(obj)] = obj
 
