@@ -30,6 +30,13 @@ _CALIBRATION_PROXY = {"H200": "H100-SXM", "H20": "H100-SXM"}
 _Gemm = tuple[float, float, float]  # (s per token compute, s fixed memory, s per token memory)
 
 
+def _gemm_s(lat: float, ac: float, m0: float, m1: float, t: int) -> float:
+    """A GEMM of ``t`` tokens: its latency plus the longer of its compute and its memory time."""
+    cc = ac * t
+    mm = m0 + m1 * t
+    return lat + (cc if cc > mm else mm)
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # compiled (tokenomy._native); users subclass it
 class PerfModel:
     """``tokenomy.core.StepTimeModel`` for ``model`` on ``tp`` GPUs of one kind.
@@ -38,10 +45,12 @@ class PerfModel:
     """
 
     __slots__ = (
-        "model", "gpu", "tp", "coeffs", "_kv_shard", "_attn_gemms", "_dense_gemms", "_moe_gemms",
+        "model", "gpu", "tp", "coeffs", "_kv_shard", "_moe_gemms",
+        "_qkv_c", "_qkv_m0", "_qkv_m1", "_o_c", "_o_m0", "_o_m1", "_up_c", "_up_m0", "_up_m1",
+        "_down_c", "_down_m0", "_down_m1", "_head_c", "_head_m0", "_head_m1",
         "_n_dense", "_n_moe", "_n_layers", "_layer_fixed_s", "_layer_per_token_s", "_ar_fixed_s",
         "_expert_compute_s", "_expert_fixed_s", "_expert_act_s", "_n_experts", "_miss_prob",
-        "_k_active", "_head", "_head_lat_s", "_step_fixed_s", "_step_per_token_s",
+        "_k_active", "_head_lat_s", "_step_fixed_s", "_step_per_token_s",
         "_prefill_pair_s", "_decode_pair_s", "_kv_read_s", "_attn_lat_s", "_gemm_lat_s",
         "_flops_per_token", "_flops_per_pair",
     )
@@ -64,8 +73,12 @@ class PerfModel:
         ops = layer_ops(h, model.n_heads, model.n_kv_heads, model.head_dim, model.intermediate_size, tp, d)
         o_params = model.n_heads * (model.v_head_dim if model.is_mla else model.head_dim) * h
         pre_params = model.attn_params_per_layer - o_params
-        self._attn_gemms = (fold(gemm(h, pre_params / h / tp, d)), fold(gemm(o_params / h / tp, h, d)))
-        self._dense_gemms = (fold(ops["mlp_up_proj"]), fold(ops["mlp_down_proj"]))
+        # The hot path's GEMMs as plain floats, one attribute each (compiled, a tuple's floats are
+        # boxed objects): attention's input and output projections, the dense MLP's up and down.
+        self._qkv_c, self._qkv_m0, self._qkv_m1 = fold(gemm(h, pre_params / h / tp, d))
+        self._o_c, self._o_m0, self._o_m1 = fold(gemm(o_params / h / tp, h, d))
+        self._up_c, self._up_m0, self._up_m1 = fold(ops["mlp_up_proj"])
+        self._down_c, self._down_m0, self._down_m1 = fold(ops["mlp_down_proj"])
         shared = model.n_shared_experts * model.moe_intermediate_size
         moe = [fold(gemm(h, model.n_experts, d))]  # router (replicated, tiny)
         if shared:
@@ -110,7 +123,7 @@ class PerfModel:
         emb = embedding_op(h, d)
         self._step_per_token_s = emb.bytes_per_token / (hbm * c.embedding_efficiency)
         self._step_fixed_s = c.step_overhead_s + c.elementwise_latency_s
-        self._head = fold(gemm(h, model.vocab_size / tp, d))
+        self._head_c, self._head_m0, self._head_m1 = fold(gemm(h, model.vocab_size / tp, d))
         self._head_lat_s = c.gemm_latency_s + (self._ar_fixed_s / 2 if tp > 1 else 0.0)
         # step_flops runs once per simulated step: its model constants are derived properties.
         self._flops_per_token = float(model.linear_flops_per_token)
@@ -140,12 +153,7 @@ class PerfModel:
         t = n_prefill + n_decode
         if t == 0:
             return 0.0
-        lat = self._gemm_lat_s
-        layer = self._layer_fixed_s + self._ar_fixed_s + self._layer_per_token_s * t
-        for ac, m0, m1 in self._attn_gemms:
-            cc = ac * t
-            mm = m0 + m1 * t
-            layer += lat + (cc if cc > mm else mm)
+        layer = self._layer_s(t)
         if n_prefill:
             cc = self._prefill_pair_s * prefill_attn_pairs
             mm = self._kv_read_s * prefill_context_tokens
@@ -158,21 +166,25 @@ class PerfModel:
         total = layer * self._n_layers
         total += self._ffn_s(t)
         n_out = prefill_seqs + n_decode
-        ac, m0, m1 = self._head
-        cc = ac * n_out
-        mm = m0 + m1 * n_out
+        cc = self._head_c * n_out
+        mm = self._head_m0 + self._head_m1 * n_out
         return total + self._head_lat_s + (cc if cc > mm else mm) + self._step_fixed_s + self._step_per_token_s * t
+
+    def _layer_s(self, t: int) -> float:
+        """A layer's fixed, elementwise and attention-projection time for ``t`` tokens (before
+        the attention kernel itself, which :meth:`_step_time_s` adds)."""
+        lat = self._gemm_lat_s
+        layer = self._layer_fixed_s + self._ar_fixed_s + self._layer_per_token_s * t
+        layer += _gemm_s(lat, self._qkv_c, self._qkv_m0, self._qkv_m1, t)
+        return layer + _gemm_s(lat, self._o_c, self._o_m0, self._o_m1, t)
 
     def _ffn_s(self, t: int) -> float:
         """Dense-MLP and MoE layers for ``t`` tokens (they do not depend on context)."""
         lat = self._gemm_lat_s
         ffn = 0.0
         if self._n_dense:
-            mlp = 0.0
-            for ac, m0, m1 in self._dense_gemms:
-                cc = ac * t
-                mm = m0 + m1 * t
-                mlp += lat + (cc if cc > mm else mm)
+            mlp = 0.0 + _gemm_s(lat, self._up_c, self._up_m0, self._up_m1, t)
+            mlp += _gemm_s(lat, self._down_c, self._down_m0, self._down_m1, t)
             ffn += mlp * self._n_dense
         if self._n_moe:
             mlp = 0.0
@@ -203,15 +215,9 @@ class PerfModel:
         if batch < 1 or num_steps < 1:
             raise ValueError(f"batch and num_steps must be >= 1, got {batch} and {num_steps}")
         t = batch
-        lat = self._gemm_lat_s
-        layer = self._layer_fixed_s + self._ar_fixed_s + self._layer_per_token_s * t
-        for ac, m0, m1 in self._attn_gemms:
-            cc = ac * t
-            mm = m0 + m1 * t
-            layer += lat + (cc if cc > mm else mm)
-        ac, m0, m1 = self._head
-        cc = ac * t
-        mm = m0 + m1 * t
+        layer = self._layer_s(t)
+        cc = self._head_c * t
+        mm = self._head_m0 + self._head_m1 * t
         head = cc if cc > mm else mm
         ffn, n_layers, attn_lat_s = self._ffn_s(t), self._n_layers, self._attn_lat_s
         pair_s, kv_s, head_lat_s, step_fixed_s = self._decode_pair_s, self._kv_read_s, self._head_lat_s, self._step_fixed_s
