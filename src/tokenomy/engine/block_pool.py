@@ -175,9 +175,14 @@ class BlockPool:
         keyed = slots >= 0
         n_keyed = int(np.count_nonzero(keyed))
         if n_keyed:
-            # Evict: these blocks' contents are about to be overwritten.
-            self.slots.slot_block[slots[keyed]] = -1
-            self._key_slot[blocks[keyed]] = -1
+            # Evict: these blocks' contents are about to be overwritten. (All keyed, the common
+            # case once the cache is full: no mask to apply.)
+            if n_keyed < n:
+                slots, evicted = slots[keyed], blocks[keyed]
+            else:
+                evicted = blocks
+            self.slots.slot_block[slots] = -1
+            self._key_slot[evicted] = -1
             self.num_evicted += n_keyed
             self.version += 1
         self.ref_cnt[blocks] = 1
@@ -196,10 +201,11 @@ class BlockPool:
         counts = ref[ids]
         was_free = counts == 0
         n_free = int(np.count_nonzero(was_free))
-        if n_free and self._fresh < self.num_blocks and int(ids[was_free].max()) >= self._fresh:
-            self._absorb_fresh()  # a never-allocated block leaves the queue's middle: give it an entry
         if n_free:
-            self._last_pos[ids[was_free]] = -1  # their queue entries become stale
+            freed = ids if n_free == len(ids) else ids[was_free]  # (all free: no mask to apply)
+            if self._fresh < self.num_blocks and int(freed.max()) >= self._fresh:
+                self._absorb_fresh()  # a never-allocated block leaves the queue's middle: give it an entry
+            self._last_pos[freed] = -1  # their queue entries become stale
             self.num_free -= n_free
         ref[ids] = counts + 1
 
@@ -211,11 +217,12 @@ class BlockPool:
         """
         if len(blocks) == 0:
             return
-        ids = as_vector(blocks)[::-1]
+        ids = as_vector(blocks)[::-1].copy()  # (contiguous: the scatters below take half the time)
         ref = self.ref_cnt
         counts = ref[ids] - 1
         ref[ids] = counts
-        freed = ids[counts == 0]
+        # All freed (no other request holds one), the common case: no mask to apply.
+        freed = ids if not np.count_nonzero(counts) else ids[counts == 0]
         n = len(freed)
         if not n:
             return
