@@ -73,6 +73,36 @@ def test_runs_match_single_steps(num_blocks: int, block_size: int, cut_every: in
     assert [_key(r) for r in got] == [_key(r) for r in expected]
 
 
+def _first_run(engine: Engine) -> tuple[float, object]:
+    """Step ``engine`` until a decode run can start; (its start, the run)."""
+    now = 0.0
+    while (run := engine.plan_decode_run(now)) is None:
+        now = engine.step(now).end_s  # type: ignore[union-attr]
+    return now, run
+
+
+@pytest.mark.parametrize("first_priced", [1, 2, 5])
+def test_a_run_priced_when_reached_takes_the_steps_of_one_priced_whole(first_priced: int,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning prices ``FIRST_PRICED`` steps and reaching the priced end prices more: advanced to
+    its end, the run has the same steps, start times, FLOPs and engine state as one priced whole."""
+    monkeypatch.setattr("tokenomy.engine.decode_run.FIRST_PRICED", 10**9)
+    whole_engine = _loaded(1000, 16)
+    _, whole = _first_run(whole_engine)
+    monkeypatch.setattr("tokenomy.engine.decode_run.FIRST_PRICED", first_priced)
+    lazy_engine = _loaded(1000, 16)
+    _, lazy = _first_run(lazy_engine)
+    assert whole.num_steps > 2 * first_priced and lazy.num_steps == first_priced  # type: ignore[attr-defined]
+    assert not lazy.priced_all  # type: ignore[attr-defined]
+    whole_engine.advance_decode_run(whole.end_s)  # type: ignore[attr-defined]
+    lazy_engine.advance_decode_run(whole.end_s)  # type: ignore[attr-defined]
+    for attr in ("num_steps", "starts", "durations_s", "flops", "applied"):
+        assert getattr(lazy, attr) == getattr(whole, attr), attr
+    assert lazy.priced_all  # type: ignore[attr-defined]
+    assert whole_engine.close_decode_run(whole.end_s).end_s == lazy_engine.close_decode_run(whole.end_s).end_s  # type: ignore[attr-defined]
+    assert _state(lazy_engine) == _state(whole_engine)
+
+
 def test_open_run_blocks_other_calls_and_no_run_without_pure_decodes() -> None:
     engine = create_engine(PERF)  # type: ignore[arg-type]
     engine.add_request(Request("a", 0.0, 100, 50), 0.0)
