@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from tokenomy.core import SLO, Request
@@ -168,7 +168,6 @@ class AdaptivePlacement:
             request, decode, prefills, slo, now, history_cached_tokens_on_decode, prefill_queue_delay_s,
             prefill_backlog_tokens, link_wait_s, tpot_bank_s if self.config.tpot_bank else None,
         )
-        decision = replace(decision, request_id=request.request_id, decode_instance=decode.instance_id)
         emit(self.trace, "placement", now, decision)
         return decision
 
@@ -212,7 +211,7 @@ class AdaptivePlacement:
         if not remote:
             return PlacementDecision(
                 True, None, math.inf, ttft_local, itl_s, -math.inf, itl_slack, "no prefill instance",
-                chunk_tokens=chunk,
+                request.request_id, decode.instance_id, chunk_tokens=chunk,
             )
         ttft_remote, best = min(remote)
         ttft_slack = slo.ttft_s - ttft_remote
@@ -220,7 +219,7 @@ class AdaptivePlacement:
         def place(local: bool, reason: str) -> PlacementDecision:
             return PlacementDecision(
                 local, None if local else best, ttft_remote, ttft_local, itl_s, ttft_slack, itl_slack, reason,
-                chunk_tokens=chunk if local else 0,
+                request.request_id, decode.instance_id, chunk_tokens=chunk if local else 0,
             )
 
         room_blocks = decode.free_blocks - math.ceil(
