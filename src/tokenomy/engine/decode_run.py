@@ -250,7 +250,8 @@ class DecodeRunner:
         reqs, nc0 = run.requests, run.nc0
         b = run.batch
         for e in events:
-            step_kind, i = divmod(e, b)
+            step_kind = e // b  # (not divmod: compiled, it boxes both ints into a tuple)
+            i = e - step_kind * b
             r = reqs[i]
             if step_kind & 1 == 0:
                 r.blocks.append(allocate_one())
@@ -274,7 +275,8 @@ class DecodeRunner:
         allocs: list[tuple[int, int]] = []  # (step, batch index): each kind in its own order
         commits: list[tuple[int, int]] = []
         for e in events:
-            step_kind, i = divmod(e, b)
+            step_kind = e // b  # (not divmod: compiled, it boxes both ints into a tuple)
+            i = e - step_kind * b
             (commits if step_kind & 1 else allocs).append((step_kind >> 1, i))
         if commits:
             for i in {i for _, i in commits}:
