@@ -267,10 +267,9 @@ class Engine:
         return run
 
     def advance_decode_run(self, now: float) -> int:
-        """Apply the open run's steps that start at or before ``now`` (each step's effects are
-        applied when it starts, as :meth:`step` does): every view and the KV pool are then what
-        single steps would show. The running requests' own progress is settled when the run
-        closes. Returns how many steps are applied in all."""
+        """Apply the open run's steps that start at or before ``now`` (each one's effects when it starts,
+        as :meth:`step` does): every view and the KV pool are then what single steps would show. The
+        running requests' own progress is settled when the run closes. Returns the steps applied in all."""
         run = self._run
         if run is None:
             raise ValueError("no open decode run")
@@ -286,8 +285,7 @@ class Engine:
         return run.applied
 
     def extend_decode_run(self) -> None:
-        """Price more steps of the open run (a driver that reached its priced ``end_s`` while it may
-        go on: ``not run.priced_all``); nothing is applied."""
+        """Price more steps of the open run (its driver reached the priced ``end_s``); none is applied."""
         if self._run is None:
             raise ValueError("no open decode run")
         self._runner.extend(self._run)
