@@ -28,11 +28,11 @@ class SimInstance:
     plans a whole run of decode steps (:meth:`Engine.plan_decode_run`) and this instance
     schedules one private event at the run's end instead of one event per step. (The run is priced
     lazily: the event first falls at the end of its priced steps, where the run is priced further
-    and the event moves on, keeping its place among events at the same time, until the run's end.) The run is
-    applied lazily, and exactly: the loop syncs this instance (applies the run's steps that
-    started by then) before every event that may read or change any engine, and a request
-    submitted mid-run cuts the run after the step in progress, from which stepping resumes as
-    usual. The run's step results (never a finish) are delivered together at its end, in order:
+    and the event moves on, keeping its place among events at the same time, until the run's
+    end.) The run is applied lazily, and exactly: the loop syncs this instance (applies the run's
+    steps that started by then) before every event that may read or change any engine, and a
+    request submitted mid-run cuts the run after the step in progress, from which stepping resumes
+    as usual. The run's step results (never a finish) are delivered together at its end, in order:
     to ``on_run`` in one call if given (cheap: durations and batch size only), else to
     ``on_result`` one :class:`StepResult` per step, as single steps would have produced them.
     ``busy_s``, ``flops`` and ``steps`` count each step when it is applied, as single steps do.
