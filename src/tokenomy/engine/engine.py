@@ -270,11 +270,7 @@ class Engine:
         """Apply the open run's steps that start at or before ``now`` (each one's effects when it starts,
         as :meth:`step` does): every view and the KV pool are then what single steps would show. The
         running requests' own progress is settled when the run closes. Returns the steps applied in all."""
-        run = self._run
-        if run is None:
-            raise ValueError("no open decode run")
-        while now >= run.end_s and not run.priced_all:  # a step not priced yet starts by now
-            self._runner.extend(run)
+        run = self.price_decode_run(now)
         if now >= run.next_start_s and run.applied < run.num_steps:
             stop = bisect_right(run.starts, now, run.applied, run.num_steps)
             if self._tracer is None:
@@ -284,11 +280,14 @@ class Engine:
             self._busy_until = run.starts[stop]
         return run.applied
 
-    def extend_decode_run(self) -> None:
-        """Price more steps of the open run (its driver reached the priced ``end_s``); none is applied."""
-        if self._run is None:
+    def price_decode_run(self, now: float) -> DecodeRun:
+        """The open run, priced at least through its steps that start by ``now``; none is applied."""
+        run = self._run
+        if run is None:
             raise ValueError("no open decode run")
-        self._runner.extend(self._run)
+        while now >= run.end_s and not run.priced_all:  # a step not priced yet starts by now
+            self._runner.extend(run)
+        return run
 
     def _apply_traced(self, run: DecodeRun, stop: int) -> None:
         """Apply the run's steps one at a time, tracing each as :meth:`step` would have."""

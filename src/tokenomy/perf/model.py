@@ -183,7 +183,7 @@ class PerfModel:
         lat = self._gemm_lat_s
         ffn = 0.0
         if self._n_dense:
-            mlp = 0.0 + _gemm_s(lat, self._up_c, self._up_m0, self._up_m1, t)
+            mlp = _gemm_s(lat, self._up_c, self._up_m0, self._up_m1, t)
             mlp += _gemm_s(lat, self._down_c, self._down_m0, self._down_m1, t)
             ffn += mlp * self._n_dense
         if self._n_moe:

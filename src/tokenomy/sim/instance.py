@@ -150,13 +150,10 @@ class SimInstance:
         if version != self._version:
             return  # the run was cut; a later event delivers it
         if self._run_open:
-            run = self._run
-            assert run is not None
             now = self._loop.now
-            if run.end_s <= now and not run.priced_all:
-                self.engine.extend_decode_run()
-            if run.end_s > now:  # the run goes on past its steps priced when this event was set
-                self._loop.at_private_in(run.end_s, self._end_seq, self._end_run, version)
+            end_s = self.engine.price_decode_run(now).end_s
+            if end_s > now:  # the run goes on past the steps priced when this event was set
+                self._loop.at_private_in(end_s, self._end_seq, self._end_run, version)
                 return
             self._close(now)
         run = self._run
