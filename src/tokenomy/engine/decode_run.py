@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from bisect import bisect_left
 from itertools import accumulate
 from typing import Protocol, cast
 
@@ -58,12 +59,12 @@ class DecodeRun:
 
     __slots__ = (
         "requests", "batch", "first_context_tokens", "starts", "durations_s", "flops", "num_steps", "applied",
-        "nc0", "next_event", "limit",
+        "nc0", "first_alloc", "limit", "events", "events_upto", "cursor",
     )
 
     def __init__(
         self, requests: list[RequestState], start_s: float, durations_s: list[float], flops: list[float], first_ctx: int,
-        limit: int = 0,
+        first_alloc: list[int], limit: int = 0,
     ) -> None:
         self.requests = requests
         self.batch = len(requests)
@@ -75,7 +76,13 @@ class DecodeRun:
         self.limit = max(limit, self.num_steps)  # steps the run may be priced up to (DecodeRunner.extend)
         self.applied = 0
         self.nc0 = [r.num_computed for r in requests]  # before step 0
-        self.next_event = 0  # no block allocation or commit happens before this step
+        # Step at which each request first takes a block (then every block_size steps).
+        self.first_alloc = first_alloc
+        # The block events of steps before ``events_upto``, sorted (DecodeRunner.apply), and the
+        # first one not applied yet: made once per priced stretch, not per application.
+        self.events: list[int] = []
+        self.events_upto = 0
+        self.cursor = 0
 
     @property
     def end_s(self) -> float:
@@ -173,7 +180,7 @@ class DecodeRunner:
             if k < 2:
                 return None
         durations, flops = self._price(len(running), ctx, min(k, FIRST_PRICED))
-        return DecodeRun(list(running), now, durations, flops, ctx, k)
+        return DecodeRun(list(running), now, durations, flops, ctx, first_alloc, k)
 
     def extend(self, run: DecodeRun) -> None:
         """Price the open run's next steps: as many as are priced already, up to its ``limit``."""
@@ -201,47 +208,51 @@ class DecodeRunner:
         first = run.applied
         if stop <= first:
             return
-        if run.next_event < stop:
-            self._block_events(run, first, stop)
-        n = stop - first
+        if stop > run.events_upto:
+            self._more_events(run, run.num_steps)
         b = run.batch
+        events, k = run.events, run.cursor
+        bound = 2 * stop * b  # events of steps before ``stop`` are below it
+        if k < len(events) and events[k] < bound:
+            end = bisect_left(events, bound, k)
+            todo = events[k:end]
+            run.cursor = end
+            # A few events cost less one at a time than as numpy vectors; both give the same state.
+            if len(todo) < _BULK_MIN_EVENTS or not self._apply_in_bulk(run, first, todo):
+                self._apply_in_order(run, todo)
+        n = stop - first
         self._queues.advance_decodes(b * n)  # the requests' progress is settled at close
         stats = self._stats
         stats.num_generated_tokens += b * n
         stats.num_steps += n
         run.applied = stop
 
-    def _block_events(self, run: DecodeRun, first: int, stop: int) -> None:
-        kv = self._kv
-        bs = kv.block_size
-        caching = kv.caching
-        # ((step * 2 + 0) * batch + batch index): a block taken at scheduling; (step * 2 + 1) ...:
-        # one filled at update. Sorted, that is the order single steps make them in (ints: no tuple
-        # to build per event, and a cheaper sort).
+    def _more_events(self, run: DecodeRun, upto: int) -> None:
+        """Add the block events of steps ``run.events_upto..upto-1`` to ``run.events``, in order.
+
+        ``((step * 2 + 0) * batch + batch index)``: a block taken at scheduling; ``(step * 2 + 1) ...``:
+        one filled at update. Sorted, that is the order single steps make them in (ints: no tuple
+        to build per event, and a cheaper sort); every event of a later stretch sorts after these.
+        """
+        bs = self._kv.block_size
+        caching = self._kv.caching
         b = run.batch
-        events: list[int] = []
-        next_event = run.num_steps
-        for i, (r, nc0) in enumerate(zip(run.requests, run.nc0, strict=True)):
-            a = len(r.blocks) * bs - nc0  # next allocation step (blocks already cover earlier steps)
-            if a < stop:
-                events += [2 * j * b + i for j in range(a, stop, bs)]
-                a += (stop - a + bs - 1) // bs * bs
-            if a < next_event:
-                next_event = a
+        s0 = run.events_upto
+        new: list[int] = []
+        for i, (a, nc0) in enumerate(zip(run.first_alloc, run.nc0, strict=True)):
+            if a < s0:
+                a += (s0 - a + bs - 1) // bs * bs
+            if a < upto:
+                new += [2 * j * b + i for j in range(a, upto, bs)]
             if caching:
                 c = (-nc0 - 1) % bs  # steps after which num_computed is a multiple of the block size
-                if c < first:
-                    c += (first - c + bs - 1) // bs * bs
-                if c < stop:
-                    events += [(2 * j + 1) * b + i for j in range(c, stop, bs)]
-                    c += (stop - c + bs - 1) // bs * bs
-                if c < next_event:
-                    next_event = c
-        run.next_event = next_event
-        events.sort()
-        # A few events cost less one at a time than as numpy vectors; both give the same state.
-        if len(events) < _BULK_MIN_EVENTS or not self._apply_in_bulk(run, first, events):
-            self._apply_in_order(run, events)
+                if c < s0:
+                    c += (s0 - c + bs - 1) // bs * bs
+                if c < upto:
+                    new += [(2 * j + 1) * b + i for j in range(c, upto, bs)]
+        new.sort()
+        run.events += new
+        run.events_upto = upto
 
     def _apply_in_order(self, run: DecodeRun, events: list[int]) -> None:
         """Every allocation and commit one at a time, in the order single steps make them."""
