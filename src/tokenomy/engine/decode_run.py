@@ -21,10 +21,7 @@ fewer priced steps cost more events, each extension being one.)
 
 from __future__ import annotations
 
-import functools
-import operator
 from bisect import bisect_left
-from itertools import accumulate
 from typing import Protocol, cast
 
 from tokenomy.core import StepShape, StepTimeModel
@@ -71,7 +68,8 @@ class DecodeRun:
         self.first_context_tokens = first_ctx
         self.durations_s = durations_s
         self.flops = flops
-        self.starts: list[float] = list(accumulate(durations_s, operator.add, initial=start_s))
+        self.starts: list[float] = [start_s]
+        _append_ends(self.starts, durations_s)
         self.num_steps = len(durations_s)
         self.limit = max(limit, self.num_steps)  # steps the run may be priced up to (DecodeRunner.extend)
         self.applied = 0
@@ -98,9 +96,7 @@ class DecodeRun:
         """Price the steps after the last priced one (the run is open: nothing was cut off it)."""
         self.durations_s += durations_s
         self.flops += flops
-        starts = self.starts
-        starts += accumulate(durations_s, operator.add, initial=starts[-1])
-        starts.pop(self.num_steps + 1)  # the initial value, already there
+        _append_ends(self.starts, durations_s)
         self.num_steps += len(durations_s)
 
     @property
@@ -119,9 +115,22 @@ class DecodeRun:
         ]
 
 
-def sum_in_order(values: list[float], start: float) -> float:
-    """``start + values[0] + values[1] + ...`` added left to right (what per-step ``+=`` gives)."""
-    return functools.reduce(operator.add, values, start)
+def _append_ends(starts: list[float], durations_s: list[float]) -> None:
+    """Append each step's end, the last start plus its duration, one after another (a plain loop:
+    compiled, it adds unboxed floats; the same additions as ``itertools.accumulate``)."""
+    t = starts[-1]
+    for d in durations_s:
+        t += d
+        starts.append(t)
+
+
+def sum_in_order(values: list[float], first: int, stop: int, start: float) -> float:
+    """``start + values[first] + values[first + 1] + ... + values[stop - 1]`` added left to right (what
+    per-step ``+=`` gives; a plain loop: compiled, it adds unboxed floats and slices nothing)."""
+    total = start
+    for j in range(first, stop):
+        total += values[j]
+    return total
 
 
 _BULK_MIN_EVENTS = 64
@@ -257,7 +266,7 @@ class DecodeRunner:
     def _apply_in_order(self, run: DecodeRun, events: list[int]) -> None:
         """Every allocation and commit one at a time, in the order single steps make them."""
         kv = self._kv
-        allocate_one, commit = kv.pool.allocate_one, kv.commit_full_blocks
+        pool = kv.pool  # (methods called on the object, not bound to a name: compiled, those are direct calls)
         reqs, nc0 = run.requests, run.nc0
         b = run.batch
         for e in events:
@@ -265,10 +274,10 @@ class DecodeRunner:
             i = e - step_kind * b
             r = reqs[i]
             if step_kind & 1 == 0:
-                r.blocks.append(allocate_one())
+                r.blocks.append(pool.allocate_one())
             else:
                 r.num_computed = nc0[i] + (step_kind >> 1) + 1
-                commit(r)
+                kv.commit_full_blocks(r)
 
     def _apply_in_bulk(self, run: DecodeRun, first: int, events: list[int]) -> bool:
         """The same changes as :meth:`_apply_in_order`, with one pool allocation and one registration.
@@ -293,23 +302,21 @@ class DecodeRunner:
             for i in {i for _, i in commits}:
                 if reqs[i].num_keyed_blocks != (nc0[i] + first) // bs:
                     return False  # a lagging commit would register several blocks at once
-            block_ref = kv.block_ref
-            refs = [block_ref(reqs[i], (nc0[i] + j + 1) // bs - 1) for j, i in commits]
-            block_of = pool.slots.block_of
-            if any(block_of(base, off) is not None for base, off, _ in refs):
+            refs = [kv.block_ref(reqs[i], (nc0[i] + j + 1) // bs - 1) for j, i in commits]
+            slots = pool.slots
+            if any(slots.block_of(base, off) is not None for base, off, _ in refs):
                 return False
         if allocs:
             blocks = pool.allocate(len(allocs))
             for (_, i), block in zip(allocs, blocks, strict=True):
                 reqs[i].blocks.append(block)
         if commits:
-            register = pool.register_one
             for (j, i), (base, off, count) in zip(commits, refs, strict=True):
                 r = reqs[i]
                 full = (nc0[i] + j + 1) // bs
                 r.num_computed = nc0[i] + j + 1
                 r.num_keyed_blocks = full
-                register(r.blocks[full - 1], base, off, count)  # of two commits of one key, the first keeps it
+                pool.register_one(r.blocks[full - 1], base, off, count)  # of two commits of one key, the first keeps it
         return True
 
     @staticmethod
@@ -321,7 +328,13 @@ class DecodeRunner:
         starts = run.starts
         end = starts[n]
         # Token gaps: step j's token follows step j-1's by starts[j+1] - starts[j] (float difference).
-        shared_gap = max(map(operator.sub, starts[2 : n + 1], starts[1:n]), default=0.0)
+        shared_gap = 0.0  # the largest of them after the first step's (none: 0)
+        if n >= 2:
+            shared_gap = starts[2] - starts[1]
+            for j in range(2, n):
+                gap = starts[j + 1] - starts[j]
+                if gap > shared_gap:
+                    shared_gap = gap
         first_end = starts[1]
         for r, nc0 in zip(run.requests, run.nc0, strict=True):
             nc = nc0 + n

@@ -184,8 +184,14 @@ class RunSlots:
         spans = list(self._runs.values())
         starts = np.array([s for s, _ in spans], dtype=np.int64)
         caps = np.array([c for _, c in spans], dtype=np.int64)
-        held = np.concatenate(([0], np.cumsum(sb[: self._top] >= 0)))
-        live = (held[starts + caps] - held[starts] > 0).nonzero()[0]
+        # A run is live when its slots hold a block (>= 0, where empty slots are -1): the largest
+        # slot value from each run's start to the next run's (in slot order; slots between runs are
+        # empty) says so, in one pass over the slots instead of a running count and two gathers.
+        order = np.argsort(starts)
+        alive = np.empty(len(starts), dtype=np.bool_)
+        if len(starts):
+            alive[order] = np.maximum.reduceat(sb[: self._top], starts[order]) >= 0
+        live = alive.nonzero()[0]
         starts, caps = starts[live], caps[live]
         total = int(caps.sum())
         new_starts = np.cumsum(caps) - caps

@@ -127,8 +127,8 @@ class SimInstance:
 
     def _account(self, run: DecodeRun, first: int, stop: int) -> None:
         if stop > first:
-            self.busy_s = sum_in_order(run.durations_s[first:stop], self.busy_s)
-            self.flops = sum_in_order(run.flops[first:stop], self.flops)
+            self.busy_s = sum_in_order(run.durations_s, first, stop, self.busy_s)
+            self.flops = sum_in_order(run.flops, first, stop, self.flops)
             self.steps += stop - first
 
     def _close(self, now: float) -> DecodeRun:
