@@ -41,6 +41,7 @@ class SimInstance:
     __slots__ = (
         "engine", "_loop", "_on_result", "_on_run", "_busy", "busy_s", "flops", "steps",
         "fast_forward", "max_run_steps", "_run", "_run_open", "_delivered", "_version", "_end_seq",
+        "sync_on_finish",
     )
 
     def __init__(
@@ -70,6 +71,10 @@ class SimInstance:
         self._delivered = 0  # results of ``_run`` already handed to ``on_result``
         self._version = 0  # bumps invalidate a pending run-end event
         self._end_seq = 0  # the pending run-end event's place among events at the same time
+        # Sync every instance before handing a step that finished requests to ``on_result`` (the
+        # deployment's handlers may read other instances); a deployment whose handlers read none
+        # turns it off.
+        self.sync_on_finish = True
 
     @property
     def instance_id(self) -> str:
@@ -188,7 +193,7 @@ class SimInstance:
 
     def _finish_step(self, result: StepResult) -> None:
         self.engine.end_step()
-        if result.finished:
+        if result.finished and self.sync_on_finish:
             self._loop.sync(self._loop.now)  # the deployment's handlers read other instances
         self._on_result(self, result)
         self._step()

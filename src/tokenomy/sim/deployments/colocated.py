@@ -47,6 +47,12 @@ class Colocated(Deployment):
         if ctx.config.host_kv_tier:
             self.fabric = kv_fabric(ctx, self.instances)
         self._keeper = KVKeeper(ctx, self.instances, sim_policies(ctx), self.fabric) if self.fabric else None
+        if self._keeper is None and cfg.admission is None:
+            # A finished turn is recorded and its session's next turn scheduled: nothing reads
+            # another instance (an admission gate may submit a queued request, the KV keeper reads
+            # the instances), so the other instances need not be synced first.
+            for inst in self.instances:
+                inst.sync_on_finish = False
 
     def submit(self, request: Request, now: float) -> None:
         target = self._by_id[self._router.choose(request, self._views, now)]
