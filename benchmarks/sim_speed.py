@@ -12,6 +12,9 @@ Each replay runs in its own process (``--worker``), timed with ``time.process_ti
 replays run on that commit's ``src`` (a detached git worktree, made once under ``--baseline-dir``),
 alternating with this tree's, so drifting load on the machine hits both alike; the headline is the
 median of each side and their ratio. The two sides must simulate the same tokens (checked).
+``--paired`` runs each repeat's two replays at once, one per core, and adds the geometric mean of
+the per-pair ratios (``pair_ratio_geomean``): on a shared machine whose speed drifts by 15-40%
+within minutes, a pair sees the same drift, where replays one after the other do not.
 
 This tree runs its compiled core when it is built (``make install``; ``core`` in the JSON says
 ``native``); ``TOKENOMY_PURE=1`` in the environment times its Python sources instead. A baseline
@@ -19,6 +22,7 @@ worktree has no build: it runs its sources (``baseline_core``).
 
     python benchmarks/sim_speed.py --baseline 1728e6a --json out/sim_speed.json
     python benchmarks/sim_speed.py --runs gaia_ampd --repeats 1          # this tree only, one run
+    python benchmarks/sim_speed.py --baseline 1728e6a --paired --repeats 5 --json out/sim_speed_paired.json
 """
 
 from __future__ import annotations
@@ -73,11 +77,21 @@ def _simulate(run: str, trace: Path, ampd: str) -> dict[str, Any]:
             "core": getattr(tokenomy, "NATIVE", "pure")}  # compiled or Python sources (tokenomy._native)
 
 
-def _replay(src: Path, run: str, trace: Path, ampd: str = "ampd") -> dict[str, Any]:
+def _start(src: Path, run: str, trace: Path, ampd: str = "ampd") -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(src))
-    out = subprocess.run([sys.executable, __file__, "--worker", run, "--trace", str(trace), "--ampd", ampd], env=env,
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
+    return subprocess.Popen([sys.executable, __file__, "--worker", run, "--trace", str(trace), "--ampd", ampd],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"replay failed ({proc.returncode}): {err.strip()[-2000:]}")
+    return json.loads(out)
+
+
+def _replay(src: Path, run: str, trace: Path, ampd: str = "ampd") -> dict[str, Any]:
+    return _result(_start(src, run, trace, ampd))
 
 
 def _baseline_src(commit: str, where: Path) -> Path:
@@ -108,6 +122,10 @@ def main() -> int:
     ap.add_argument("--baseline-dir", type=Path, default=Path(tempfile.gettempdir()),
                     help="where the baseline's worktree is made (default: the temp dir)")
     ap.add_argument("--repeats", type=int, default=3, help="replays per side; the median CPU time counts")
+    ap.add_argument("--paired", action="store_true",
+                    help="run each repeat's two sides at once, one per core (needs 2 free cores), and also "
+                         "report the geometric mean of the per-pair ratios: a drift in the machine's speed "
+                         "then hits both sides of a pair alike")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--baseline-ampd", default=BASELINE_AMPD,
                     help="the baseline's name for today's default AMPD deployment (default: %(default)s, "
@@ -131,7 +149,12 @@ def main() -> int:
     for run in runs:
         mine: list[dict[str, Any]] = []
         theirs: list[dict[str, Any]] = []
-        for _ in range(args.repeats):  # alternating: a noisy minute hits both sides
+        for _ in range(args.repeats):  # alternating (or, --paired, at once): a noisy minute hits both sides
+            if args.paired and base_src is not None:
+                procs = (_start(ROOT / "src", run, args.trace), _start(base_src, run, args.trace, args.baseline_ampd))
+                mine.append(_result(procs[0]))
+                theirs.append(_result(procs[1]))
+                continue
             mine.append(_replay(ROOT / "src", run, args.trace))
             if base_src is not None:
                 theirs.append(_replay(base_src, run, args.trace, args.baseline_ampd))
@@ -144,6 +167,10 @@ def main() -> int:
             entry.update(baseline=args.baseline, baseline_core=base["core"], baseline_cpu_s_each=base["cpu_s_each"],
                          baseline_out_tok_per_cpu_s=base["out_tok_per_cpu_s"],
                          ratio=round(entry["out_tok_per_cpu_s"] / base["out_tok_per_cpu_s"], 3))
+            if args.paired:
+                pairs = [b["cpu_s"] / m["cpu_s"] for m, b in zip(mine, theirs, strict=True)]
+                entry.update(pair_ratios=[round(r, 3) for r in pairs],
+                             pair_ratio_geomean=round(math.exp(sum(map(math.log, pairs)) / len(pairs)), 3))
         payload[run] = entry
         print(f"{run}: {json.dumps(entry)}", file=sys.stderr)
     print(json.dumps(payload, indent=2))
