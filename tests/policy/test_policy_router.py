@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass
+
 import pytest
 from policy_fakes import FakeView, make_request
 
 from tokenomy.policy import ROUTERS, make_router
 from tokenomy.policy.registry import Registry
-from tokenomy.policy.router import SessionAffinityRouter, prefix_cost_blocks
+from tokenomy.policy.router import SessionAffinityRouter, cheapest_instance, prefix_cost_blocks
 
 
 def test_registry_lists_the_routers() -> None:
@@ -110,3 +113,43 @@ def test_session_affinity_forgets_oldest_sessions_beyond_capacity() -> None:
         router.choose(make_request(session_id=sid), views, now=0.0)
     assert router.bound_instance("s1") is None
     assert router.bound_instance("s3") == "a"
+
+
+@dataclass
+class _CountingView(FakeView):
+    """A FakeView that counts its prefix lookups."""
+
+    lookups: int = 0
+
+    def cached_prefix_tokens(self, content: tuple[tuple[int, int], ...], prompt_tokens: int) -> int:
+        self.lookups += 1
+        return super().cached_prefix_tokens(content, prompt_tokens)
+
+
+@pytest.mark.parametrize("weight", [0.0, 1.0, 2.5])
+def test_prefix_aware_choice_is_the_cheapest_of_all_while_pricing_fewer(weight: float) -> None:
+    """Branch and bound on the load gives the instance that pricing every one gives (lowest cost,
+    then lowest id, ties included), and leaves out the lookups of instances too loaded to win."""
+    rng = random.Random(7)
+    router = make_router("prefix_aware", overlap_weight=weight)
+    priced = total = 0
+    for _ in range(300):
+        views = [
+            _CountingView(
+                f"i{k}",
+                # coarse values: ties in load and in cost happen often
+                free_blocks=1000 - 100 * rng.randrange(8),
+                num_waiting_tokens=160 * rng.randrange(4),
+                cached_tokens=320 * rng.randrange(4),
+            )
+            for k in rng.sample(range(8), 8)  # ids in a random order
+        ]
+        request = make_request(prompt_tokens=1000)
+        expected = min(views, key=lambda v: (prefix_cost_blocks(request, v, weight), v.instance_id)).instance_id
+        for v in views:
+            v.lookups = 0
+        assert router.choose(request, views, now=0.0) == expected
+        assert cheapest_instance(request, views, weight) == expected
+        priced += sum(v.lookups for v in views) // 2
+        total += len(views)
+    assert priced < total * 0.5  # instances loaded past the best cost found were not priced

