@@ -21,7 +21,7 @@ fewer priced steps cost more events, each extension being one.)
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from typing import Protocol, cast
 
 from tokenomy.core import StepShape, StepTimeModel
@@ -56,7 +56,7 @@ class DecodeRun:
 
     __slots__ = (
         "requests", "batch", "first_context_tokens", "starts", "durations_s", "flops", "num_steps", "applied",
-        "nc0", "first_alloc", "limit", "events", "events_upto", "cursor", "run_first", "run_end", "run_base",
+        "nc0", "first_alloc", "limit", "events", "events_upto", "cursor",
     )
 
     def __init__(
@@ -81,12 +81,6 @@ class DecodeRun:
         self.events: list[int] = []
         self.events_upto = 0
         self.cursor = 0
-        # Per request, the key run (KeyChain) of its last commit: blocks run_first..run_end-1 are
-        # keyed run_base + (block - run_first) (run_end 0: none yet). A decode commit in it is
-        # registered without looking the run up again (DecodeRunner._apply_in_order).
-        self.run_first = [0] * self.batch
-        self.run_end = [0] * self.batch
-        self.run_base = [0] * self.batch
 
     @property
     def end_s(self) -> float:
@@ -273,9 +267,7 @@ class DecodeRunner:
         """Every allocation and commit one at a time, in the order single steps make them."""
         kv = self._kv
         pool = kv.pool  # (methods called on the object, not bound to a name: compiled, those are direct calls)
-        bs = kv.block_size
         reqs, nc0 = run.requests, run.nc0
-        run_first, run_end, run_base = run.run_first, run.run_end, run.run_base
         b = run.batch
         for e in events:
             step_kind = e // b  # (not divmod: compiled, it boxes both ints into a tuple)
@@ -283,24 +275,9 @@ class DecodeRunner:
             r = reqs[i]
             if step_kind & 1 == 0:
                 r.blocks.append(pool.allocate_one())
-                continue
-            nc = nc0[i] + (step_kind >> 1) + 1
-            r.num_computed = nc
-            block = nc // bs - 1  # the block this step filled
-            first = run_first[i]
-            if r.num_keyed_blocks == block and first <= block < run_end[i]:
-                # What commit_full_blocks does for one filled block of a known key run.
-                pool.register_one(r.blocks[block], run_base[i], block - first, run_end[i] - first)
-                r.num_keyed_blocks = block + 1
-                continue
-            kv.commit_full_blocks(r)
-            chain = r.chain
-            if chain is not None and r.num_keyed_blocks == block + 1 and block < chain.num_keys:
-                k = bisect_right(chain.run_first, block) - 1
-                first = chain.run_first[k]
-                run_first[i] = first
-                run_end[i] = first + chain.run_count[k]
-                run_base[i] = chain.run_base[k]
+            else:
+                r.num_computed = nc0[i] + (step_kind >> 1) + 1
+                kv.commit_full_blocks(r)
 
     def _apply_in_bulk(self, run: DecodeRun, first: int, events: list[int]) -> bool:
         """The same changes as :meth:`_apply_in_order`, with one pool allocation and one registration.
