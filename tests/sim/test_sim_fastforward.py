@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tokenomy.core import SLO, Session, Turn
-from tokenomy.engine import Engine
+from tokenomy.engine import Engine, StepResult
 from tokenomy.perf import PerfModel
 from tokenomy.sim import SimConfig, base, simulate
-from tokenomy.sim.instance import ResultHandler, RunHandler, SimInstance
+from tokenomy.sim.instance import ResultHandler, SimInstance
 from tokenomy.sim.loop import EventLoop
 from tokenomy.sim.runner import SimResult
 from tokenomy.workload.registry import load_workload
@@ -30,15 +30,26 @@ TRACE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "traces
 def _run(
     sessions: Sequence[Session], config: SimConfig, monkeypatch: pytest.MonkeyPatch, *, bulk: bool = False, **kw: object
 ) -> tuple[SimResult, list[tuple[float, int]]]:
-    """Simulate with instances built by ``SimInstance(..., **kw)``; ``bulk`` delivers runs through
-    ``on_run`` (as the deployment would with the base.py hook). Returns the result and the pooled
-    ITL samples, sorted."""
+    """Simulate with instances built by ``SimInstance(..., **kw)``; ``bulk``: the instance keeps the
+    pooled ITL itself and hands the deployment only the steps that finished requests (as base.py
+    builds it), else every step (and every step of a run) goes to the deployment, which the test
+    makes record the ITL. Returns the result and the pooled ITL samples, sorted."""
     contexts: list[base.SimContext] = []
 
-    def make(engine: Engine, loop: EventLoop, on_result: ResultHandler, on_run: RunHandler | None = None) -> SimInstance:
+    def make(engine: Engine, loop: EventLoop, on_result: ResultHandler,
+             pooled_itl: tuple[list[float], list[int]] | None = None) -> SimInstance:
         ctx: base.SimContext = on_result.__self__.ctx  # type: ignore[attr-defined]
         contexts.append(ctx)
-        return SimInstance(engine, loop, on_result, on_run=on_run if bulk else None, **kw)  # type: ignore[arg-type]
+        if bulk:
+            return SimInstance(engine, loop, on_result, pooled_itl=pooled_itl, **kw)  # type: ignore[arg-type]
+
+        def every_step(instance: SimInstance, result: StepResult) -> None:
+            if result.shape.decode_seqs:
+                ctx.itl_values.append(result.duration_s)
+                ctx.itl_weights.append(result.shape.decode_seqs)
+            on_result(instance, result)
+
+        return SimInstance(engine, loop, every_step, **kw)  # type: ignore[arg-type]
 
     with monkeypatch.context() as m:
         m.setattr(base, "SimInstance", make)

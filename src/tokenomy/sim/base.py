@@ -186,7 +186,8 @@ class Deployment(ABC):
             enable_prefix_caching=cfg.enable_prefix_caching,
         )
         engine = Engine(instance_id, engine_cfg, perf, role=role, key_chains=self.ctx.key_chains, trace=self.ctx.trace)
-        inst = SimInstance(engine, self.ctx.loop, self._on_step, on_run=self._on_decode_run)
+        inst = SimInstance(engine, self.ctx.loop, self._on_step,
+                           pooled_itl=(self.ctx.itl_values, self.ctx.itl_weights))
         self.instances.append(inst)
         return inst
 
@@ -203,17 +204,10 @@ class Deployment(ABC):
         ]
 
     def _on_step(self, instance: SimInstance, result: StepResult) -> None:
-        # Pooled ITL: every decode token of this step waited one step duration (vLLM's ITL pools gaps).
-        if result.shape.decode_seqs:
-            self.ctx.itl_values.append(result.duration_s)
-            self.ctx.itl_weights.append(result.shape.decode_seqs)
+        """A step that finished requests (every step while ``instance.every_step``); the instance
+        keeps the pooled ITL samples (``ctx.itl_values``, ``ctx.itl_weights``) itself."""
         for fin in result.finished:
             self.on_finished(instance, fin)
-
-    def _on_decode_run(self, instance: SimInstance, durations_s: list[float], decode_seqs: int) -> None:
-        """A fast-forwarded run of decode-only steps: the same pooled ITL samples as step by step."""
-        self.ctx.itl_values.extend(durations_s)
-        self.ctx.itl_weights.extend([decode_seqs] * len(durations_s))
 
     @property
     def max_request_tokens(self) -> int:

@@ -10,8 +10,6 @@ from tokenomy.engine.decode_run import DecodeRun, sum_in_order
 from tokenomy.sim.loop import EventLoop
 
 ResultHandler = Callable[["SimInstance", StepResult], None]
-RunHandler = Callable[["SimInstance", list[float], int], None]
-"""``(instance, step_durations_s, decode_seqs)``: consecutive decode-only steps, no finishes."""
 
 DEFAULT_MAX_RUN_STEPS = 4096
 
@@ -32,16 +30,22 @@ class SimInstance:
     end.) The run is applied lazily, and exactly: the loop syncs this instance (applies the run's
     steps that started by then) before every event that may read or change any engine, and a
     request submitted mid-run cuts the run after the step in progress, from which stepping resumes
-    as usual. The run's step results (never a finish) are delivered together at its end, in order:
-    to ``on_run`` in one call if given (cheap: durations and batch size only), else to
-    ``on_result`` one :class:`StepResult` per step, as single steps would have produced them.
+    as usual. The run's step results (never a finish) are delivered together at its end, in order,
+    to ``on_result``, one :class:`StepResult` per step, as single steps would have produced them.
     ``busy_s``, ``flops`` and ``steps`` count each step when it is applied, as single steps do.
+
+    Pooled ITL (``pooled_itl=(values, weights)``, what a deployment passes): the instance appends
+    each decode-carrying step's duration and decode batch size to those lists itself, single steps
+    and runs alike (a run's samples at its end, in one loop), where the handler would have, and hands
+    ``on_result`` only the steps that finished requests, or every step while :attr:`every_step` is
+    set (a deployment that watches an instance step by step sets it for as long as it watches: a
+    run's steps still finish nothing and go to nobody). Without it every step goes to ``on_result``.
     """
 
     __slots__ = (
-        "engine", "_loop", "_on_result", "_on_run", "_busy", "busy_s", "flops", "steps",
+        "engine", "_loop", "_on_result", "_busy", "busy_s", "flops", "steps",
         "fast_forward", "max_run_steps", "_run", "_run_open", "_delivered", "_version", "_end_seq",
-        "sync_on_finish",
+        "sync_on_finish", "every_step", "_itl_values", "_itl_weights",
     )
 
     def __init__(
@@ -50,16 +54,15 @@ class SimInstance:
         loop: EventLoop,
         on_result: ResultHandler,
         *,
-        on_run: RunHandler | None = None,
         fast_forward: bool = True,
         max_run_steps: int = DEFAULT_MAX_RUN_STEPS,
+        pooled_itl: tuple[list[float], list[int]] | None = None,
     ) -> None:
         if max_run_steps < 2:
             raise ValueError(f"max_run_steps must be >= 2, got {max_run_steps}")
         self.engine = engine
         self._loop = loop
         self._on_result = on_result
-        self._on_run = on_run
         self._busy = False
         self.busy_s = 0.0
         self.flops = 0.0
@@ -75,6 +78,13 @@ class SimInstance:
         # deployment's handlers may read other instances); a deployment whose handlers read none
         # turns it off.
         self.sync_on_finish = True
+        # Pooled ITL samples kept here (None: the handlers keep them) and whether every step, or
+        # only a step that finished requests, goes to ``on_result`` (class docstring).
+        self._itl_values: list[float] | None = None
+        self._itl_weights: list[int] | None = None
+        self.every_step = pooled_itl is None
+        if pooled_itl is not None:
+            self._itl_values, self._itl_weights = pooled_itl
 
     @property
     def instance_id(self) -> str:
@@ -122,8 +132,13 @@ class SimInstance:
         first = self._delivered
         if stop <= first:
             return
-        if self._on_run is not None:
-            self._on_run(self, run.durations_s[first:stop], run.batch)
+        values, weights = self._itl_values, self._itl_weights
+        if values is not None and weights is not None:
+            durations = run.durations_s
+            batch = run.batch
+            for i in range(first, stop):
+                values.append(durations[i])
+                weights.append(batch)
         else:
             on_result = self._on_result
             for result in run.results(first, stop):
@@ -193,6 +208,15 @@ class SimInstance:
 
     def _finish_step(self, result: StepResult) -> None:
         self.engine.end_step()
+        values, weights = self._itl_values, self._itl_weights
+        if values is not None and weights is not None:
+            seqs = result.shape.decode_seqs
+            if seqs:  # every decode token of this step waited one step duration (vLLM's ITL pools gaps)
+                values.append(result.duration_s)
+                weights.append(seqs)
+            if not result.finished and not self.every_step:
+                self._step()
+                return
         if result.finished and self.sync_on_finish:
             self._loop.sync(self._loop.now)  # the deployment's handlers read other instances
         self._on_result(self, result)

@@ -79,6 +79,7 @@ class BankedPrefills:
     def start(self, decode: SimInstance, request_id: str, prompt_tokens: int) -> None:
         """``request_id`` prefills on ``decode`` (call after submitting it, then :meth:`resize`)."""
         self._local[decode.instance_id][request_id] = prompt_tokens
+        decode.every_step = True  # resized after each of its steps while a local prefill runs
         self.started += 1
 
     def resize(self, decode: SimInstance, now: float) -> None:
@@ -93,6 +94,7 @@ class BankedPrefills:
             left = engine.set_chunk_cap(rid, 0)
             if left <= 0:  # its prefill is done (or it left): it no longer spends the bank
                 del local[rid]
+                decode.every_step = bool(local)  # (no local prefill left: steps that finish nothing skip us)
                 continue
             chunk = placement.local_chunk(
                 left, prompt - left, engine.num_decoding, engine.decode_context_tokens, self.ctx.slo, bank
