@@ -63,8 +63,11 @@ class _Driver:
         self.rejected: dict[str, int] = {}
         self._session_of: dict[str, Session] = {}
         self.last_incomplete_s = 0.0
+        self._max_request_tokens = 0  # the deployment's, read at start (its instances are made with it)
 
     def start(self) -> None:
+        assert self.deployment is not None
+        self._max_request_tokens = self.deployment.max_request_tokens
         for s in self.sessions:
             if s.session_id in self._session_of:
                 raise ValueError(f"duplicate session id {s.session_id!r}")
@@ -74,7 +77,7 @@ class _Driver:
     def _arrive(self, session: Session, index: int) -> None:
         assert self.deployment is not None
         request = Request.from_turn(session, index, self.loop.now)
-        if request.prompt_tokens + request.max_output_tokens > self.deployment.max_request_tokens:
+        if request.prompt_tokens + request.max_output_tokens > self._max_request_tokens:
             # No instance could ever hold its KV: rejected at the door, the session ends here.
             # Not a record: a refused request adds no tokens or time, only an SLO miss.
             reason = REJECT_EXCEEDS_KV

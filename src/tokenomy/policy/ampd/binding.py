@@ -207,16 +207,12 @@ class SessionBinder:
         return left >= headroom_fraction * view.total_blocks
 
     def _pick(self, request: Request, instances: Sequence[InstanceView]) -> tuple[str, str]:
-        roomy = [v for v in instances if self._has_room(request, v, self.config.kv_headroom_fraction)]
+        # Each instance's need once (a prefix lookup each): :meth:`_has_room`'s test, then the order.
+        left = [(v, v.free_blocks - blocks_needed(request, v)) for v in instances]
+        fraction = self.config.kv_headroom_fraction
+        roomy = [(v, room) for v, room in left if room >= fraction * v.total_blocks]
         if roomy:
-            best = min(
-                roomy,
-                key=lambda v: (
-                    v.num_running + v.num_waiting,
-                    -(v.free_blocks - blocks_needed(request, v)),
-                    v.instance_id,
-                ),
-            )
+            best = min(roomy, key=lambda vr: (vr[0].num_running + vr[0].num_waiting, -vr[1], vr[0].instance_id))[0]
             return best.instance_id, "least loaded instance with KV headroom"
-        best = min(instances, key=lambda v: (blocks_needed(request, v) - v.free_blocks, v.instance_id))
+        best = min(left, key=lambda vr: (-vr[1], vr[0].instance_id))[0]
         return best.instance_id, "no instance has KV headroom: most free blocks"
