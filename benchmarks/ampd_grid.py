@@ -49,8 +49,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tokenomy.core import SLO
+from tokenomy.core import SLO, Session
 from tokenomy.experiment.choose import choose_on
+from tokenomy.experiment.jobs import load_sessions
 from tokenomy.experiment.results import Curve, RunResult
 from tokenomy.experiment.spec import ClusterSpec, DeploymentSpec, ExperimentSpec, WorkloadSpec
 from tokenomy.experiment.sweep import Job, run_job
@@ -115,11 +116,22 @@ POINTS: dict[str, Point] = {
 }
 
 
+_SESSIONS: dict[tuple[WorkloadSpec, float | None], list[Session]] = {}
+"""This worker's last workload: jobs go out heaviest rate first, so each rate's deployments
+follow one another and a worker generates a rate's sessions once, not once per job."""
+
+
 def _run(args: tuple[str, ExperimentSpec, Job]) -> tuple[str, Job, RunResult, float]:
-    """One simulation, and the CPU seconds it took (the machine may be shared: wall time is not cost)."""
+    """One simulation, and the CPU seconds it took, generating its workload included when this
+    worker had to (the machine may be shared: wall time is not cost)."""
     key, spec, job = args
     cpu0 = time.process_time()
-    res = run_job(spec, job)
+    workload = (spec.workload, job.rate_per_s)
+    sessions = _SESSIONS.get(workload)
+    if sessions is None:
+        _SESSIONS.clear()
+        sessions = _SESSIONS[workload] = load_sessions(spec, job.rate_per_s)[0]
+    res = run_job(spec, job, sessions)
     return key, job, res, time.process_time() - cpu0
 
 

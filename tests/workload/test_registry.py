@@ -91,30 +91,3 @@ def test_real_traces_at_a_chosen_rate(path: Path) -> None:
     assert 0.6 * 1000 < len(sessions) < 1.4 * 1000
     assert [s.start_s for s in sessions] == sorted(s.start_s for s in sessions)
     assert len({s.session_id for s in sessions}) == len(sessions)
-
-
-def test_a_generated_workload_is_remembered_for_the_next_job_and_each_caller_gets_its_own_list(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from tokenomy.workload import registry
-
-    monkeypatch.setattr(registry, "_SYNTHETIC_MEMO", {})
-    made: list[tuple[object, ...]] = []
-    generate = registry._generate
-
-    def counting(*args: object) -> object:
-        made.append(args)
-        return generate(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(registry, "_generate", counting)
-    first = load_workload("toolbench", rate_per_s=2.0, duration_s=20.0, seed=1)
-    first.clear()  # a caller's list is its own
-    again = load_workload("toolbench", rate_per_s=2.0, duration_s=20.0, seed=1)
-    assert len(made) == 1 and again
-    fresh = generate("toolbench", 2.0, 20.0, 1, "poisson", 1.0, None)[0]
-    assert again == fresh  # the same sessions a new generation gives
-    load_workload("toolbench", rate_per_s=3.0, duration_s=20.0, seed=1)
-    load_workload("toolbench", rate_per_s=2.0, duration_s=20.0, seed=2)  # a third: the least recent goes
-    assert len(made) == 3 and len(registry._SYNTHETIC_MEMO) == registry.SYNTHETIC_MEMO_MAX
-    load_workload("toolbench", rate_per_s=2.0, duration_s=20.0, seed=1)
-    assert len(made) == 4

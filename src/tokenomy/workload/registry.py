@@ -173,30 +173,8 @@ def check_synthetic_size(spec: str, rate_per_s: float | None, duration_s: float 
     return rate, duration
 
 
-SyntheticKey = tuple[str, float | None, float | None, int, str, float, int | None]
-_SYNTHETIC_MEMO: dict[SyntheticKey, tuple[tuple[Session, ...], WorkloadInfo]] = {}
-SYNTHETIC_MEMO_MAX = 2
-"""Generated workloads a process remembers, the least recently used dropped first: a sweep runs
-every deployment on one workload per rate, one job after another (sessions are frozen; each call
-gets its own list). Two: a rate's workload and the next one's."""
-
-
 def _synthetic(spec: str, rate_per_s: float | None, duration_s: float | None, seed: int, arrival: str,
                arrival_cv: float, max_sessions: int | None) -> tuple[list[Session], WorkloadInfo]:
-    """A generated workload: the same arguments give the same sessions (remembered, above)."""
-    key: SyntheticKey = (spec, rate_per_s, duration_s, seed, arrival, arrival_cv, max_sessions)
-    hit = _SYNTHETIC_MEMO.pop(key, None)
-    if hit is None:
-        sessions, info = _generate(*key)
-        hit = (tuple(sessions), info)
-    _SYNTHETIC_MEMO[key] = hit  # (re-inserted: the most recently used is last)
-    while len(_SYNTHETIC_MEMO) > SYNTHETIC_MEMO_MAX:
-        del _SYNTHETIC_MEMO[next(iter(_SYNTHETIC_MEMO))]
-    return list(hit[0]), hit[1]
-
-
-def _generate(spec: str, rate_per_s: float | None, duration_s: float | None, seed: int, arrival: str,
-              arrival_cv: float, max_sessions: int | None) -> tuple[list[Session], WorkloadInfo]:
     rate, duration = check_synthetic_size(spec, rate_per_s, duration_s)
     arrival_rng, shape_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     starts = get_arrival(arrival)(rate, duration, arrival_cv, arrival_rng)
