@@ -45,7 +45,7 @@ class SimInstance:
     __slots__ = (
         "engine", "_loop", "_on_result", "_busy", "busy_s", "flops", "steps",
         "fast_forward", "max_run_steps", "_run", "_run_open", "_delivered", "_version", "_end_seq",
-        "sync_on_finish", "every_step", "_itl_values", "_itl_weights",
+        "sync_on_finish", "every_step", "_pooled_itl",
     )
 
     def __init__(
@@ -80,11 +80,8 @@ class SimInstance:
         self.sync_on_finish = True
         # Pooled ITL samples kept here (None: the handlers keep them) and whether every step, or
         # only a step that finished requests, goes to ``on_result`` (class docstring).
-        self._itl_values: list[float] | None = None
-        self._itl_weights: list[int] | None = None
+        self._pooled_itl = pooled_itl
         self.every_step = pooled_itl is None
-        if pooled_itl is not None:
-            self._itl_values, self._itl_weights = pooled_itl
 
     @property
     def instance_id(self) -> str:
@@ -132,8 +129,9 @@ class SimInstance:
         first = self._delivered
         if stop <= first:
             return
-        values, weights = self._itl_values, self._itl_weights
-        if values is not None and weights is not None:
+        pooled = self._pooled_itl
+        if pooled is not None:
+            values, weights = pooled
             durations = run.durations_s
             batch = run.batch
             for i in range(first, stop):
@@ -208,12 +206,12 @@ class SimInstance:
 
     def _finish_step(self, result: StepResult) -> None:
         self.engine.end_step()
-        values, weights = self._itl_values, self._itl_weights
-        if values is not None and weights is not None:
+        pooled = self._pooled_itl
+        if pooled is not None:
             seqs = result.shape.decode_seqs
             if seqs:  # every decode token of this step waited one step duration (vLLM's ITL pools gaps)
-                values.append(result.duration_s)
-                weights.append(seqs)
+                pooled[0].append(result.duration_s)
+                pooled[1].append(seqs)
             if not result.finished and not self.every_step:
                 self._step()
                 return

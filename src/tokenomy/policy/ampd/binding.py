@@ -202,15 +202,22 @@ class SessionBinder:
         )
 
     @staticmethod
-    def _has_room(request: Request, view: InstanceView, headroom_fraction: float) -> bool:
-        left = view.free_blocks - blocks_needed(request, view)
-        return left >= headroom_fraction * view.total_blocks
+    def _room(request: Request, view: InstanceView) -> int:
+        """Free blocks ``view`` would have left after taking ``request`` (a prefix lookup)."""
+        return view.free_blocks - blocks_needed(request, view)
+
+    @staticmethod
+    def _keeps(room: int, view: InstanceView, headroom_fraction: float) -> bool:
+        """Whether ``room`` left on ``view`` is at least ``headroom_fraction`` of its blocks."""
+        return room >= headroom_fraction * view.total_blocks
+
+    def _has_room(self, request: Request, view: InstanceView, headroom_fraction: float) -> bool:
+        return self._keeps(self._room(request, view), view, headroom_fraction)
 
     def _pick(self, request: Request, instances: Sequence[InstanceView]) -> tuple[str, str]:
-        # Each instance's need once (a prefix lookup each): :meth:`_has_room`'s test, then the order.
-        left = [(v, v.free_blocks - blocks_needed(request, v)) for v in instances]
+        left = [(v, self._room(request, v)) for v in instances]  # each instance's lookup once
         fraction = self.config.kv_headroom_fraction
-        roomy = [(v, room) for v, room in left if room >= fraction * v.total_blocks]
+        roomy = [(v, room) for v, room in left if self._keeps(room, v, fraction)]
         if roomy:
             best = min(roomy, key=lambda vr: (vr[0].num_running + vr[0].num_waiting, -vr[1], vr[0].instance_id))[0]
             return best.instance_id, "least loaded instance with KV headroom"
