@@ -215,10 +215,26 @@ def test_chain_registrations_match_the_reference_as_runs_grow_and_slots_are_coll
         chain.ensure(limit)
         hit = next((i for i, k in enumerate(chain.keys[:limit]) if k not in ref.cached), limit)
         assert pool.slots.cached_prefix(chain, limit) == hit
+        assert pool.slots.cached_prefix(chain, limit, rng.randint(0, hit)) == hit  # (lookups resume from a known hit)
         assert pool.slots.chain_block_ids(chain, hit).tolist() == [ref.cached[k] for k in chain.keys[:hit]]
         assert pool.cached == ref.cached
     assert pool.slots.collections > 3 and pool.slots.runs_dropped > 0  # the space filled, dead runs were dropped
     assert all(pool.key_of(b) == ref.key[b] for b in range(size))
+
+
+def test_a_prefix_scan_resumed_at_a_run_in_the_first_slots_counts_from_where_it_resumed() -> None:
+    """A lookup resumes from a known hit (``start``): when the run it resumes in holds the slot
+    space's first slots (registered before the runs ahead of it), the keys it finds count from
+    ``start``, not from 0."""
+    chain = KeyChain(((1, 8), (2, 8)), 4)  # two runs of two blocks
+    chain.ensure(4)
+    pool = BlockPool(8)
+    blocks = pool.allocate(4)
+    pool.register_chain(blocks[2:3], chain, 2)  # the second run first: slots 0 and 1, key 2 only
+    pool.register_chain(blocks[0:2], chain, 0)
+    assert pool.slots.cached_prefix(chain, 4) == 3
+    assert pool.slots.cached_prefix(chain, 4, 2) == 3
+    assert pool.slots.chain_block_ids(chain, 3).tolist() == blocks[:3]
 
 
 def test_a_stream_growing_every_turn_moves_its_slots_a_logarithmic_number_of_times() -> None:

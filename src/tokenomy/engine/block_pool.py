@@ -277,15 +277,36 @@ class BlockPool:
         if len(blocks) == 1:
             self.register_one(int(blocks[0]), *chain.ref(index))
             return
-        slots = self.slots.chain_slots(chain, index, len(blocks))
+        starts, takes = self.slots.chain_spans(chain, index, len(blocks))
         ids = as_vector(blocks)
         sb = self.slots.slot_block
-        held = sb[slots]
-        fresh = (held < 0) | (held == ids)
-        if np.count_nonzero(fresh) < len(fresh):
-            ids, slots = ids[fresh], slots[fresh]
-            if not len(ids):
-                return
-        sb[slots] = ids
-        self._key_slot[ids] = slots
-        self.version += 1
+        key_slot = self._key_slot
+        keyed = False
+        j = 0
+        for start, take in zip(starts, takes, strict=True):
+            end = start + take
+            if take == 1:
+                block = ids.item(j)
+                held = sb.item(start)
+                if held < 0 or held == block:
+                    sb[start] = block
+                    key_slot[block] = start
+                    keyed = True
+            else:
+                piece = ids[j : j + take]
+                held_v = sb[start:end]
+                top = int(held_v.argmax())  # (no key held in the span, the common case: slices only)
+                if held_v.item(top) < 0:
+                    sb[start:end] = piece
+                    key_slot[piece] = np.arange(start, end, dtype=np.int64)
+                    keyed = True
+                else:
+                    at = ((held_v < 0) | (held_v == piece)).nonzero()[0]
+                    if len(at):
+                        fresh = piece[at]
+                        sb[at + start] = fresh
+                        key_slot[fresh] = at + start
+                        keyed = True
+            j += take
+        if keyed:
+            self.version += 1

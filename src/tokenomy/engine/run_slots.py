@@ -11,7 +11,7 @@ block.
 A run that outgrows its slots (a session's stream, longer every turn) moves to new ones, its
 cached blocks with it, taking twice its old room at least: it moves O(log length) times. A run
 whose blocks were all evicted keeps its slots until the slot space fills; then the live runs move
-to its front (:meth:`RunSlots._collect`) and the space is sized to at least four times what they
+to its front (:meth:`RunSlots._collect`) and the space is sized to at least eight times what they
 need, so collections stay rare.
 """
 
@@ -77,31 +77,35 @@ class RunSlots:
         runs, sb = self._runs, self.slot_block
         r = bisect_right(firsts, start) - 1
         n = start
+        stop = limit  # where the runs' slots end short of ``limit``, if they do
+        # Keys found slotted but not yet checked: slots lo..hi - 1, keys from ``lo_key`` on. Runs
+        # interned one after another adjoin in slot space, so one scan checks many runs.
+        lo = hi = -1
+        lo_key = start
         while n < limit:
             first = firsts[r]
             entry = runs.get(bases[r])
             if entry is None:
-                return n
+                stop = n
+                break
             slot, cap = entry
             run_end = first + counts[r]
             end = min(run_end, limit, first + cap)
             if end > n:
-                lo = slot + n - first
-                if end - n == 1:
-                    if sb.item(lo) < 0:
-                        return n
-                else:
-                    # The first -1 is the first minimum (blocks are >= 0): argmin finds it without
-                    # a temporary (a tenth of seg.min()'s cost, numpy's reductions go through Python).
-                    seg = sb[lo : slot + end - first]
-                    at = int(seg.argmin())
-                    if seg.item(at) < 0:
-                        return n + at
+                at = slot + n - first
+                if at != hi:
+                    missing = _first_empty(sb, lo, hi)
+                    if missing >= 0:
+                        return lo_key + missing
+                    lo, lo_key = at, n
+                hi = slot + end - first
                 n = end
             if n < limit and n < run_end:
-                return n  # the run's slots end before the chain's run: the next key is not cached
+                stop = n  # the run's slots end before the chain's run: the next key is not cached
+                break
             r += 1
-        return limit
+        missing = _first_empty(sb, lo, hi)
+        return lo_key + missing if missing >= 0 else stop
 
     def chain_block_ids(self, chain: KeyChain, n: int) -> BlockVector:
         """The blocks caching the chain's first ``n`` keys (all cached: ``cached_prefix >= n``), as a
@@ -109,53 +113,64 @@ class RunSlots:
         firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
         runs, sb = self._runs, self.slot_block
         parts: list[BlockVector] = []
+        lo = hi = 0  # the span of consecutive slots being gathered (runs interned in order adjoin)
         r = 0
         while r < len(firsts) and firsts[r] < n:
             slot = runs[bases[r]][0]
-            parts.append(sb[slot : slot + min(counts[r], n - firsts[r])])
+            if slot != hi:
+                if hi > lo:
+                    parts.append(sb[lo:hi])
+                lo = slot
+            hi = slot + min(counts[r], n - firsts[r])
             r += 1
+        if hi > lo:
+            parts.append(sb[lo:hi])
         if not parts:
             return NO_BLOCKS
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def chain_slots(self, chain: KeyChain, index: int, n: int) -> BlockVector:
+    def chain_spans(self, chain: KeyChain, index: int, n: int) -> tuple[list[int], list[int]]:
         """The slots of the chain's keys ``index .. index + n - 1`` (computed), its runs given slots
-        where they had none: one vector across runs (a run's slots are consecutive)."""
+        where they had none, as spans of consecutive slots (first slot, keys): each a slice of
+        ``slot_block``. A run's slots are consecutive, and so are the runs of a chain interned one
+        after another (a new prompt's runs, registered in order), so a span covers many runs."""
         firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
         r = bisect_right(firsts, index) - 1
-        # Room for every run first: a collection while interning would move slots already computed.
         last = bisect_right(firsts, index + n - 1)
+        if last - r == 1:  # one run, the common case
+            start = self.intern(bases[r], counts[r])
+            return [start + index - firsts[r]], [n]
+        # Room for every run first: a collection while interning would move slots already given.
         self.reserve(sum([self._new_cap(bases[k], counts[k]) for k in range(r, last)]))
-        shifts: list[int] = []  # slot minus block index, per run
+        starts: list[int] = []
         takes: list[int] = []
         i, end = index, index + n
         while i < end:
             first, count = firsts[r], counts[r]
             take = min(first + count, end) - i
-            shifts.append(self.intern(bases[r], count) - first)
-            takes.append(take)
+            start = self.intern(bases[r], count) + i - first
+            if starts and starts[-1] + takes[-1] == start:
+                takes[-1] += take  # runs interned one after another sit in consecutive slots: one span
+            else:
+                starts.append(start)
+                takes.append(take)
             i += take
             r += 1
-        if len(takes) == 1:
-            return np.arange(index + shifts[0], end + shifts[0], dtype=np.int64)
-        return np.array(shifts, dtype=np.int64).repeat(takes) + np.arange(index, end, dtype=np.int64)
+        return starts, takes
 
     # ---- slots ----------------------------------------------------------------------------------
     def _new_cap(self, base: int, cap: int) -> int:
-        """Slots :meth:`intern` takes for run ``base`` to hold ``cap`` keys: 0 when it has them, twice
-        its old capacity at least when it moves (a session's stream, longer every turn, moves
-        O(log length) times instead of every turn, and leaves less dead space to collect)."""
-        entry = self._runs.get(base)
-        if entry is None:
-            return cap
-        return 0 if entry[1] >= cap else max(cap, 2 * entry[1])
+        """Slots :meth:`intern` takes for run ``base`` to hold ``cap`` keys (:func:`_grown`)."""
+        return _grown(self._runs.get(base), cap)
 
     def intern(self, base: int, cap: int) -> int:
         """The first slot of run ``base``, given at least ``cap`` slots (a run outgrowing its slots
-        moves to new ones, its cached blocks with it: :meth:`_new_cap`)."""
-        cap = self._new_cap(base, cap)
+        moves to new ones, its cached blocks with it: :func:`_grown`)."""
+        entry = self._runs.get(base)
+        cap = _grown(entry, cap)
         if cap == 0:
-            return self._runs[base][0]
+            assert entry is not None
+            return entry[0]
         self.reserve(cap)
         entry = self._runs.get(base)  # (a collection may have moved it)
         start = self._top
@@ -178,7 +193,7 @@ class RunSlots:
 
     def _collect(self, n: int) -> None:
         """Move the runs that cache a block to the slot space's front (dropping the rest), and
-        size the space to at least four times what they and ``n`` more slots need."""
+        size the space to at least eight times what they and ``n`` more slots need."""
         sb = self.slot_block
         bases = list(self._runs)
         spans = list(self._runs.values())
@@ -196,7 +211,7 @@ class RunSlots:
         total = int(caps.sum())
         new_starts = np.cumsum(caps) - caps
         size = len(sb)
-        while size < 4 * (total + n):  # a quarter in use at most: collections stay rare
+        while size < 8 * (total + n):  # an eighth in use at most: collections stay rare
             size *= 2
         new_sb = np.empty(size, dtype=np.int64)
         new_sb.fill(-1)
@@ -210,3 +225,27 @@ class RunSlots:
                               zip(new_starts.tolist(), caps.tolist(), strict=True), strict=True))
         self.slot_block = new_sb
         self._top = total
+
+
+def _grown(entry: tuple[int, int] | None, cap: int) -> int:
+    """Slots a run with slots ``entry`` (first slot, capacity; None: none yet) takes to hold ``cap``
+    keys: 0 when it has them, twice its old capacity at least when it moves (a session's stream,
+    longer every turn, moves O(log length) times instead of every turn, and leaves less dead space
+    to collect)."""
+    if entry is None:
+        return cap
+    return 0 if entry[1] >= cap else max(cap, 2 * entry[1])
+
+
+def _first_empty(sb: BlockVector, lo: int, hi: int) -> int:
+    """Offset from ``lo`` of the first slot in ``lo .. hi - 1`` holding no block, or -1 (none, or
+    an empty range)."""
+    if hi - lo == 1:
+        return 0 if sb.item(lo) < 0 else -1
+    if hi <= lo:
+        return -1
+    # The first -1 is the first minimum (blocks are >= 0): argmin finds it without a temporary
+    # (a tenth of seg.min()'s cost, numpy's reductions go through Python).
+    seg = sb[lo:hi]
+    at = int(seg.argmin())
+    return at if seg.item(at) < 0 else -1
