@@ -16,6 +16,12 @@ median of each side and their ratio. The two sides must simulate the same tokens
 the per-pair ratios (``pair_ratio_geomean``): on a shared machine whose speed drifts by 15-40%
 within minutes, a pair sees the same drift, where replays one after the other do not.
 
+``--instructions N`` counts instead of timing: each side replays the run's first ``N`` sessions once
+under valgrind's callgrind (``apt-get install valgrind``), instrumented around ``simulate`` only, and
+reports the instructions it executed and their ratio. A count does not drift with the machine's
+load (a paired replay's ratio moves by 10% from one minute to the next here), so a change of a few
+percent is measured in one run; it does not see cache misses, which CPU time does.
+
 This tree runs its compiled core when it is built (``make install``; ``core`` in the JSON says
 ``native``); ``TOKENOMY_PURE=1`` in the environment times its Python sources instead. A baseline
 worktree has no build: it runs its sources (``baseline_core``).
@@ -23,6 +29,7 @@ worktree has no build: it runs its sources (``baseline_core``).
     python benchmarks/sim_speed.py --baseline 1728e6a --json out/sim_speed.json
     python benchmarks/sim_speed.py --runs gaia_ampd --repeats 1          # this tree only, one run
     python benchmarks/sim_speed.py --baseline 1728e6a --paired --repeats 5 --json out/sim_speed_paired.json
+    python benchmarks/sim_speed.py --baseline HEAD~1 --instructions 1500 --runs mooncake   # a change's effect
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import argparse
 import json
 import math
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,9 +55,10 @@ BASELINE_AMPD = "ampd-bank-turn"
 ``tests/sim/test_identical_results.py``)."""
 
 
-def _simulate(run: str, trace: Path, ampd: str) -> dict[str, Any]:
+def _simulate(run: str, trace: Path, ampd: str, first: int | None = None, callgrind: bool = False) -> dict[str, Any]:
     """One replay in this process, on whichever ``tokenomy`` is first on the path (``ampd``: the
-    name that tree gives the default AMPD deployment)."""
+    name that tree gives the default AMPD deployment; ``first``: only the first sessions;
+    ``callgrind``: running under callgrind, whose instrumentation is turned on around ``simulate``)."""
     import time
 
     from tokenomy.core import SLO
@@ -69,25 +79,65 @@ def _simulate(run: str, trace: Path, ampd: str) -> dict[str, Any]:
         config, slo = spec.sim_config(dep, spec.splits_of(dep)[0]), spec.slo
     import tokenomy
 
+    if first is not None:
+        sessions = sessions[:first]
+    if callgrind:
+        _instrument("on")
     cpu0 = time.process_time()
     result = simulate(sessions, config, slo)
     cpu = time.process_time() - cpu0
+    if callgrind:
+        _instrument("off")
     return {"cpu_s": cpu, "output_tokens": result.output_tokens, "requests": len(result.records),
             "events": result.events, "slo_attainment": result.summary.slo_attainment,
             "core": getattr(tokenomy, "NATIVE", "pure")}  # compiled or Python sources (tokenomy._native)
 
 
-def _start(src: Path, run: str, trace: Path, ampd: str = "ampd") -> subprocess.Popen[str]:
+def _instrument(state: str) -> None:
+    """Turn callgrind's instrumentation of this process on or off (it returns once the process has)."""
+    subprocess.run(["callgrind_control", f"--instr={state}", str(os.getpid())], check=True, capture_output=True)
+
+
+def _start(src: Path, run: str, trace: Path, ampd: str = "ampd", first: int | None = None) -> subprocess.Popen[str]:
+    """A replay's worker process; with ``first`` (``--instructions``), the first sessions under callgrind."""
     env = dict(os.environ, PYTHONPATH=str(src))
-    return subprocess.Popen([sys.executable, __file__, "--worker", run, "--trace", str(trace), "--ampd", ampd],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [sys.executable, __file__, "--worker", run, "--trace", str(trace), "--ampd", ampd]
+    if first is not None:
+        cmd = [*CALLGRIND, *cmd, "--first", str(first)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+CALLGRIND = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null"]
 
 
 def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
     out, err = proc.communicate()
     if proc.returncode:
         raise RuntimeError(f"replay failed ({proc.returncode}): {err.strip()[-2000:]}")
-    return json.loads(out)
+    result: dict[str, Any] = json.loads(out)
+    counted = re.search(r"Collected : (\d+)", err)  # callgrind's summary, on stderr
+    if counted:
+        result["instructions"] = int(counted.group(1))
+    return result
+
+
+def _instructions(run: str, trace: Path, first: int, base_src: Path | None, base_ampd: str,
+                  baseline: str | None) -> dict[str, Any]:
+    """``--instructions``: both sides' first ``first`` sessions of ``run`` at once, counted."""
+    procs = [_start(ROOT / "src", run, trace, first=first)]
+    if base_src is not None:
+        procs.append(_start(base_src, run, trace, base_ampd, first=first))
+    mine, *theirs = [_result(p) for p in procs]
+    entry = {"sessions": first, "output_tokens": mine["output_tokens"], "requests": mine["requests"],
+             "core": mine["core"], "instructions": mine["instructions"],
+             "instructions_per_out_tok": round(mine["instructions"] / max(1, mine["output_tokens"]), 1)}
+    if theirs:
+        base = theirs[0]
+        if base["output_tokens"] != mine["output_tokens"] or base["slo_attainment"] != mine["slo_attainment"]:
+            raise RuntimeError(f"{run}: this tree and {baseline} simulated different results")
+        entry.update(baseline=baseline, baseline_core=base["core"], baseline_instructions=base["instructions"],
+                     ratio=round(base["instructions"] / mine["instructions"], 3))
+    return entry
 
 
 def _replay(src: Path, run: str, trace: Path, ampd: str = "ampd") -> dict[str, Any]:
@@ -130,11 +180,15 @@ def main() -> int:
     ap.add_argument("--baseline-ampd", default=BASELINE_AMPD,
                     help="the baseline's name for today's default AMPD deployment (default: %(default)s, "
                          "1728e6a's name for it)")
+    ap.add_argument("--instructions", type=int, default=None, metavar="N",
+                    help="count instructions (callgrind) of each side's replay of the first N sessions, once, "
+                         "instead of timing (needs valgrind)")
     ap.add_argument("--worker", choices=RUNS, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--ampd", default="ampd", help=argparse.SUPPRESS)
+    ap.add_argument("--first", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(_simulate(args.worker, args.trace, args.ampd)))
+        print(json.dumps(_simulate(args.worker, args.trace, args.ampd, args.first, callgrind=args.first is not None)))
         return 0
     runs = args.runs.split(",")
     unknown = [r for r in runs if r not in RUNS]
@@ -144,9 +198,22 @@ def main() -> int:
     if "mooncake" in runs and not args.trace.exists():
         print(f"trace not found: {args.trace} (pass --trace, or --runs gaia_ampd)", file=sys.stderr)
         return 2
+    if args.instructions is not None and (args.instructions < 1 or not all(map(shutil.which, ("valgrind", "callgrind_control")))):
+        print("--instructions needs N >= 1 and valgrind's callgrind on the PATH (Debian: apt-get install valgrind)",
+              file=sys.stderr)
+        return 2
     base_src = _baseline_src(args.baseline, args.baseline_dir) if args.baseline else None
     payload: dict[str, Any] = {}
     for run in runs:
+        if args.instructions is not None:
+            try:
+                payload[run] = _instructions(run, args.trace, args.instructions, base_src, args.baseline_ampd,
+                                             args.baseline)
+            except RuntimeError as exc:
+                print(exc, file=sys.stderr)
+                return 1
+            print(f"{run}: {json.dumps(payload[run])}", file=sys.stderr)
+            continue
         mine: list[dict[str, Any]] = []
         theirs: list[dict[str, Any]] = []
         for _ in range(args.repeats):  # alternating (or, --paired, at once): a noisy minute hits both sides

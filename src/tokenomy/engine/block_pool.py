@@ -56,6 +56,10 @@ class BlockPool:
         "_last_pos",
         "_fresh",
         "slots",
+        "_ref_v",
+        "_key_slot_v",
+        "_queue_v",
+        "_last_pos_v",
     )
 
     def __init__(self, num_blocks: int) -> None:
@@ -74,6 +78,12 @@ class BlockPool:
         self._last_pos: BlockVector = np.zeros(num_blocks, dtype=np.int64)
         self._fresh = 0  # blocks _fresh.. were never allocated: they come first, in id order
         self.slots = RunSlots(self._key_slot)  # the prefix cache's index (lookups go to it directly)
+        # The same arrays as memoryviews, for the single-block paths: an element read or written
+        # through one costs a third of numpy's scalar indexing.
+        self._ref_v = self.ref_cnt.data
+        self._key_slot_v = self._key_slot.data
+        self._queue_v = self._queue.data
+        self._last_pos_v = self._last_pos.data
 
     # ---- inspection ---------------------------------------------------------------------------
     def key_of(self, block: int) -> int | None:
@@ -105,26 +115,28 @@ class BlockPool:
     # ---- allocation ---------------------------------------------------------------------------
     def allocate_one(self) -> int:
         """Take one block off the LRU front (the caller checked ``num_free >= 1``): the decode path."""
+        ref = self._ref_v
         if self._fresh < self.num_blocks:
             block = self._fresh
             self._fresh = block + 1
-            self.ref_cnt[block] = 1
+            ref[block] = 1
             self.num_free -= 1
             return block
-        queue, last_pos = self._queue, self._last_pos
+        queue, last_pos = self._queue_v, self._last_pos_v
         head = self._head
-        block = queue.item(head)  # .item: a Python int without a numpy scalar in between
-        while last_pos.item(block) != head:
+        block = queue[head]
+        while last_pos[block] != head:
             head += 1
-            block = queue.item(head)
+            block = queue[head]
         self._head = head + 1
-        slot = self._key_slot.item(block)
+        key_slot = self._key_slot_v
+        slot = key_slot[block]
         if slot >= 0:
-            self.slots.slot_block[slot] = -1
-            self._key_slot[block] = -1
+            self.slots.slot_view[slot] = -1
+            key_slot[block] = -1
             self.num_evicted += 1
             self.version += 1
-        self.ref_cnt[block] = 1
+        ref[block] = 1
         self.num_free -= 1
         return block
 
@@ -257,9 +269,10 @@ class BlockPool:
         keys long; a single key: ``base``). A key cached already keeps its block."""
         slots = self.slots
         slot = slots.intern(base, max(run_count, offset + 1)) + offset
-        if slots.slot_block.item(slot) < 0:
-            slots.slot_block[slot] = block
-            self._key_slot[block] = slot
+        view = slots.slot_view  # (after intern: a collection replaces the slot space)
+        if view[slot] < 0:
+            view[slot] = block
+            self._key_slot_v[block] = slot
             self.version += 1
 
     def register(self, blocks: list[int], keys: list[int]) -> None:

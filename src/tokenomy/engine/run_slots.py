@@ -32,11 +32,12 @@ class RunSlots:
     """Cached keys by run: ``slot_block`` by slot, each run's slots, and ``key_slot`` (shared with the
     pool, which evicts by it) kept the reverse of ``slot_block``."""
 
-    __slots__ = ("key_slot", "slot_block", "_runs", "_top", "collections", "runs_dropped")
+    __slots__ = ("key_slot", "slot_block", "slot_view", "_runs", "_top", "collections", "runs_dropped")
 
     def __init__(self, key_slot: BlockVector, min_slots: int = MIN_SLOTS) -> None:
         self.key_slot = key_slot  # the pool's array: block -> slot of its key, -1: none
         self.slot_block: BlockVector = np.full(min_slots, -1, dtype=np.int64)
+        self.slot_view = self.slot_block.data  # the same, for one slot at a time (cheaper than numpy's)
         self.collections = 0  # times the slot space filled (read by tests)
         self.runs_dropped = 0  # runs those collections dropped (no block cached any more)
         self._runs: dict[int, tuple[int, int]] = {}  # run base -> (first slot, capacity)
@@ -65,7 +66,7 @@ class RunSlots:
         entry = self._runs.get(base)
         if entry is None or offset >= entry[1]:
             return None
-        block: int = self.slot_block.item(entry[0] + offset)
+        block = self.slot_view[entry[0] + offset]
         return block if block >= 0 else None
 
     def cached_prefix(self, chain: KeyChain, limit: int, start: int = 0) -> int:
@@ -224,6 +225,7 @@ class RunSlots:
         self._runs = dict(zip([bases[i] for i in live.tolist()],
                               zip(new_starts.tolist(), caps.tolist(), strict=True), strict=True))
         self.slot_block = new_sb
+        self.slot_view = new_sb.data
         self._top = total
 
 
