@@ -11,14 +11,22 @@ from tokenomy.engine.block_pool import BlockPool
 from tokenomy.engine.prefix_lookup import PrefixLookup, common_prefix
 
 
-def test_common_prefix_of_chained_keys() -> None:
-    a = [1, 2, 3, 4, 5].__getitem__
-    assert common_prefix(a, [1, 2, 3, 9, 9].__getitem__, 5) == 3
-    assert common_prefix(a, [1, 2, 3, 4, 5].__getitem__, 5) == 5
-    assert common_prefix(a, [7, 2, 3, 4, 5].__getitem__, 5) == 0
-    assert common_prefix(a, [1, 9, 9, 9, 9].__getitem__, 4) == 1
-    assert common_prefix(a, [1, 2, 3, 4, 9].__getitem__, 4) == 4
-    assert common_prefix(a, a, 0) == 0
+def test_common_prefix_is_the_leading_keys_two_chains_share() -> None:
+    """Run by run, it finds what comparing key by key finds: shared streams, a stream cut short, a
+    block straddling two streams, nothing shared, and a limit inside the shared keys."""
+    bs = 4
+    a = KeyChain(((1, 40), (2, 40)), bs)  # two runs of 10 blocks
+    others = [KeyChain(c, bs) for c in (((1, 40), (3, 40)), ((1, 20),), ((1, 42), (2, 38)), ((5, 40),),
+                                         ((1, 40), (2, 40)), ((1, 40), (2, 20), (4, 20)))]
+    a.ensure(a.num_full_blocks)
+    found = []
+    for b in others:
+        b.ensure(b.num_full_blocks)
+        for limit in range(min(a.num_full_blocks, b.num_full_blocks) + 1):
+            expected = next((i for i in range(limit) if a.key(i) != b.key(i)), limit)
+            assert common_prefix(a, b, limit) == expected == common_prefix(b, a, limit)
+        found.append(common_prefix(a, b, min(a.num_full_blocks, b.num_full_blocks)))
+    assert found == [10, 5, 10, 0, 20, 15]
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -8,14 +8,12 @@ holds, with exactly the answer a fresh scan gives:
 * no key left the pool since a scan (its eviction count is unchanged): every key found then is
   still cached, so a later scan starts where the earlier one stopped;
 * nothing changed at all (its version is unchanged): a key missing then is still missing;
-* two chains whose keys agree at block ``i`` agree on every block before it (a block's key is a
-  function of its whole token prefix, ``engine/block_keys.py``), so a new chain starts from
-  the common prefix with the latest chain scanned, found by bisection on key equality.
+* a key the latest chain scanned found cached is cached for any chain that has it (with no
+  eviction since), so a new chain starts from the leading keys it shares with that chain (a
+  system prompt, the session's history), found run by run (:func:`common_prefix`).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from tokenomy.engine.block_keys import KeyChain
 from tokenomy.engine.block_pool import BlockPool
@@ -23,21 +21,26 @@ from tokenomy.engine.block_pool import BlockPool
 _MEMO_MAX = 64  # chains remembered (requests in flight on one instance)
 
 
-def common_prefix(a: Callable[[int], int], b: Callable[[int], int], limit: int) -> int:
-    """The largest ``m <= limit`` with ``a(i) == b(i)`` for every ``i < m``, for keys of chained keys
-    (equal at ``i`` implies equal before ``i``) given by index; both must have ``limit`` keys."""
-    if limit <= 0 or a(0) != b(0):
-        return 0
-    if a(limit - 1) == b(limit - 1):
-        return limit
-    lo, hi = 1, limit - 1  # a(lo - 1) == b(lo - 1), a(hi) != b(hi)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a(mid - 1) == b(mid - 1):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+def common_prefix(a: KeyChain, b: KeyChain, limit: int) -> int:
+    """The largest ``m <= limit`` with ``a.key(i) == b.key(i)`` for every ``i < m`` (both chains have
+    computed ``limit`` keys). Walks both chains' runs together: keys within a run are consecutive,
+    so two runs whose keys agree at a block agree up to the end of the shorter one, and each run
+    is compared once."""
+    firsts_a, bases_a, counts_a = a.run_first, a.run_base, a.run_count
+    firsts_b, bases_b, counts_b = b.run_first, b.run_base, b.run_count
+    ra = rb = 0
+    i = 0
+    while i < limit:
+        first_a, first_b = firsts_a[ra], firsts_b[rb]
+        if bases_a[ra] + i - first_a != bases_b[rb] + i - first_b:
+            return i
+        end_a, end_b = first_a + counts_a[ra], first_b + counts_b[rb]
+        i = min(end_a, end_b, limit)
+        if i == end_a:
+            ra += 1
+        if i == end_b:
+            rb += 1
+    return limit
 
 
 class PrefixLookup:
@@ -68,7 +71,7 @@ class PrefixLookup:
         chain.ensure(max_blocks)
         other, other_evicted, other_hit = self._latest
         if other is not None and other is not chain and other_evicted == evicted and other_hit > start:
-            start = max(start, common_prefix(chain.key, other.key, min(max_blocks, other_hit)))
+            start = max(start, common_prefix(chain, other, min(max_blocks, other_hit)))
         hit = pool.slots.cached_prefix(chain, max_blocks, start)
         if len(memo) >= _MEMO_MAX and id(chain) not in memo:
             memo.clear()
