@@ -28,7 +28,7 @@ for each of them, so this module bounds the simulator's speed. Callers pass bloc
 vector (:mod:`tokenomy.engine.block_ids`; a list is converted) and get one from
 :meth:`BlockPool.allocate_ids` (:meth:`BlockPool.allocate` gives a list); the blocks of one call are
 distinct (a request never holds a block twice). The single-block paths (decode growth, one filled
-block) skip numpy's vector overhead.
+block) skip numpy: they read and write the same arrays through memoryviews.
 """
 
 from __future__ import annotations
@@ -300,10 +300,10 @@ class BlockPool:
             end = start + take
             if take == 1:
                 block = ids.item(j)
-                held = sb.item(start)
+                held = self.slots.slot_view[start]
                 if held < 0 or held == block:
-                    sb[start] = block
-                    key_slot[block] = start
+                    self.slots.slot_view[start] = block
+                    self._key_slot_v[block] = start
                     keyed = True
             else:
                 piece = ids[j : j + take]
