@@ -215,7 +215,7 @@ class BlockPool:
         n_free = int(np.count_nonzero(was_free))
         if n_free:
             freed = ids if n_free == len(ids) else ids[was_free]  # (all free: no mask to apply)
-            if self._fresh < self.num_blocks and int(freed.max()) >= self._fresh:
+            if self._fresh < self.num_blocks and freed.item(int(freed.argmax())) >= self._fresh:  # (not .max(): Python)
                 self._absorb_fresh()  # a never-allocated block leaves the queue's middle: give it an entry
             self._last_pos[freed] = -1  # their queue entries become stale
             self.num_free -= n_free
@@ -229,9 +229,10 @@ class BlockPool:
         """
         if len(blocks) == 0:
             return
-        ids = as_vector(blocks)[::-1].copy()  # (contiguous: the scatters below take half the time)
+        ids = as_vector(blocks)
         ref = self.ref_cnt
-        counts = ref[ids] - 1
+        counts = ref[ids]
+        counts -= 1
         ref[ids] = counts
         # All freed (no other request holds one), the common case: no mask to apply.
         freed = ids if not np.count_nonzero(counts) else ids[counts == 0]
@@ -241,8 +242,10 @@ class BlockPool:
         if self._tail + n > len(self._queue):
             self._compact()
         tail = self._tail
-        self._queue[tail : tail + n] = freed
-        self._last_pos[freed] = np.arange(tail, tail + n)
+        # Queued last block first, without a reversed copy: the ids in their order (contiguous,
+        # which scatters need to be fast) take their positions counted down.
+        self._queue[tail : tail + n] = freed[::-1]
+        self._last_pos[freed] = np.arange(tail + n - 1, tail - 1, -1)
         self._tail = tail + n
         self.num_free += n
 
