@@ -34,6 +34,7 @@ block) skip numpy: they read and write the same arrays through memoryviews.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from tokenomy.engine.block_ids import NO_BLOCKS, BlockVector, as_vector
 from tokenomy.engine.block_keys import KeyChain
@@ -147,8 +148,10 @@ class BlockPool:
         ids: list[int] = self.allocate_ids(n).tolist()
         return ids
 
-    def allocate_ids(self, n: int) -> BlockVector:
-        """:meth:`allocate` as a vector (a new one: the caller may keep it)."""
+    def allocate_ids(self, n: int, *, view: bool = False) -> BlockVector:
+        """:meth:`allocate` as a vector: a new one the caller may keep, or with ``view`` possibly a
+        view of the queue, valid until the next call that changes the pool (for a caller that
+        copies it at once)."""
         if n <= 0:
             return NO_BLOCKS
         queue, last_pos = self._queue, self._last_pos
@@ -199,7 +202,25 @@ class BlockPool:
             self.version += 1
         self.ref_cnt[blocks] = 1
         self.num_free -= n
-        return blocks if blocks.base is None else blocks.copy()  # never a view of the queue
+        return blocks if view or blocks.base is None else blocks.copy()  # (not a view of the queue)
+
+    def take(self, hits: BlockVector, n: int) -> BlockVector | None:
+        """Admission in one call: reference the cached blocks ``hits`` and allocate ``n`` new ones
+        (a view, as :meth:`allocate_ids` with ``view``), or None, changing nothing, when the free
+        pool cannot cover both (a hit that is free takes a free block; ``n <= 0``: none new).
+
+        :meth:`num_evictable` then :meth:`touch` would read the hits' reference counts twice."""
+        if len(hits) == 0:
+            if n > self.num_free:
+                return None
+            return self.allocate_ids(n, view=True)
+        counts = self.ref_cnt[hits]
+        was_free = counts == 0
+        n_free = int(np.count_nonzero(was_free))
+        if n + n_free > self.num_free:
+            return None
+        self._touch(hits, counts, was_free, n_free)  # before allocating, so allocation cannot evict them
+        return self.allocate_ids(n, view=True)
 
     def touch(self, blocks: list[int] | BlockVector) -> None:
         """Take a reference on cached blocks (prefix hits, retention); free ones stop being free.
@@ -209,10 +230,13 @@ class BlockPool:
         if len(blocks) == 0:
             return
         ids = as_vector(blocks)
-        ref = self.ref_cnt
-        counts = ref[ids]
+        counts = self.ref_cnt[ids]
         was_free = counts == 0
-        n_free = int(np.count_nonzero(was_free))
+        self._touch(ids, counts, was_free, int(np.count_nonzero(was_free)))
+
+    def _touch(self, ids: BlockVector, counts: BlockVector, was_free: npt.NDArray[np.bool_], n_free: int) -> None:
+        """:meth:`touch` with the blocks' reference counts read (``counts``), those at 0 and how many."""
+        ref = self.ref_cnt
         if n_free:
             freed = ids if n_free == len(ids) else ids[was_free]  # (all free: no mask to apply)
             if self._fresh < self.num_blocks and freed.item(int(freed.argmax())) >= self._fresh:  # (not .max(): Python)

@@ -142,13 +142,11 @@ class KVManager:
 
         False (and no change) when the free pool cannot cover it.
         """
-        pool = self.pool
         need_new = -(-num_tokens_with_kv // self.block_size) - len(hits)
-        if need_new + pool.num_evictable(hits) > pool.num_free:
+        new = self.pool.take(hits, need_new)
+        if new is None:
             return False
-        # Touch hits before allocating so that allocation cannot evict them.
-        pool.touch(hits)
-        req.blocks = BlockIds(hits, pool.allocate_ids(need_new)) if need_new > 0 else BlockIds(hits)
+        req.blocks = BlockIds(hits, new) if need_new > 0 else BlockIds(hits)
         req.num_keyed_blocks = len(hits)
         return True
 
@@ -162,7 +160,7 @@ class KVManager:
         if need == 1:
             req.blocks.append(self.pool.allocate_one())
         else:
-            req.blocks.extend(self.pool.allocate_ids(need))
+            req.blocks.extend(self.pool.allocate_ids(need, view=True))
         return True
 
     def commit_full_blocks(self, req: RequestState) -> None:
