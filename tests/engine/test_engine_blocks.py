@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from tokenomy.engine import run_slots
@@ -220,6 +221,24 @@ def test_chain_registrations_match_the_reference_as_runs_grow_and_slots_are_coll
         assert pool.cached == ref.cached
     assert pool.slots.collections > 3 and pool.slots.runs_dropped > 0  # the space filled, dead runs were dropped
     assert all(pool.key_of(b) == ref.key[b] for b in range(size))
+
+
+def test_an_admission_takes_its_hits_and_new_blocks_together_or_changes_nothing() -> None:
+    """``take``: a free hit costs a free block like a new one; when both do not fit the pool is
+    unchanged; when they do, the hits keep their keys and the new blocks evict the LRU front."""
+    pool = BlockPool(8)
+    held = pool.allocate(4)
+    pool.register(held, [10, 11, 12, 13])
+    pool.release(held)  # 4 cached free blocks (last block queued first), 4 never allocated
+    hits = np.array(held[:2], dtype=np.int64)
+    before = (pool.num_free, pool.free_order(), pool.cached, pool.ref_cnt.tolist())
+    assert pool.take(hits, 7) is None  # 2 free hits + 7 new > 8 free
+    assert (pool.num_free, pool.free_order(), pool.cached, pool.ref_cnt.tolist()) == before
+    new = pool.take(hits, 6)
+    assert new is not None and pool.num_free == 0
+    assert new.tolist() == [4, 5, 6, 7, held[3], held[2]]  # the never-allocated, then the LRU front
+    assert pool.cached == {10: held[0], 11: held[1]}  # 12 and 13 evicted, the hits kept theirs
+    assert [int(pool.ref_cnt[b]) for b in range(8)] == [1] * 8
 
 
 def test_a_prefix_scan_resumed_at_a_run_in_the_first_slots_counts_from_where_it_resumed() -> None:
