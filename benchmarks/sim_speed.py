@@ -103,7 +103,7 @@ def _start(src: Path, run: str, trace: Path, ampd: str = "ampd", first: int | No
     env = dict(os.environ, PYTHONPATH=str(src))
     cmd = [sys.executable, __file__, "--worker", run, "--trace", str(trace), "--ampd", ampd]
     if first is not None:
-        cmd = [*CALLGRIND, *cmd, "--first", str(first)]
+        cmd = [*CALLGRIND, *cmd, "--first", str(first), "--callgrind"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -186,9 +186,10 @@ def main() -> int:
     ap.add_argument("--worker", choices=RUNS, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--ampd", default="ampd", help=argparse.SUPPRESS)
     ap.add_argument("--first", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--callgrind", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(_simulate(args.worker, args.trace, args.ampd, args.first, callgrind=args.first is not None)))
+        print(json.dumps(_simulate(args.worker, args.trace, args.ampd, args.first, callgrind=args.callgrind)))
         return 0
     runs = args.runs.split(",")
     unknown = [r for r in runs if r not in RUNS]
