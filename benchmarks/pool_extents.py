@@ -4,7 +4,8 @@ consecutive keys, per call (docs/simulator.md, "Where the time goes now").
 The pool handles a call's blocks as one numpy vector of ids (``engine/block_pool.py``). A pool that
 kept extents instead would do a few operations per extent. This replays one of ``sim_speed.py``'s
 runs on the Python sources (``TOKENOMY_PURE=1``: the compiled pool cannot be wrapped), wraps
-``release``, ``touch`` and ``allocate_ids``, and counts per call:
+``release``, the reference taken on cached blocks (``_touch``: prefix hits and retention, whether
+through ``touch`` or an admission's ``take``) and ``allocate_ids``, and counts per call:
 
 * ``blocks``: the blocks the call takes, frees or references;
 * ``id_runs``: runs of consecutive block ids among them (either direction: a release queues a
@@ -28,11 +29,13 @@ from typing import Any
 os.environ["TOKENOMY_PURE"] = "1"  # before tokenomy is imported: the sources can be wrapped
 
 import numpy as np  # noqa: E402
+import numpy.typing as npt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_speed import DEFAULT_TRACE, RUNS, _simulate  # noqa: E402
 
 from tokenomy.engine import block_pool  # noqa: E402
+from tokenomy.engine.block_ids import BlockVector  # noqa: E402
 
 
 def runs_of(values: np.ndarray, valid: np.ndarray | None = None) -> int:
@@ -49,7 +52,7 @@ def count(run: str, trace: Path) -> dict[str, dict[str, float | None]]:
     """Per call kind: calls, and blocks, id runs and key runs per call, on one replay."""
     totals: dict[str, list[int]] = {k: [0, 0, 0, 0, 0] for k in ("release", "touch", "allocate")}
     pool_cls = block_pool.BlockPool
-    release, touch, allocate_ids = pool_cls.release, pool_cls.touch, pool_cls.allocate_ids
+    release, touch, allocate_ids = pool_cls.release, pool_cls._touch, pool_cls.allocate_ids
 
     def add(kind: str, ids: np.ndarray, slots: np.ndarray | None) -> None:
         t = totals[kind]
@@ -66,27 +69,27 @@ def count(run: str, trace: Path) -> dict[str, dict[str, float | None]]:
             add("release", ids, self._key_slot[ids])
         release(self, blocks)
 
-    def wrapped_touch(self: block_pool.BlockPool, blocks: Any) -> None:
-        ids = np.asarray(blocks, dtype=np.int64)
+    def wrapped_touch(self: block_pool.BlockPool, ids: BlockVector, counts: BlockVector,
+                      was_free: npt.NDArray[np.bool_], n_free: int) -> None:
         if len(ids):
             add("touch", ids, self._key_slot[ids])
-        touch(self, blocks)
+        touch(self, ids, counts, was_free, n_free)
 
-    def wrapped_allocate(self: block_pool.BlockPool, n: int) -> np.ndarray:
+    def wrapped_allocate(self: block_pool.BlockPool, n: int, **kwargs: Any) -> np.ndarray:
         slots = None
         if n > 0 and self._fresh >= self.num_blocks:  # the queue's front: what this call evicts
             slots = self._key_slot[self._valid_entries()[:n]]
-        ids: np.ndarray = allocate_ids(self, n)
+        ids: np.ndarray = allocate_ids(self, n, **kwargs)
         if n > 0:
             add("allocate", ids, slots)
         return ids
 
-    pool_cls.release, pool_cls.touch, pool_cls.allocate_ids = (  # type: ignore[method-assign]
+    pool_cls.release, pool_cls._touch, pool_cls.allocate_ids = (  # type: ignore[method-assign]
         wrapped_release, wrapped_touch, wrapped_allocate)
     try:
         _simulate(run, trace, "ampd")
     finally:
-        pool_cls.release, pool_cls.touch, pool_cls.allocate_ids = (  # type: ignore[method-assign]
+        pool_cls.release, pool_cls._touch, pool_cls.allocate_ids = (  # type: ignore[method-assign]
             release, touch, allocate_ids)
     return {kind: {"calls": c, "blocks_per_call": round(b / c, 1), "id_runs_per_call": round(i / c, 1),
                    "key_runs_per_call": round(k / kc, 1) if kc else None}

@@ -210,16 +210,11 @@ class BlockPool:
         pool cannot cover both (a hit that is free takes a free block; ``n <= 0``: none new).
 
         :meth:`num_evictable` then :meth:`touch` would read the hits' reference counts twice."""
-        if len(hits) == 0:
-            if n > self.num_free:
-                return None
-            return self.allocate_ids(n, view=True)
-        counts = self.ref_cnt[hits]
-        was_free = counts == 0
-        n_free = int(np.count_nonzero(was_free))
-        if n + n_free > self.num_free:
+        refs = self._refs(hits) if len(hits) else None
+        if n + (refs[2] if refs is not None else 0) > self.num_free:
             return None
-        self._touch(hits, counts, was_free, n_free)  # before allocating, so allocation cannot evict them
+        if refs is not None:
+            self._touch(hits, *refs)  # before allocating, so allocation cannot evict them
         return self.allocate_ids(n, view=True)
 
     def touch(self, blocks: list[int] | BlockVector) -> None:
@@ -230,9 +225,13 @@ class BlockPool:
         if len(blocks) == 0:
             return
         ids = as_vector(blocks)
+        self._touch(ids, *self._refs(ids))
+
+    def _refs(self, ids: BlockVector) -> tuple[BlockVector, npt.NDArray[np.bool_], int]:
+        """The blocks' reference counts, which of them are 0 (free), and how many."""
         counts = self.ref_cnt[ids]
         was_free = counts == 0
-        self._touch(ids, counts, was_free, int(np.count_nonzero(was_free)))
+        return counts, was_free, int(np.count_nonzero(was_free))
 
     def _touch(self, ids: BlockVector, counts: BlockVector, was_free: npt.NDArray[np.bool_], n_free: int) -> None:
         """:meth:`touch` with the blocks' reference counts read (``counts``), those at 0 and how many."""
