@@ -213,8 +213,8 @@ class BlockPool:
         refs = self._refs(hits) if len(hits) else None
         if n + (refs[2] if refs is not None else 0) > self.num_free:
             return None
-        if refs is not None:
-            self._touch(hits, *refs)  # before allocating, so allocation cannot evict them
+        if refs is not None:  # before allocating, so allocation cannot evict them
+            self._touch(hits, refs[0], refs[1], refs[2])  # (not ``*refs``: compiled, a star call goes through Python)
         return self.allocate_ids(n, view=True)
 
     def touch(self, blocks: list[int] | BlockVector) -> None:
@@ -225,7 +225,8 @@ class BlockPool:
         if len(blocks) == 0:
             return
         ids = as_vector(blocks)
-        self._touch(ids, *self._refs(ids))
+        counts, was_free, n_free = self._refs(ids)
+        self._touch(ids, counts, was_free, n_free)
 
     def _refs(self, ids: BlockVector) -> tuple[BlockVector, npt.NDArray[np.bool_], int]:
         """The blocks' reference counts, which of them are 0 (free), and how many."""
@@ -314,7 +315,8 @@ class BlockPool:
         registered first keeps it and the newcomer stays unkeyed.
         """
         if len(blocks) == 1:
-            self.register_one(int(blocks[0]), *chain.ref(index))
+            base, offset, count = chain.ref(index)
+            self.register_one(int(blocks[0]), base, offset, count)
             return
         starts, takes = self.slots.chain_spans(chain, index, len(blocks))
         ids = as_vector(blocks)

@@ -174,7 +174,8 @@ class KVManager:
             if chain is not None and i < chain.num_full_blocks:
                 if chain.num_keys <= i:
                     chain.ensure(full)
-                self.pool.register_one(req.blocks[i], *chain.ref(i))
+                base, offset, count = chain.ref(i)  # (unpacked: a compiled star call goes through Python)
+                self.pool.register_one(req.blocks[i], base, offset, count)
             else:
                 self.pool.register_one(req.blocks[i], self.block_key(req, i))
             req.num_keyed_blocks = full
