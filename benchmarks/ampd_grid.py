@@ -30,7 +30,7 @@ Points (SLO TTFT / TPOT; TTFT bounds and rates are ours, docs/ampd-results.md):
   d  ToolBench-like, Llama-3.1-8B, 4 x H100 + 4 x H20, 2 s / 100 ms; a split P:D prefills on P H100s,
      the other H100s decode beside the H20s
 
-    python benchmarks/ampd_grid.py --json out/ampd_grid.json --workers 2      # full grid, 6-10 min on 2 cores (550-950 CPU-s)
+    python benchmarks/ampd_grid.py --json out/ampd_grid.json --workers 2      # full grid, 2.5-10 min on 2 cores (240-950 CPU-s: docs/simulator.md)
     python benchmarks/ampd_grid.py --points b --quick --json out/grid_b.json  # development: 3 rates, shorter
     python benchmarks/ampd_grid.py --json out/grid_forward.json --ampd-variant ampd-forward-bank  # an option as AMPD
 """
