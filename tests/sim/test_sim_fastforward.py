@@ -18,7 +18,7 @@ from tokenomy.core import SLO, Session, Turn
 from tokenomy.engine import Engine, StepResult
 from tokenomy.perf import PerfModel
 from tokenomy.sim import SimConfig, base, simulate
-from tokenomy.sim.instance import ResultHandler, SimInstance
+from tokenomy.sim.instance import PooledItl, ResultHandler, SimInstance
 from tokenomy.sim.loop import EventLoop
 from tokenomy.sim.runner import SimResult
 from tokenomy.workload.registry import load_workload
@@ -29,7 +29,7 @@ TRACE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "traces
 
 def _run(
     sessions: Sequence[Session], config: SimConfig, monkeypatch: pytest.MonkeyPatch, *, bulk: bool = False, **kw: object
-) -> tuple[SimResult, list[tuple[float, int]]]:
+) -> tuple[SimResult, list[tuple[float, float]]]:
     """Simulate with instances built by ``SimInstance(..., **kw)``; ``bulk``: the instance keeps the
     pooled ITL itself and hands the deployment only the steps that finished requests (as base.py
     builds it), else every step (and every step of a run) goes to the deployment, which the test
@@ -37,7 +37,7 @@ def _run(
     contexts: list[base.SimContext] = []
 
     def make(engine: Engine, loop: EventLoop, on_result: ResultHandler,
-             pooled_itl: tuple[list[float], list[int]] | None = None) -> SimInstance:
+             pooled_itl: PooledItl | None = None) -> SimInstance:
         ctx: base.SimContext = on_result.__self__.ctx  # type: ignore[attr-defined]
         contexts.append(ctx)
         if bulk:
@@ -45,8 +45,7 @@ def _run(
 
         def every_step(instance: SimInstance, result: StepResult) -> None:
             if result.shape.decode_seqs:
-                ctx.itl_values.append(result.duration_s)
-                ctx.itl_weights.append(result.shape.decode_seqs)
+                ctx.itl.add(result.duration_s, result.shape.decode_seqs)
             on_result(instance, result)
 
         return SimInstance(engine, loop, every_step, **kw)  # type: ignore[arg-type]
@@ -55,7 +54,7 @@ def _run(
         m.setattr(base, "SimInstance", make)
         result = simulate(sessions, config, SLO(), perf=PERF)
     ctx = contexts[0]
-    return result, sorted(zip(ctx.itl_values, ctx.itl_weights, strict=True))
+    return result, sorted(zip(ctx.itl.values, ctx.itl.weights().tolist(), strict=True))
 
 
 def _assert_same(step: SimResult, fast: SimResult) -> None:

@@ -42,10 +42,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tokenomy.core import SLO, RequestRecord, TokenUsage
 from tokenomy.metrics.percentiles import percentile, weighted_mean, weighted_percentiles
 from tokenomy.metrics.tenants import GroupKey, tenant_breakdown
+
+Samples = Sequence[float] | npt.NDArray[np.float64]
+"""Latency samples or weights: a sequence, or a float vector used as is."""
 
 _SECONDS_PER_HOUR = 3600.0
 _PER_MILLION = 1e6
@@ -128,7 +132,7 @@ def _check_args(num_gpus: int, duration_s: float, usd_per_gpu_hour: float, total
 
 
 def _itl(
-    itl_values: Sequence[float] | None, itl_weights: Sequence[float] | None, tpots: Sequence[float]
+    itl_values: Samples | None, itl_weights: Samples | None, tpots: Sequence[float]
 ) -> tuple[float | None, float | None, float | None]:
     """(p50, p99, mean) of pooled ITL samples if given, else of per-request TPOT."""
     if itl_values is None or len(itl_values) == 0:
@@ -153,8 +157,8 @@ def summarize(
     usd_per_gpu_hour: float,
     total_flops: float = 0.0,
     peak_flops_per_s: float = 0.0,
-    itl_values: Sequence[float] | None = None,
-    itl_weights: Sequence[float] | None = None,
+    itl_values: Samples | None = None,
+    itl_weights: Samples | None = None,
     rejected: Mapping[str, int] | None = None,
     span_s: float = 0.0,
     tenant_refusals: Mapping[GroupKey, int] | None = None,

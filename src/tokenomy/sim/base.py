@@ -12,7 +12,7 @@ from tokenomy.engine import Engine, EngineConfig, EventTrace, FinishedRequest, K
 from tokenomy.perf import PerfModel
 from tokenomy.policy.trace import TraceSink
 from tokenomy.sim.config import SimConfig
-from tokenomy.sim.instance import SimInstance
+from tokenomy.sim.instance import PooledItl, SimInstance
 from tokenomy.sim.link import KVFabric
 from tokenomy.sim.loop import EventLoop
 
@@ -28,8 +28,7 @@ class SimContext:
     config: SimConfig
     done: DoneCallback
     slo: SLO = field(default_factory=SLO)
-    itl_values: list[float] = field(default_factory=list)
-    itl_weights: list[int] = field(default_factory=list)
+    itl: PooledItl = field(default_factory=PooledItl)  # the instances add to it (SimInstance)
     # One thread drives every engine: they share key chains (the router hashes a prompt once).
     key_chains: KeyChainCache = field(default_factory=KeyChainCache)
     trace: EventTrace | None = None
@@ -187,7 +186,7 @@ class Deployment(ABC):
         )
         engine = Engine(instance_id, engine_cfg, perf, role=role, key_chains=self.ctx.key_chains, trace=self.ctx.trace)
         inst = SimInstance(engine, self.ctx.loop, self._on_step,
-                           pooled_itl=(self.ctx.itl_values, self.ctx.itl_weights))
+                           pooled_itl=self.ctx.itl)
         self.instances.append(inst)
         return inst
 
@@ -205,7 +204,7 @@ class Deployment(ABC):
 
     def _on_step(self, instance: SimInstance, result: StepResult) -> None:
         """A step that finished requests (every step while ``instance.every_step``); the instance
-        keeps the pooled ITL samples (``ctx.itl_values``, ``ctx.itl_weights``) itself."""
+        keeps the pooled ITL samples (``ctx.itl``) itself."""
         for fin in result.finished:
             self.on_finished(instance, fin)
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+import numpy.typing as npt
+
 from tokenomy.core import Request
 from tokenomy.engine import Engine, FinishedRequest, StepResult
 from tokenomy.engine.decode_run import DecodeRun, sum_in_order
@@ -12,6 +15,50 @@ from tokenomy.sim.loop import EventLoop
 ResultHandler = Callable[["SimInstance", StepResult], None]
 
 DEFAULT_MAX_RUN_STEPS = 4096
+
+
+class PooledItl:
+    """A simulation's pooled inter-token-latency samples: each decode-carrying step's duration,
+    weighted by the decode tokens it delayed (its batch), in event order (what ``summarize`` takes as
+    ``itl_values`` and ``itl_weights``).
+
+    The weights are kept run-length encoded: a decode run's steps all carry its batch, so a run
+    adds one weight however many steps it has, and :meth:`weights` expands them into one float
+    vector with a single ``numpy.repeat`` (a Mooncake replay pools 1.9M samples; converting a list
+    of 1.9M ints cost as much as the replay's whole summary does without it)."""
+
+    __slots__ = ("values", "_weights", "_counts")
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        self._weights: list[int] = []  # distinct consecutive weights ...
+        self._counts: list[int] = []  # ... and how many samples in a row carry each
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def add(self, value: float, weight: int) -> None:
+        """One sample."""
+        self.values.append(value)
+        self._repeat(weight, 1)
+
+    def add_run(self, values: list[float], first: int, stop: int, weight: int) -> None:
+        """``values[first:stop]``, each weighted ``weight``."""
+        if stop > first:
+            self.values.extend(values[first:stop])
+            self._repeat(weight, stop - first)
+
+    def _repeat(self, weight: int, n: int) -> None:
+        weights = self._weights
+        if weights and weights[-1] == weight:
+            self._counts[-1] += n
+        else:
+            weights.append(weight)
+            self._counts.append(n)
+
+    def weights(self) -> npt.NDArray[np.float64]:
+        """Each sample's weight, as one float vector in sample order."""
+        return np.repeat(np.array(self._weights, dtype=np.float64), np.array(self._counts, dtype=np.int64))
 
 
 class SimInstance:
@@ -34,8 +81,8 @@ class SimInstance:
     to ``on_result``, one :class:`StepResult` per step, as single steps would have produced them.
     ``busy_s``, ``flops`` and ``steps`` count each step when it is applied, as single steps do.
 
-    Pooled ITL (``pooled_itl=(values, weights)``, what a deployment passes): the instance appends
-    each decode-carrying step's duration and decode batch size to those lists itself, single steps
+    Pooled ITL (``pooled_itl``, a :class:`PooledItl`, what a deployment passes): the instance adds
+    each decode-carrying step's duration and decode batch size to it itself, single steps
     and runs alike (a run's samples at its end, in one loop), where the handler would have, and hands
     ``on_result`` only the steps that finished requests, or every step while :attr:`every_step` is
     set (a deployment that watches an instance step by step sets it for as long as it watches: a
@@ -56,7 +103,7 @@ class SimInstance:
         *,
         fast_forward: bool = True,
         max_run_steps: int = DEFAULT_MAX_RUN_STEPS,
-        pooled_itl: tuple[list[float], list[int]] | None = None,
+        pooled_itl: PooledItl | None = None,
     ) -> None:
         if max_run_steps < 2:
             raise ValueError(f"max_run_steps must be >= 2, got {max_run_steps}")
@@ -131,12 +178,7 @@ class SimInstance:
             return
         pooled = self._pooled_itl
         if pooled is not None:
-            values, weights = pooled
-            durations = run.durations_s
-            batch = run.batch
-            for i in range(first, stop):
-                values.append(durations[i])
-                weights.append(batch)
+            pooled.add_run(run.durations_s, first, stop, run.batch)
         else:
             on_result = self._on_result
             for result in run.results(first, stop):
@@ -210,8 +252,7 @@ class SimInstance:
         if pooled is not None:
             seqs = result.shape.decode_seqs
             if seqs:  # every decode token of this step waited one step duration (vLLM's ITL pools gaps)
-                pooled[0].append(result.duration_s)
-                pooled[1].append(seqs)
+                pooled.add(result.duration_s, seqs)
             if not result.finished and not self.every_step:
                 self._step()
                 return
