@@ -188,13 +188,30 @@ def summarize(
     n_rejected = sum(refused.values())
     _check_args(num_gpus, duration_s, usd_per_gpu_hour, total_flops, peak_flops_per_s, bool(recs))
 
-    finished = [r for r in recs if r.finished and r.finish_s is not None and r.first_token_s is not None]
-    ttfts = [t for r in recs if (t := r.ttft_s) is not None]
-    # One-token answers have no inter-token time: vLLM leaves them out of TPOT, so do we.
-    tpots = [t for r in finished if r.output_tokens > 1 and (t := r.tpot_s) is not None]
-    e2es = [t for r in finished if (t := r.e2e_s) is not None]
-    met = sum(1 for r in finished if slo.met(r.ttft_s or 0.0, r.tpot_s or 0.0))
-    ttfts_tpot_met = [r.ttft_s or 0.0 for r in finished if (r.tpot_s or 0.0) <= slo.tpot_s]
+    # One pass, each record's latencies computed once (a simulation summarises tens of thousands).
+    finished: list[RequestRecord] = []
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    e2es: list[float] = []
+    ttfts_tpot_met: list[float] = []  # TTFT of the finished requests that met their TPOT SLO
+    met = 0
+    for r in recs:
+        req_ttft = r.ttft_s
+        if req_ttft is None:
+            continue
+        ttfts.append(req_ttft)
+        if not r.finished or r.finish_s is None:
+            continue
+        finished.append(r)
+        req_tpot = r.tpot_s or 0.0  # (a float: the request has a first token and a finish)
+        # One-token answers have no inter-token time: vLLM leaves them out of TPOT, so do we.
+        if r.output_tokens > 1:
+            tpots.append(req_tpot)
+        e2es.append(r.finish_s - r.arrival_s)
+        if slo.met(req_ttft, req_tpot):
+            met += 1
+        if req_tpot <= slo.tpot_s:
+            ttfts_tpot_met.append(req_ttft)
 
     usage = TokenUsage()
     for r in recs:
