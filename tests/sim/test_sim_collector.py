@@ -1,5 +1,5 @@
-"""The simulator pauses Python's cyclic garbage collector while its event loop runs and leaves it as
-it found it: on after a run that started with it on, off after one that started with it off, and on
+"""The simulator pauses Python's cyclic garbage collector while its event loop runs and while it
+summarises the run, and leaves it as it found it: on after a run that started with it on, off after one that started with it off, and on
 again when the run fails inside the loop."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from tokenomy.core import SLO, Session
 from tokenomy.engine.trace import TraceEvent
-from tokenomy.sim import SimConfig, simulate
+from tokenomy.sim import SimConfig, runner, simulate
 from tokenomy.workload.registry import load_workload
 
 CONFIG = SimConfig(deployment="colocated", model="llama-3.1-8b", gpu="h100", instances=2)
@@ -60,4 +60,22 @@ def test_a_failure_inside_the_loop_restores_the_collector(collector: None) -> No
     gc.enable()
     with pytest.raises(RuntimeError, match="trace sink failed"):
         simulate(_sessions(), CONFIG, SLO(), trace=_Seen(fail_after=5))
+    assert gc.isenabled()
+
+
+def test_the_summary_runs_without_the_collector_too(collector: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary's allocations right after the loop would set off passes over everything the loop
+    allocated, which find nothing to free."""
+    gc.enable()
+    seen: list[bool] = []
+    summarize = runner.summarize
+
+    def spy(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        seen.append(gc.isenabled())
+        return summarize(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "summarize", spy)
+    result = simulate(_sessions(), CONFIG, SLO())
+    assert result.summary.requests > 0
+    assert seen == [False]
     assert gc.isenabled()

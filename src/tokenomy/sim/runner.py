@@ -132,6 +132,21 @@ def simulate(
     engine's events (:mod:`tokenomy.engine.trace`), stamped with simulated time; ``decision_trace``
     receives every policy decision the deployment applies, as flat JSON-ready events.
     """
+    with _collector_paused():
+        return _simulate(sessions, config, slo, perf=perf, progress=progress, trace=trace,
+                         decision_trace=decision_trace)
+
+
+def _simulate(
+    sessions: Sequence[Session],
+    config: SimConfig,
+    slo: SLO,
+    *,
+    perf: PerfModel | None,
+    progress: ProgressFn | None,
+    trace: EventTrace | None,
+    decision_trace: TraceSink | None,
+) -> SimResult:
     wall0 = time.perf_counter()
     if perf is None:
         config, perf = calibrated(config)
@@ -151,8 +166,7 @@ def simulate(
     driver.deployment = gate or deployment
     driver.start()
     horizon = config.horizon_s if config.horizon_s is not None else float("inf")
-    with _collector_paused():
-        loop.run(until_s=horizon, on_tick=progress)
+    loop.run(until_s=horizon, on_tick=progress)
     records = driver.records + [_unfinished(r) for r in (gate or deployment).unfinished()]
     # Requests of sessions whose turn never arrived before the horizon are not counted:
     # they were never offered to the system.
@@ -194,12 +208,17 @@ def simulate(
 
 @contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while the event loop runs, and restore it after.
+    """Pause Python's cyclic garbage collector while a simulation runs and is summarised, and
+    restore it after.
 
-    The loop's events make no reference cycles (their objects are freed by reference counting; the
-    cycles of a simulation are its own long-lived graph, freed when the caller drops the result),
-    but the collector's passes over that graph cost 3-7% of a replay (sim_speed, paired runs). The
-    pause is process-wide: another thread of the process collects no cycles while a simulation runs.
+    The loop's events and the summary make no reference cycles (their objects are freed by
+    reference counting; the cycles of a simulation are its own long-lived graph, freed when the
+    caller drops it), but the collector's passes over that graph cost 3-7% of a replay (sim_speed,
+    paired runs), and those the summary's allocations set off right after the loop (a young
+    generation of everything the loop allocated, then a full pass) another 50-140 ms of a Mooncake
+    replay, every one of them finding nothing to free. The simulation's own graph is collected after
+    the call, as it was before. The pause is process-wide: another thread of the process collects
+    no cycles while a simulation runs.
     """
     collecting = gc.isenabled()
     gc.disable()
