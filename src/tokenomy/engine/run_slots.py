@@ -141,15 +141,25 @@ class RunSlots:
         if last - r == 1:  # one run, the common case
             start = self.intern(bases[r], counts[r])
             return [start + index - firsts[r]], [n]
-        # Room for every run first: a collection while interning would move slots already given.
-        self.reserve(sum([self._new_cap(bases[k], counts[k]) for k in range(r, last)]))
+        # Each run's entry looked up once. Room for every run first: a collection while placing
+        # them would move slots already given. A collection moves the entries too (look them up
+        # again), and a run it dropped (none of its blocks cached) now needs slots of its own.
+        runs = self._runs
+        entries = [runs.get(bases[k]) for k in range(r, last)]
+        need = _needs(entries, counts, r)
+        while self._top + need > len(self.slot_block):
+            self._collect(need)
+            runs = self._runs  # (a new dict)
+            entries = [runs.get(bases[k]) for k in range(r, last)]
+            need = _needs(entries, counts, r)
         starts: list[int] = []
         takes: list[int] = []
         i, end = index, index + n
+        j = 0
         while i < end:
             first, count = firsts[r], counts[r]
             take = min(first + count, end) - i
-            start = self.intern(bases[r], count) + i - first
+            start = self._place(bases[r], entries[j], count) + i - first
             if starts and starts[-1] + takes[-1] == start:
                 takes[-1] += take  # runs interned one after another sit in consecutive slots: one span
             else:
@@ -157,23 +167,24 @@ class RunSlots:
                 takes.append(take)
             i += take
             r += 1
+            j += 1
         return starts, takes
 
     # ---- slots ----------------------------------------------------------------------------------
-    def _new_cap(self, base: int, cap: int) -> int:
-        """Slots :meth:`intern` takes for run ``base`` to hold ``cap`` keys (:func:`_grown`)."""
-        return _grown(self._runs.get(base), cap)
-
     def intern(self, base: int, cap: int) -> int:
         """The first slot of run ``base``, given at least ``cap`` slots (a run outgrowing its slots
         moves to new ones, its cached blocks with it: :func:`_grown`)."""
-        entry = self._runs.get(base)
+        return self._place(base, self._runs.get(base), cap)
+
+    def _place(self, base: int, entry: tuple[int, int] | None, cap: int) -> int:
+        """:meth:`intern` with the run's entry looked up (``entry``: ``_runs.get(base)``)."""
         cap = _grown(entry, cap)
         if cap == 0:
             assert entry is not None
             return entry[0]
-        self.reserve(cap)
-        entry = self._runs.get(base)  # (a collection may have moved it)
+        if self._top + cap > len(self.slot_block):
+            self._collect(cap)
+            entry = self._runs.get(base)  # (the collection moved it)
         start = self._top
         self._top = start + cap
         sb = self.slot_block
@@ -237,6 +248,14 @@ def _grown(entry: tuple[int, int] | None, cap: int) -> int:
     if entry is None:
         return cap
     return 0 if entry[1] >= cap else max(cap, 2 * entry[1])
+
+
+def _needs(entries: list[tuple[int, int] | None], counts: list[int], r: int) -> int:
+    """Slots placing runs ``r, r + 1, ...`` (their ``entries``) takes (:func:`_grown` of each)."""
+    need = 0
+    for j, entry in enumerate(entries):
+        need += _grown(entry, counts[r + j])
+    return need
 
 
 def _first_empty(sb: BlockVector, lo: int, hi: int) -> int:
