@@ -26,16 +26,17 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
+from typing import Final
 
 from tokenomy.core import Segment
 
-ROOT_KEY = 0
+ROOT_KEY: Final = 0
 """Parent key of block 0."""
 
-_RUN_BASE_MASK = (1 << 62) - 1
+_RUN_BASE_MASK: Final = (1 << 62) - 1
 """Run bases are 62-bit, so base + offset stays a 64-bit signed int (the pool stores keys in int64)."""
 
-_MEMO_MAX_ENTRIES = 256  # in-flight router lookups; requests keep their own chains
+_MEMO_MAX_ENTRIES: Final = 256  # in-flight router lookups; requests keep their own chains
 
 
 class KeyChain:

@@ -15,10 +15,12 @@ holds, with exactly the answer a fresh scan gives:
 
 from __future__ import annotations
 
+from typing import Final
+
 from tokenomy.engine.block_keys import KeyChain
 from tokenomy.engine.block_pool import BlockPool
 
-_MEMO_MAX = 64  # chains remembered (requests in flight on one instance)
+_MEMO_MAX: Final = 64  # chains remembered (requests in flight on one instance)
 
 
 def common_prefix(a: KeyChain, b: KeyChain, limit: int) -> int:
