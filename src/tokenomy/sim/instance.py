@@ -24,8 +24,8 @@ class PooledItl:
 
     The weights are kept run-length encoded: a decode run's steps all carry its batch, so a run
     adds one weight however many steps it has, and :meth:`weights` expands them into one float
-    vector with a single ``numpy.repeat`` (a Mooncake replay pools 1.9M samples; converting a list
-    of 1.9M ints cost as much as the replay's whole summary does without it)."""
+    vector with a single ``numpy.repeat`` (a Mooncake replay pools 1.9M samples: converting a list
+    of that many ints took about 50 ms of its summary)."""
 
     __slots__ = ("values", "_weights", "_counts")
 
@@ -83,7 +83,7 @@ class SimInstance:
 
     Pooled ITL (``pooled_itl``, a :class:`PooledItl`, what a deployment passes): the instance adds
     each decode-carrying step's duration and decode batch size to it itself, single steps
-    and runs alike (a run's samples at its end, in one loop), where the handler would have, and hands
+    and runs alike (a run's samples at its end, in one call), where the handler would have, and hands
     ``on_result`` only the steps that finished requests, or every step while :attr:`every_step` is
     set (a deployment that watches an instance step by step sets it for as long as it watches: a
     run's steps still finish nothing and go to nobody). Without it every step goes to ``on_result``.
