@@ -135,8 +135,11 @@ class KeyChain:
 
     def ref(self, index: int) -> tuple[int, int, int]:
         """Block ``index``'s key as ``(run base, offset, run length)`` (computed: ``index < num_keys``)."""
-        r = bisect_right(self.run_first, index) - 1
-        return self.run_base[r], index - self.run_first[r], self.run_count[r]
+        firsts = self.run_first
+        r = len(firsts) - 1
+        if index < firsts[r]:  # (not in the last run: a decode step's block mostly is, without a bisect)
+            r = bisect_right(firsts, index) - 1
+        return self.run_base[r], index - firsts[r], self.run_count[r]
 
 
 class KeyChainCache:
