@@ -215,9 +215,9 @@ def _collector_paused() -> Iterator[None]:
     reference counting; the cycles of a simulation are its own long-lived graph, freed when the
     caller drops it), but the collector's passes over that graph cost 3-7% of a replay (sim_speed,
     paired runs), and those the summary's allocations set off right after the loop cost more (on
-    the Mooncake replay: a young-generation pass over everything the loop allocated, 34 ms, and a
-    generation-1 pass, 15 ms; in a process's second replay a full pass, 88 ms, on top), every one
-    of them finding nothing to free. The simulation's own graph is collected after the call, as
+    the Mooncake replay, over everything the loop allocated: a generation-1 pass of 60 ms in a
+    process's first replay; passes of generations 0 and 1, 64 and 46 ms, in its second), every
+    one of them finding nothing to free. The simulation's own graph is collected after the call, as
     it was before. The pause is process-wide: another thread of the process collects no cycles
     while a simulation runs.
     """
