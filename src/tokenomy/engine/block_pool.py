@@ -210,11 +210,13 @@ class BlockPool:
         pool cannot cover both (a hit that is free takes a free block; ``n <= 0``: none new).
 
         :meth:`num_evictable` then :meth:`touch` would read the hits' reference counts twice."""
-        refs = self._refs(hits) if len(hits) else None
-        if n + (refs[2] if refs is not None else 0) > self.num_free:
+        if len(hits):
+            counts, was_free, n_free = self._refs(hits)
+            if n + n_free > self.num_free:
+                return None
+            self._touch(hits, counts, was_free, n_free)  # before allocating, so allocation cannot evict them
+        elif n > self.num_free:
             return None
-        if refs is not None:  # before allocating, so allocation cannot evict them
-            self._touch(hits, refs[0], refs[1], refs[2])  # (not ``*refs``: compiled, a star call goes through Python)
         return self.allocate_ids(n, view=True)
 
     def touch(self, blocks: list[int] | BlockVector) -> None:

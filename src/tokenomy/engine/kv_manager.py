@@ -171,13 +171,8 @@ class KVManager:
             return
         chain = req.chain
         if full == i + 1:  # one block filled (a decode step): the common case
-            if chain is not None and i < chain.num_full_blocks:
-                if chain.num_keys <= i:
-                    chain.ensure(full)
-                base, offset, count = chain.ref(i)  # (unpacked: a compiled star call goes through Python)
-                self.pool.register_one(req.blocks[i], base, offset, count)
-            else:
-                self.pool.register_one(req.blocks[i], self.block_key(req, i))
+            base, offset, count = self.block_ref(req, i)  # (unpacked: a compiled star call goes through Python)
+            self.pool.register_one(req.blocks[i], base, offset, count)
             req.num_keyed_blocks = full
             return
         if chain is not None and i < chain.num_full_blocks:
