@@ -6,7 +6,7 @@ import numpy as np
 
 from tokenomy.core import SLO
 from tokenomy.metrics.summary import summarize
-from tokenomy.sim.instance import PooledItl
+from tokenomy.sim.instance import ITL_CHUNK, PooledItl
 
 
 def test_samples_keep_their_order_and_weights_whatever_way_they_came() -> None:
@@ -24,17 +24,30 @@ def test_samples_keep_their_order_and_weights_whatever_way_they_came() -> None:
     pooled.add(0.05, 7)
     expected.append((0.05, 7))
     assert len(pooled) == len(expected)
-    assert pooled.values == [v for v, _ in expected]
+    assert pooled.values().tolist() == [v for v, _ in expected]
     weights = pooled.weights()
     assert weights.dtype == np.float64
     assert weights.tolist() == [float(w) for _, w in expected]
+
+
+def test_samples_past_a_chunk_keep_their_order() -> None:
+    """Past ITL_CHUNK samples the older ones move to vectors: the values still come back whole, in
+    order, beside their weights (a single sample and a run each crossing the boundary)."""
+    pooled = PooledItl()
+    values = [float(i) for i in range(2 * ITL_CHUNK + 10)]
+    pooled.add_run(values, 0, ITL_CHUNK - 1, 1)
+    pooled.add(values[ITL_CHUNK - 1], 2)  # the sample that fills the first chunk
+    pooled.add_run(values, ITL_CHUNK, 2 * ITL_CHUNK + 10, 3)  # fills the second, and 10 beyond
+    assert len(pooled) == len(values)
+    assert pooled.values().tolist() == values
+    assert pooled.weights().tolist() == [1.0] * (ITL_CHUNK - 1) + [2.0] + [3.0] * (ITL_CHUNK + 10)
 
 
 def test_an_empty_buffer_gives_no_itl() -> None:
     pooled = PooledItl()
     assert len(pooled) == 0 and pooled.weights().size == 0
     summary = summarize([], slo=SLO(), duration_s=0.0, num_gpus=1, usd_per_gpu_hour=0.0,
-                        itl_values=pooled.values, itl_weights=pooled.weights())
+                        itl_values=pooled.values(), itl_weights=pooled.weights())
     assert summary.itl_p50_s is None
 
 
@@ -52,7 +65,7 @@ def test_the_summary_reads_it_as_the_lists_it_replaces() -> None:
         values += run
         weights += [batch] * n
     a = summarize([], slo=SLO(), duration_s=0.0, num_gpus=1, usd_per_gpu_hour=0.0,
-                  itl_values=pooled.values, itl_weights=pooled.weights())
+                  itl_values=pooled.values(), itl_weights=pooled.weights())
     b = summarize([], slo=SLO(), duration_s=0.0, num_gpus=1, usd_per_gpu_hour=0.0,
                   itl_values=values, itl_weights=weights)
     assert (a.itl_p50_s, a.itl_p99_s, a.itl_mean_s) == (b.itl_p50_s, b.itl_p99_s, b.itl_mean_s)

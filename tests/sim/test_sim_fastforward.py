@@ -54,7 +54,7 @@ def _run(
         m.setattr(base, "SimInstance", make)
         result = simulate(sessions, config, SLO(), perf=PERF)
     ctx = contexts[0]
-    return result, sorted(zip(ctx.itl.values, ctx.itl.weights().tolist(), strict=True))
+    return result, sorted(zip(ctx.itl.values().tolist(), ctx.itl.weights().tolist(), strict=True))
 
 
 def _assert_same(step: SimResult, fast: SimResult) -> None:

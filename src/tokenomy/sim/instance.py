@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -16,6 +17,10 @@ ResultHandler = Callable[["SimInstance", StepResult], None]
 
 DEFAULT_MAX_RUN_STEPS = 4096
 
+ITL_CHUNK: Final = 1 << 16
+"""Pooled ITL samples per vector (:class:`PooledItl`): large enough that converting a chunk costs
+no more per sample than one conversion of them all, small next to a long replay's samples."""
+
 
 class PooledItl:
     """A simulation's pooled inter-token-latency samples: each decode-carrying step's duration,
@@ -25,28 +30,48 @@ class PooledItl:
     The weights are kept run-length encoded: a decode run's steps all carry its batch, so a run
     adds one weight however many steps it has, and :meth:`weights` expands them into one float
     vector with a single ``numpy.repeat`` (a Mooncake replay pools 1.9M samples: converting a list
-    of that many ints took about 50 ms of its summary)."""
+    of that many ints took about 50 ms of its summary).
 
-    __slots__ = ("values", "_weights", "_counts")
+    The values go to a list and, every :data:`ITL_CHUNK` of them, into a float vector: a list of
+    1.9M floats held to the end is both 45 MB of float objects and, for the cyclic collector's
+    first pass after the run (``runner._collector_paused``), 1.9M pointers to follow to floats
+    scattered over the heap (100-120 ms of a Mooncake replay's 2.3 s, measured; a vector is no
+    container to it)."""
+
+    __slots__ = ("_values", "_chunks", "_weights", "_counts")
 
     def __init__(self) -> None:
-        self.values: list[float] = []
+        self._values: list[float] = []  # the newest samples, fewer than ITL_CHUNK
+        self._chunks: list[npt.NDArray[np.float64]] = []  # the older ones, ITL_CHUNK a vector
         self._weights: list[int] = []  # distinct consecutive weights ...
         self._counts: list[int] = []  # ... and how many samples in a row carry each
 
     def __len__(self) -> int:
-        return len(self.values)
+        return len(self._values) + ITL_CHUNK * len(self._chunks)
 
     def add(self, value: float, weight: int) -> None:
         """One sample."""
-        self.values.append(value)
+        values = self._values
+        values.append(value)
         self._repeat(weight, 1)
+        if len(values) >= ITL_CHUNK:
+            self._flush()
 
     def add_run(self, values: list[float], first: int, stop: int, weight: int) -> None:
         """``values[first:stop]``, each weighted ``weight``."""
         if stop > first:
-            self.values.extend(values[first:stop])
+            mine = self._values
+            mine.extend(values[first:stop])
             self._repeat(weight, stop - first)
+            if len(mine) >= ITL_CHUNK:
+                self._flush()
+
+    def _flush(self) -> None:
+        """Move the first ITL_CHUNK samples of the list into a vector (a run may leave more)."""
+        values = self._values
+        while len(values) >= ITL_CHUNK:
+            self._chunks.append(np.array(values[:ITL_CHUNK], dtype=np.float64))
+            del values[:ITL_CHUNK]
 
     def _repeat(self, weight: int, n: int) -> None:
         weights = self._weights
@@ -55,6 +80,11 @@ class PooledItl:
         else:
             weights.append(weight)
             self._counts.append(n)
+
+    def values(self) -> npt.NDArray[np.float64]:
+        """Every sample's value, as one float vector in sample order."""
+        tail = np.array(self._values, dtype=np.float64)
+        return np.concatenate([*self._chunks, tail]) if self._chunks else tail
 
     def weights(self) -> npt.NDArray[np.float64]:
         """Each sample's weight, as one float vector in sample order."""

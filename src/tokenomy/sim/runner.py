@@ -185,7 +185,7 @@ def _simulate(
         usd_per_gpu_hour=_gpu_weighted(deployment, perf, "usd_per_gpu_hour") / deployment.num_gpus,
         total_flops=sum(i.flops for i in deployment.instances),
         peak_flops_per_s=_gpu_weighted(deployment, perf, "bf16_flops_per_s"),
-        itl_values=ctx.itl.values,
+        itl_values=ctx.itl.values(),
         itl_weights=ctx.itl.weights(),
         rejected=driver.rejected | dict(gate.rejected) if gate is not None else driver.rejected,
         span_s=span_s(records, sim_end),
