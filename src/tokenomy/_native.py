@@ -45,6 +45,7 @@ COMPILED: tuple[str, ...] = (
     "tokenomy/perf/model.py",
     "tokenomy/policy/ampd/admission.py",
     "tokenomy/policy/ampd/local_chunk.py",
+    "tokenomy/policy/router.py",
     "tokenomy/sim/loop.py",
     "tokenomy/sim/instance.py",
 )

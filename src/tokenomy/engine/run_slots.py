@@ -225,11 +225,17 @@ class RunSlots:
         size = len(sb)
         while size < 8 * (total + n):  # an eighth in use at most: collections stay rare
             size *= 2
-        new_sb = np.empty(size, dtype=np.int64)
-        new_sb.fill(-1)
-        if total:
-            new_sb[:total] = sb[(starts - new_starts).repeat(caps) + np.arange(total)]
-        slots = (new_sb[:total] >= 0).nonzero()[0]
+        moved = sb[(starts - new_starts).repeat(caps) + np.arange(total)]  # (a copy: safe to write back)
+        if size == len(sb):
+            # The same size: compacted in place (an array as large again, fresh from the OS, costs
+            # more to fill than the slots in use to clear; slots from _top on are empty already).
+            new_sb = sb
+            new_sb[total : self._top] = -1
+        else:
+            new_sb = np.empty(size, dtype=np.int64)
+            new_sb[total:] = -1
+        new_sb[:total] = moved
+        slots = (moved >= 0).nonzero()[0]
         self.key_slot[new_sb[slots]] = slots
         self.collections += 1
         self.runs_dropped += len(bases) - len(live)

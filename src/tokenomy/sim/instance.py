@@ -32,22 +32,23 @@ class PooledItl:
     vector with a single ``numpy.repeat`` (a Mooncake replay pools 1.9M samples: converting a list
     of that many ints took about 50 ms of its summary).
 
-    The values go to a list and, every :data:`ITL_CHUNK` of them, into a float vector: a list of
+    The values go to a list and, once it holds :data:`ITL_CHUNK` of them, into a float vector: a list of
     1.9M floats held to the end is both 45 MB of float objects and, for the cyclic collector's
     first pass after the run (``runner._collector_paused``), 1.9M pointers to follow to floats
     scattered over the heap (100-120 ms of a Mooncake replay's 2.3 s, measured; a vector is no
     container to it)."""
 
-    __slots__ = ("_values", "_chunks", "_weights", "_counts")
+    __slots__ = ("_values", "_chunks", "_flushed", "_weights", "_counts")
 
     def __init__(self) -> None:
         self._values: list[float] = []  # the newest samples, fewer than ITL_CHUNK
-        self._chunks: list[npt.NDArray[np.float64]] = []  # the older ones, ITL_CHUNK a vector
+        self._chunks: list[npt.NDArray[np.float64]] = []  # the older ones, in vectors
+        self._flushed = 0  # samples in those vectors
         self._weights: list[int] = []  # distinct consecutive weights ...
         self._counts: list[int] = []  # ... and how many samples in a row carry each
 
     def __len__(self) -> int:
-        return len(self._values) + ITL_CHUNK * len(self._chunks)
+        return self._flushed + len(self._values)
 
     def add(self, value: float, weight: int) -> None:
         """One sample."""
@@ -67,11 +68,12 @@ class PooledItl:
                 self._flush()
 
     def _flush(self) -> None:
-        """Move the first ITL_CHUNK samples of the list into a vector (a run may leave more)."""
+        """Move the list's samples into a vector (``fromiter``: half ``numpy.array``'s cost, which
+        first inspects every element for its type and shape)."""
         values = self._values
-        while len(values) >= ITL_CHUNK:
-            self._chunks.append(np.array(values[:ITL_CHUNK], dtype=np.float64))
-            del values[:ITL_CHUNK]
+        self._chunks.append(np.fromiter(values, dtype=np.float64, count=len(values)))
+        self._flushed += len(values)
+        values.clear()
 
     def _repeat(self, weight: int, n: int) -> None:
         weights = self._weights
@@ -83,7 +85,7 @@ class PooledItl:
 
     def values(self) -> npt.NDArray[np.float64]:
         """Every sample's value, as one float vector in sample order."""
-        tail = np.array(self._values, dtype=np.float64)
+        tail = np.fromiter(self._values, dtype=np.float64, count=len(self._values))
         return np.concatenate([*self._chunks, tail]) if self._chunks else tail
 
     def weights(self) -> npt.NDArray[np.float64]:
