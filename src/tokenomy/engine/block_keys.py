@@ -48,9 +48,12 @@ class KeyChain:
     def __init__(self, content: tuple[Segment, ...], block_size: int) -> None:
         # Absolute pieces (stream, stream_offset, n_tokens); contiguous pieces of one stream are
         # merged so that the same tokens always decompose the same way (canonical keys).
-        pieces: list[tuple[int, int, int]] = []
-        stream_end: dict[int, int] = {}
-        for stream, n in content:
+        pieces: list[tuple[object, int, int]] = []
+        stream_end: dict[object, int] = {}
+        # Streams as objects: compiled, an int read from a tuple would be unboxed, then boxed anew
+        # (an allocation) for each dict operation and tuple it goes into.
+        segments: tuple[tuple[object, int], ...] = content
+        for stream, n in segments:
             if n < 0:
                 raise ValueError(f"content segment ({stream}, {n}) has a negative token count")
             if n == 0:
@@ -104,7 +107,7 @@ class KeyChain:
                 used += count * bs
             else:
                 # A block straddling pieces: chain it on its parent and its pieces.
-                parts: list[int] = [parent]
+                parts: list[object] = [parent]
                 need = bs
                 while need:
                     stream, start, length = pieces[piece]

@@ -33,6 +33,8 @@ block) skip numpy: they read and write the same arrays through memoryviews.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 import numpy.typing as npt
 
@@ -118,20 +120,23 @@ class BlockPool:
         """Take one block off the LRU front (the caller checked ``num_free >= 1``): the decode path."""
         ref = self._ref_v
         if self._fresh < self.num_blocks:
-            block = self._fresh
-            self._fresh = block + 1
-            ref[block] = 1
+            fresh = self._fresh
+            self._fresh = fresh + 1
+            ref[fresh] = 1
             self.num_free -= 1
-            return block
-        queue, last_pos = self._queue_v, self._last_pos_v
+            return fresh
+        # Ids as the objects read (Any): compiled, an int is unboxed and boxed anew, an allocation,
+        # for each array it indexes; the block indexes three of them, its slot two.
+        queue: Any = self._queue_v
+        last_pos: Any = self._last_pos_v
         head = self._head
-        block = queue[head]
+        block: Any = queue[head]
         while last_pos[block] != head:
             head += 1
             block = queue[head]
         self._head = head + 1
-        key_slot = self._key_slot_v
-        slot = key_slot[block]
+        key_slot: Any = self._key_slot_v
+        slot: Any = key_slot[block]
         if slot >= 0:
             self.slots.slot_view[slot] = -1
             key_slot[block] = -1
@@ -139,7 +144,7 @@ class BlockPool:
             self.version += 1
         ref[block] = 1
         self.num_free -= 1
-        return block
+        return cast(int, block)
 
     def allocate(self, n: int) -> list[int]:
         """Take ``n`` blocks off the LRU front (the caller checked ``num_free >= n``)."""
@@ -297,11 +302,12 @@ class BlockPool:
         """Make a just-filled block findable under key ``base + offset`` of its run (``run_count``
         keys long; a single key: ``base``). A key cached already keeps its block."""
         slots = self.slots
-        slot = slots.intern(base, max(run_count, offset + 1)) + offset
+        slot: Any = slots.intern(base, max(run_count, offset + 1)) + offset  # (boxed once: allocate_one)
         view = slots.slot_view  # (after intern: a collection replaces the slot space)
         if view[slot] < 0:
-            view[slot] = block
-            self._key_slot_v[block] = slot
+            held: Any = block
+            view[slot] = held
+            self._key_slot_v[held] = slot
             self.version += 1
 
     def register(self, blocks: list[int], keys: list[int]) -> None:
