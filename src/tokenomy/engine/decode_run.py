@@ -248,17 +248,21 @@ class DecodeRunner:
         b = run.batch
         s0 = run.events_upto
         new: list[int] = []
+        # (While loops, not comprehensions over ``range(a, upto, bs)``: compiled, a range with a
+        # step is a Python object iterated through the generic protocol.)
         for i, (a, nc0) in enumerate(zip(run.first_alloc, run.nc0, strict=True)):
             if a < s0:
                 a += (s0 - a + bs - 1) // bs * bs
-            if a < upto:
-                new += [2 * j * b + i for j in range(a, upto, bs)]
+            while a < upto:
+                new.append(2 * a * b + i)
+                a += bs
             if caching:
                 c = (-nc0 - 1) % bs  # steps after which num_computed is a multiple of the block size
                 if c < s0:
                     c += (s0 - c + bs - 1) // bs * bs
-                if c < upto:
-                    new += [(2 * j + 1) * b + i for j in range(c, upto, bs)]
+                while c < upto:
+                    new.append((2 * c + 1) * b + i)
+                    c += bs
         new.sort()
         run.events += new
         run.events_upto = upto
