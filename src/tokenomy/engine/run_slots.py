@@ -1,7 +1,7 @@
 """The prefix cache's index: cached keys by *run*, each run a range of slots holding its blocks.
 
 A key chain (``engine/block_keys.py``) keys a run of blocks ``base + 0, base + 1, ...``. The
-index gives each run it caches a range of *slots* (``_runs[base] = (first slot, capacity)``), and
+index gives each run it caches a range of *slots* (``_runs[base]``: first slot and capacity, packed), and
 ``slot_block[slot]`` is the block caching that key (-1: none); the pool keeps the reverse, each
 block's slot (``key_slot``, -1: no key). A single key (a block straddling pieces, a request's own
 block) is a run of one, its key its base. So a prompt's hundreds of blocks are looked up,
@@ -18,6 +18,7 @@ need, so collections stay rare.
 from __future__ import annotations
 
 from bisect import bisect_right
+from typing import Final, cast
 
 import numpy as np
 
@@ -26,6 +27,11 @@ from tokenomy.engine.block_keys import KeyChain
 
 MIN_SLOTS = 4096
 """The slot space's size at first (default): it doubles as runs need it (after :meth:`RunSlots._collect`)."""
+
+_CAP_BITS: Final = 32
+_CAP_MASK: Final = (1 << _CAP_BITS) - 1
+"""A run's entry is one int, ``first slot << _CAP_BITS | capacity`` (no tuple to build, box and
+unpack per run interned or looked up)."""
 
 
 class RunSlots:
@@ -40,33 +46,37 @@ class RunSlots:
         self.slot_view = self.slot_block.data  # the same, for one slot at a time (cheaper than numpy's)
         self.collections = 0  # times the slot space filled (read by tests)
         self.runs_dropped = 0  # runs those collections dropped (no block cached any more)
-        self._runs: dict[int, tuple[int, int]] = {}  # run base -> (first slot, capacity)
+        # Run base -> first slot << _CAP_BITS | capacity. Bases are read from a chain's list as the
+        # objects stored there (compiled, an int would be unboxed and boxed anew for each lookup).
+        self._runs: dict[object, int] = {}
         self._top = 0  # slots from here on were never given to a run
 
     def key_at(self, slot: int) -> int:
         """The key slot ``slot`` stands for (a scan of the runs: for tests and debugging)."""
-        for base, (start, cap) in self._runs.items():
+        for base, entry in self._runs.items():
+            start, cap = entry >> _CAP_BITS, entry & _CAP_MASK
             if start <= slot < start + cap:
-                return base + slot - start
+                return cast(int, base) + slot - start
         raise AssertionError(f"slot {slot} belongs to no run")
 
     def cached(self) -> dict[int, int]:
         """Every cached key and its block, as a new dict (a scan of the runs: for tests and debugging)."""
         out: dict[int, int] = {}
         sb = self.slot_block
-        for base, (start, cap) in self._runs.items():
+        for base, entry in self._runs.items():
+            start, cap = entry >> _CAP_BITS, entry & _CAP_MASK
             for off, block in enumerate(sb[start : start + cap].tolist()):
                 if block >= 0:
-                    out[base + off] = block
+                    out[cast(int, base) + off] = block
         return out
 
     # ---- lookups --------------------------------------------------------------------------------
     def block_of(self, base: int, offset: int = 0) -> int | None:
         """The block caching key ``base + offset`` of the run ``base``, or None (a single key: ``base``)."""
         entry = self._runs.get(base)
-        if entry is None or offset >= entry[1]:
+        if entry is None or offset >= entry & _CAP_MASK:
             return None
-        block = self.slot_view[entry[0] + offset]
+        block = self.slot_view[(entry >> _CAP_BITS) + offset]
         return block if block >= 0 else None
 
     def cached_prefix(self, chain: KeyChain, limit: int, start: int = 0) -> int:
@@ -74,7 +84,8 @@ class RunSlots:
         first ``start`` are cached (``start <= limit``; the chain has computed ``limit`` keys)."""
         if start >= limit:
             return limit
-        firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
+        firsts, counts = chain.run_first, chain.run_count
+        bases = cast("list[object]", chain.run_base)
         runs, sb = self._runs, self.slot_block
         r = bisect_right(firsts, start) - 1
         n = start
@@ -89,7 +100,7 @@ class RunSlots:
             if entry is None:
                 stop = n
                 break
-            slot, cap = entry
+            slot, cap = entry >> _CAP_BITS, entry & _CAP_MASK
             run_end = first + counts[r]
             end = min(run_end, limit, first + cap)
             if end > n:
@@ -111,13 +122,14 @@ class RunSlots:
     def chain_block_ids(self, chain: KeyChain, n: int) -> BlockVector:
         """The blocks caching the chain's first ``n`` keys (all cached: ``cached_prefix >= n``), as a
         vector that may be a view of the cache: copy it before the cache changes."""
-        firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
+        firsts, counts = chain.run_first, chain.run_count
+        bases = cast("list[object]", chain.run_base)
         runs, sb = self._runs, self.slot_block
         parts: list[BlockVector] = []
         lo = hi = 0  # the span of consecutive slots being gathered (runs interned in order adjoin)
         r = 0
         while r < len(firsts) and firsts[r] < n:
-            slot = runs[bases[r]][0]
+            slot = runs[bases[r]] >> _CAP_BITS
             if slot != hi:
                 if hi > lo:
                     parts.append(sb[lo:hi])
@@ -135,7 +147,8 @@ class RunSlots:
         where they had none, as spans of consecutive slots (first slot, keys): each a slice of
         ``slot_block``. A run's slots are consecutive, and so are the runs of a chain interned one
         after another (a new prompt's runs, registered in order), so a span covers many runs."""
-        firsts, bases, counts = chain.run_first, chain.run_base, chain.run_count
+        firsts, counts = chain.run_first, chain.run_count
+        bases = cast("list[object]", chain.run_base)
         r = bisect_right(firsts, index) - 1
         last = bisect_right(firsts, index + n - 1)
         if last - r == 1:  # one run, the common case
@@ -171,17 +184,17 @@ class RunSlots:
         return starts, takes
 
     # ---- slots ----------------------------------------------------------------------------------
-    def intern(self, base: int, cap: int) -> int:
+    def intern(self, base: object, cap: int) -> int:
         """The first slot of run ``base``, given at least ``cap`` slots (a run outgrowing its slots
         moves to new ones, its cached blocks with it: :func:`_grown`)."""
         return self._place(base, self._runs.get(base), cap)
 
-    def _place(self, base: int, entry: tuple[int, int] | None, cap: int) -> int:
+    def _place(self, base: object, entry: int | None, cap: int) -> int:
         """:meth:`intern` with the run's entry looked up (``entry``: ``_runs.get(base)``)."""
         cap = _grown(entry, cap)
         if cap == 0:
             assert entry is not None
-            return entry[0]
+            return entry >> _CAP_BITS
         if self._top + cap > len(self.slot_block):
             self._collect(cap)
             entry = self._runs.get(base)  # (the collection moved it)
@@ -189,13 +202,13 @@ class RunSlots:
         self._top = start + cap
         sb = self.slot_block
         if entry is not None:
-            old, old_cap = entry
+            old, old_cap = entry >> _CAP_BITS, entry & _CAP_MASK
             seg = sb[old : old + old_cap].copy()
             sb[start : start + old_cap] = seg
             sb[old : old + old_cap] = -1
             held = (seg >= 0).nonzero()[0]
             self.key_slot[seg[held]] = held + start
-        self._runs[base] = (start, cap)
+        self._runs[base] = start << _CAP_BITS | cap
         return start
 
     def reserve(self, n: int) -> None:
@@ -208,9 +221,8 @@ class RunSlots:
         size the space to at least eight times what they and ``n`` more slots need."""
         sb = self.slot_block
         bases = list(self._runs)
-        spans = list(self._runs.values())
-        starts = np.array([s for s, _ in spans], dtype=np.int64)
-        caps = np.array([c for _, c in spans], dtype=np.int64)
+        packed = np.fromiter(self._runs.values(), dtype=np.int64, count=len(bases))
+        starts, caps = packed >> _CAP_BITS, packed & _CAP_MASK
         # A run is live when its slots hold a block (>= 0, where empty slots are -1): the largest
         # slot value from each run's start to the next run's (in slot order; slots between runs are
         # empty) says so, in one pass over the slots instead of a running count and two gathers.
@@ -239,24 +251,25 @@ class RunSlots:
         self.key_slot[new_sb[slots]] = slots
         self.collections += 1
         self.runs_dropped += len(bases) - len(live)
-        self._runs = dict(zip([bases[i] for i in live.tolist()],
-                              zip(new_starts.tolist(), caps.tolist(), strict=True), strict=True))
+        self._runs = dict(zip([bases[i] for i in live.tolist()], (new_starts << _CAP_BITS | caps).tolist(),
+                              strict=True))
         self.slot_block = new_sb
         self.slot_view = new_sb.data
         self._top = total
 
 
-def _grown(entry: tuple[int, int] | None, cap: int) -> int:
-    """Slots a run with slots ``entry`` (first slot, capacity; None: none yet) takes to hold ``cap``
+def _grown(entry: int | None, cap: int) -> int:
+    """Slots a run with slots ``entry`` (its packed first slot and capacity; None: none yet) takes to hold ``cap``
     keys: 0 when it has them, twice its old capacity at least when it moves (a session's stream,
     longer every turn, moves O(log length) times instead of every turn, and leaves less dead space
     to collect)."""
     if entry is None:
         return cap
-    return 0 if entry[1] >= cap else max(cap, 2 * entry[1])
+    have = entry & _CAP_MASK
+    return 0 if have >= cap else max(cap, 2 * have)
 
 
-def _needs(entries: list[tuple[int, int] | None], counts: list[int], r: int) -> int:
+def _needs(entries: list[int | None], counts: list[int], r: int) -> int:
     """Slots placing runs ``r, r + 1, ...`` (their ``entries``) takes (:func:`_grown` of each)."""
     need = 0
     for j, entry in enumerate(entries):

@@ -2,7 +2,9 @@
 
 Events are ``(time_s, seq, callback, args, private)`` on a heap; ``seq`` is a per-loop counter,
 so events at the same time run in the order they were scheduled and two runs of the same
-simulation are identical.
+simulation are identical. A place in that order can be taken ahead of the event
+(:meth:`EventLoop.reserve_seqs`): a source of many events known in advance (a trace's session
+starts) then keeps only its next one on the heap, in the place it would have had.
 
 Lazily advanced objects (simulated instances fast-forwarding a decode run) register with
 :meth:`EventLoop.add_lazy`. Before every ordinary event the loop calls ``sync(now)`` on each of
@@ -15,7 +17,6 @@ explicitly with :meth:`EventLoop.sync` before it does.
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -36,23 +37,40 @@ class EventLoop:
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...], bool]] = []
-        self._seq = itertools.count()
+        self._seq = 0  # the next event's place among events at the same time
         self._lazy: dict[int, Lazy] = {}
         self.now = 0.0
         self.events_run = 0
 
     def at(self, time_s: float, callback: Callable[..., None], *args: Any) -> None:
         """Run ``callback(*args)`` at ``time_s`` (never earlier than now), after syncing lazy objects."""
-        heapq.heappush(self._heap, (max(time_s, self.now), next(self._seq), callback, args, False))
+        seq = self._seq
+        self._seq = seq + 1
+        heapq.heappush(self._heap, (max(time_s, self.now), seq, callback, args, False))
+
+    def at_in(self, time_s: float, seq: int, callback: Callable[..., None], *args: Any) -> None:
+        """:meth:`at` in a place taken by :meth:`reserve_seqs` (or :meth:`reserve_seq`): among events
+        at the same time it runs where an event scheduled when the place was taken would have."""
+        heapq.heappush(self._heap, (max(time_s, self.now), seq, callback, args, False))
 
     def at_private(self, time_s: float, callback: Callable[..., None], *args: Any) -> None:
         """Like :meth:`at`, without syncing lazy objects first (see the module docstring)."""
-        heapq.heappush(self._heap, (max(time_s, self.now), next(self._seq), callback, args, True))
+        seq = self._seq
+        self._seq = seq + 1
+        heapq.heappush(self._heap, (max(time_s, self.now), seq, callback, args, True))
 
     def reserve_seq(self) -> int:
         """A place in the order of events scheduled for the same time, taken now, for an event whose
         time is known later (:meth:`at_private_in`)."""
-        return next(self._seq)
+        seq = self._seq
+        self._seq = seq + 1
+        return seq
+
+    def reserve_seqs(self, n: int) -> int:
+        """``n`` consecutive places (:meth:`reserve_seq`), the first returned."""
+        first = self._seq
+        self._seq = first + n
+        return first
 
     def at_private_in(self, time_s: float, seq: int, callback: Callable[..., None], *args: Any) -> None:
         """:meth:`at_private` in a place taken by :meth:`reserve_seq`: among events at the same time

@@ -62,6 +62,11 @@ class _Driver:
         self.deployment: Deployment | AdmissionGate | None = None
         self.rejected: dict[str, int] = {}
         self._session_of: dict[str, Session] = {}
+        # Session starts, in the order they run: (time, place among events at that time, session).
+        # Only the next one is on the loop's heap (a trace's 12,031 starts there made every event
+        # cost a dozen comparisons more), in the place it would have had scheduled with the rest.
+        self._starts: list[tuple[float, int, Session]] = []
+        self._next_start = 0
         self.last_incomplete_s = 0.0
         self._max_request_tokens = 0  # the deployment's, read at start (its instances are made with it)
 
@@ -72,7 +77,23 @@ class _Driver:
             if s.session_id in self._session_of:
                 raise ValueError(f"duplicate session id {s.session_id!r}")
             self._session_of[s.session_id] = s
-            self.loop.at(s.start_s, self._arrive, s, 0)
+        first, now = self.loop.reserve_seqs(len(self.sessions)), self.loop.now
+        starts = [(max(s.start_s, now), first + i, s) for i, s in enumerate(self.sessions)]
+        starts.sort(key=lambda start: start[:2])  # (the heap's order: time, then place)
+        self._starts = starts
+        self._feed()
+
+    def _feed(self) -> None:
+        """Put the next session's start on the loop."""
+        k = self._next_start
+        if k < len(self._starts):
+            time_s, seq, session = self._starts[k]
+            self._next_start = k + 1
+            self.loop.at_in(time_s, seq, self._start, session)
+
+    def _start(self, session: Session) -> None:
+        self._feed()
+        self._arrive(session, 0)
 
     def _arrive(self, session: Session, index: int) -> None:
         assert self.deployment is not None
