@@ -80,32 +80,3 @@ def test_the_summary_runs_without_the_collector_too(collector: None, monkeypatch
     assert seen == [False]
     assert gc.isenabled()
 
-
-def test_what_the_run_leaves_joins_the_oldest_generation_unscanned(collector: None) -> None:
-    """Re-enabled as it was, the collector's first young pass would walk everything the run left
-    alive, finding nothing: those objects go to the oldest generation instead, and the young
-    generation starts empty."""
-    gc.enable()
-    gc.unfreeze()  # (an in-process gateway of another test may have frozen its start-up objects)
-    gc.collect()
-    result = simulate(_sessions(), CONFIG, SLO())
-    assert gc.get_count()[0] < 100  # (not the tens of thousands the run allocated)
-    record = result.records[0]
-    oldest = gc.get_objects(generation=2)
-    assert any(o is record for o in oldest)
-    assert gc.get_freeze_count() == 0
-
-
-def test_objects_the_process_froze_stay_frozen(collector: None) -> None:
-    """A process that froze objects of its own (before forking workers, say) keeps them frozen:
-    they stay out of every generation the collector walks."""
-    gc.enable()
-    marker: list[list[int]] = [[]]
-    gc.freeze()
-    try:
-        simulate(_sessions(), CONFIG, SLO())
-        assert gc.get_freeze_count() > 0 and gc.isenabled()
-        assert not any(o is marker for o in gc.get_objects())
-    finally:
-        gc.unfreeze()
-    assert any(o is marker for o in gc.get_objects())

@@ -62,10 +62,12 @@ class _Driver:
         self.deployment: Deployment | AdmissionGate | None = None
         self.rejected: dict[str, int] = {}
         self._session_of: dict[str, Session] = {}
-        # Session starts, in the order they run: (time, place among events at that time, session).
-        # Only the next one is on the loop's heap (a trace's 12,031 starts there made every event
-        # cost a dozen comparisons more), in the place it would have had scheduled with the rest.
-        self._starts: list[tuple[float, int, Session]] = []
+        # Session starts, in the order they run (indices into ``sessions``). Only the next one is on
+        # the loop's heap (a trace's 12,031 starts there made every event cost a dozen comparisons
+        # more), in the place it would have had scheduled with the rest: session i's is
+        # ``_first_seq + i``, taken for all of them at once.
+        self._order: list[int] = []
+        self._first_seq = 0
         self._next_start = 0
         self.last_incomplete_s = 0.0
         self._max_request_tokens = 0  # the deployment's, read at start (its instances are made with it)
@@ -77,19 +79,20 @@ class _Driver:
             if s.session_id in self._session_of:
                 raise ValueError(f"duplicate session id {s.session_id!r}")
             self._session_of[s.session_id] = s
-        first, now = self.loop.reserve_seqs(len(self.sessions)), self.loop.now
-        starts = [(max(s.start_s, now), first + i, s) for i, s in enumerate(self.sessions)]
-        starts.sort(key=lambda start: start[:2])  # (the heap's order: time, then place)
-        self._starts = starts
+        self._first_seq = self.loop.reserve_seqs(len(self.sessions))
+        sessions = self.sessions
+        # The heap's order: time, then place (a stable sort of the indices by time: ties keep theirs).
+        self._order = sorted(range(len(sessions)), key=lambda i: sessions[i].start_s)
         self._feed()
 
     def _feed(self) -> None:
         """Put the next session's start on the loop."""
         k = self._next_start
-        if k < len(self._starts):
-            time_s, seq, session = self._starts[k]
+        if k < len(self._order):
+            i = self._order[k]
             self._next_start = k + 1
-            self.loop.at_in(time_s, seq, self._start, session)
+            session = self.sessions[i]
+            self.loop.at_in(session.start_s, self._first_seq + i, self._start, session)
 
     def _start(self, session: Session) -> None:
         self._feed()
@@ -230,7 +233,7 @@ def _simulate(
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector while a simulation runs and is summarised, and
-    restore it after, the objects made meanwhile handed to its oldest generation.
+    restore it after.
 
     The loop's events and the summary make no reference cycles (their objects are freed by
     reference counting; the cycles of a simulation are its own long-lived graph, freed when the
@@ -238,15 +241,13 @@ def _collector_paused() -> Iterator[None]:
     paired runs), and those the summary's allocations set off right after the loop cost more (on
     the Mooncake replay, over everything the loop allocated: a generation-1 pass of 60 ms in a
     process's first replay; passes of generations 0 and 1, 64 and 46 ms, in its second), every
-    one of them finding nothing to free. Re-enabled as it was, the collector would still make one
-    young-generation pass over every object the simulation left alive (the first allocation after
-    the pause sets it off: 50 ms after a Mooncake replay, over its 12,031 records and the prefix
-    caches' indexes), finding nothing either; ``gc.freeze()`` then ``gc.unfreeze()`` moves them to
-    the oldest generation instead (in microseconds), whose full passes visit every object anyway.
-    A simulation's own graph is thus collected by the first full pass after the caller drops it.
-    Skipped when the process has frozen objects of its own (``gc.get_freeze_count()``: unfreezing
-    would release them too). The pause is process-wide: another thread of the process collects no
-    cycles while a simulation runs.
+    one of them finding nothing to free. Re-enabled, the collector makes one young pass over what
+    the run left (50 ms after a Mooncake replay, inside ``simulate``: it also frees the run's own
+    graph, the engines and the loop, which is garbage once ``_simulate`` returns). It is kept: moving
+    those objects to the oldest generation unscanned (``gc.freeze()`` then ``gc.unfreeze()``) would
+    leave each run's graph to the next full pass, which a sweep running one simulation after another
+    in one process would put off while their garbage piles up. The pause is process-wide: another
+    thread of the process collects no cycles while a simulation runs.
     """
     collecting = gc.isenabled()
     gc.disable()
@@ -254,9 +255,6 @@ def _collector_paused() -> Iterator[None]:
         yield
     finally:
         if collecting:
-            if gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.unfreeze()
             gc.enable()
 
 
