@@ -36,6 +36,14 @@ from tokenomy.workload.registry import load_workload
 TARGET_LOAD = 0.6
 """Calibration load, as a share of the model's capacity of the instance (a labelled default)."""
 FACTOR_RANGE = (0.5, 4.0)
+MIN_WINDOW_REQUESTS = 200
+"""Requests a calibration run's measurement window must hold (a labelled default): its run is
+lengthened until the window expects this many at the calibration rate, so a factor's P95 rests on
+about ten requests above it. (A long-context 70B session workload at 0.25 requests/s per
+instance put 30 requests in a 120 s window: its P95 was the second-largest of them, and the
+factor it gave, clipped at 0.5, misled the plan of a pool.)"""
+CALIBRATION_VERSION = 2
+"""Part of every cache key: factors computed by an earlier rule are not reused."""
 DEFAULT_CACHE = Path("~/.cache/tokenomy/plan-calibration.json")
 
 
@@ -68,7 +76,7 @@ def cache_key(request: PlanRequest, stats: WorkloadStats, cand: Candidate) -> st
                             for q in (50, 95)]
     lim = request.limits
     raw = json.dumps([request.model, cand.key, shape, lim.max_num_batched_tokens, lim.max_num_seqs,
-                      lim.decode_max_num_seqs, lim.gpu_memory_utilization])
+                      lim.decode_max_num_seqs, lim.gpu_memory_utilization, CALIBRATION_VERSION])
     return f"{cand.key}|{hashlib.sha1(raw.encode()).hexdigest()[:12]}"
 
 
@@ -102,6 +110,9 @@ def calibrate_one(request: PlanRequest, stats: WorkloadStats, cand: Candidate, m
     """Simulate one instance of ``cand`` and return ``{"ttft": f, "tpot": f, ...}`` (see module doc)."""
     model = models[cand]
     per_instance = TARGET_LOAD * capacity_rps(model)
+    # A window long enough to expect MIN_WINDOW_REQUESTS requests at the calibration rate.
+    window_s = max(duration_s - warmup_s - tail_s, MIN_WINDOW_REQUESTS / max(per_instance, 1e-9))
+    duration_s = warmup_s + window_s + tail_s
     helper_tp = max(c.tp for c in models if c.gpu == cand.gpu)
     kw: dict[str, Any] = {"model": request.model, "gpu": cand.gpu, "tp": cand.tp, "horizon_s": duration_s,
                           "max_num_batched_tokens": request.limits.max_num_batched_tokens,
@@ -151,7 +162,7 @@ def calibrate_plan_inputs(
         factors = cache.get(key)
         if factors is None:
             if on_progress:
-                on_progress(f"calibrating {cand.key} ({duration:.0f} s simulated)")
+                on_progress(f"calibrating {cand.key} ({duration:.0f} s simulated at least)")
             factors = calibrate_one(request, stats, cand, models, duration, warmup)
             cache.put(key, factors)
         out[cand.key] = factors
