@@ -79,4 +79,3 @@ def test_the_summary_runs_without_the_collector_too(collector: None, monkeypatch
     assert result.summary.requests > 0
     assert seen == [False]
     assert gc.isenabled()
-

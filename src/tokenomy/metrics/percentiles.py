@@ -70,9 +70,10 @@ def weighted_percentiles(
         v, w = v[keep], w[keep]
     # Integer weights (pooled ITL: batch sizes) sum exactly in any order below 2**53, so a large
     # set of them is ranked by selection; anything else by a sort, its total the sorted cumsum's.
-    select = v.size >= SELECT_MIN and np.array_equal(w, np.trunc(w)) and float(w.sum()) < 2.0**53
+    w_sum = float(w.sum())
+    select = v.size >= SELECT_MIN and w_sum < 2.0**53 and np.array_equal(w, np.trunc(w))
     by_sort = None if select else _sorted(v, w)
-    total = float(w.sum()) if by_sort is None else float(by_sort[1][-1])
+    total = w_sum if by_sort is None else float(by_sort[1][-1])
     wanted: list[tuple[float, int, int]] = []  # (position, sample below it, sample above it) per q
     for q in qs:
         # Position in the virtual array of repeated samples, numpy-linear style: q% of (n - 1).

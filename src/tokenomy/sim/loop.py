@@ -44,9 +44,7 @@ class EventLoop:
 
     def at(self, time_s: float, callback: Callable[..., None], *args: Any) -> None:
         """Run ``callback(*args)`` at ``time_s`` (never earlier than now), after syncing lazy objects."""
-        seq = self._seq
-        self._seq = seq + 1
-        heapq.heappush(self._heap, (max(time_s, self.now), seq, callback, args, False))
+        heapq.heappush(self._heap, (max(time_s, self.now), self.reserve_seq(), callback, args, False))
 
     def at_in(self, time_s: float, seq: int, callback: Callable[..., None], *args: Any) -> None:
         """:meth:`at` in a place taken by :meth:`reserve_seqs` (or :meth:`reserve_seq`): among events
@@ -55,9 +53,7 @@ class EventLoop:
 
     def at_private(self, time_s: float, callback: Callable[..., None], *args: Any) -> None:
         """Like :meth:`at`, without syncing lazy objects first (see the module docstring)."""
-        seq = self._seq
-        self._seq = seq + 1
-        heapq.heappush(self._heap, (max(time_s, self.now), seq, callback, args, True))
+        heapq.heappush(self._heap, (max(time_s, self.now), self.reserve_seq(), callback, args, True))
 
     def reserve_seq(self) -> int:
         """A place in the order of events scheduled for the same time, taken now, for an event whose

@@ -242,7 +242,7 @@ def _collector_paused() -> Iterator[None]:
     the Mooncake replay, over everything the loop allocated: a generation-1 pass of 60 ms in a
     process's first replay; passes of generations 0 and 1, 64 and 46 ms, in its second), every
     one of them finding nothing to free. Re-enabled, the collector makes one young pass over what
-    the run left (50 ms after a Mooncake replay, inside ``simulate``: it also frees the run's own
+    the run left (23 ms after a Mooncake replay, inside ``simulate``: it also frees the run's own
     graph, the engines and the loop, which is garbage once ``_simulate`` returns). It is kept: moving
     those objects to the oldest generation unscanned (``gc.freeze()`` then ``gc.unfreeze()``) would
     leave each run's graph to the next full pass, which a sweep running one simulation after another
